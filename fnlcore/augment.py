@@ -1,0 +1,59 @@
+"""Batched data augmentation on uint8/float image tensors (N, C, H, W), on any device.
+
+One call transforms a whole mini-batch with per-sample random parameters drawn
+from a ``torch.Generator``: no per-sample Python, no PIL round trips.
+These mirror the torchvision transforms the papers use:
+RandomCrop(size, padding) (zero padding), RandomHorizontalFlip(p) and
+RandomAffine(degrees, translate) (nearest-neighbour, zero fill).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _uniform(n: int, lo: float, hi: float, gen: torch.Generator | None, device) -> torch.Tensor:
+    return torch.rand(n, generator=gen, device=device) * (hi - lo) + lo
+
+
+def random_crop(x: torch.Tensor, padding: int, gen: torch.Generator | None = None) -> torch.Tensor:
+    """Zero-pad by ``padding`` and crop back to the input size at a random offset per sample."""
+    if padding <= 0:
+        return x
+    n, c, h, w = x.shape
+    xp = F.pad(x, (padding, padding, padding, padding))
+    oy = torch.randint(0, 2 * padding + 1, (n,), generator=gen, device=x.device)
+    ox = torch.randint(0, 2 * padding + 1, (n,), generator=gen, device=x.device)
+    rows = (oy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+    ni = torch.arange(n, device=x.device)[:, None, None, None]
+    ci = torch.arange(c, device=x.device)[None, :, None, None]
+    return xp[ni, ci, rows, cols]
+
+
+def random_hflip(x: torch.Tensor, p: float = 0.5, gen: torch.Generator | None = None) -> torch.Tensor:
+    """Mirror each sample left-right with probability ``p``."""
+    flip = torch.rand(x.shape[0], generator=gen, device=x.device) < p
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
+def random_affine(
+    x: torch.Tensor,
+    degrees: float = 10.0,
+    translate: tuple[float, float] = (0.02, 0.02),
+    gen: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Rotate by U(-degrees, degrees) and shift by up to ``translate`` x size, per sample."""
+    n, _, h, w = x.shape
+    ang = _uniform(n, -degrees, degrees, gen, x.device) * (math.pi / 180.0)
+    # translate as a fraction of the size; affine_grid works in [-1, 1] units (= 2 * fraction)
+    tx = _uniform(n, -translate[0], translate[0], gen, x.device) * 2.0
+    ty = _uniform(n, -translate[1], translate[1], gen, x.device) * 2.0
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    theta = torch.stack([torch.stack([cos, -sin, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
+    grid = F.affine_grid(theta.to(torch.float32), (n, x.shape[1], h, w), align_corners=False)
+    out = F.grid_sample(x.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    return out.to(x.dtype)

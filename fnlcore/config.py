@@ -1,0 +1,246 @@
+"""Turn a workflow configuration into a validated plan of artifacts.
+
+Two layers of validation, both before any job runs:
+1. JSON Schema (config/schema/config.schema.yaml): structure, unknown top-level
+   keys, types. Snakemake's ``validate`` applies it in the Snakefile;
+   :func:`validate_schema` applies the same file without Snakemake.
+2. :func:`build_plan`: every partitioner / noise model / dataset is built into
+   its typed spec, which rejects unknown keys and bad values by name, and the
+   combinations are checked (a multi-label noise model on a single-label set...).
+
+Every error is a :class:`~fnlcore.errors.ConfigError` whose message starts with
+the location in the config (``data_grid[0].noises[2]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from . import paths
+from .errors import ConfigError, FNLError
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "config" / "schema" / "config.schema.yaml"
+
+
+@dataclass(frozen=True)
+class DatasetSettings:
+    name: str
+    raw_dir: str
+    mirrors: tuple[str, ...] = ()
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoisyLabelSet:
+    """One cell of the data grid: a dataset, a partition with its seed, a noise model with its seed."""
+
+    dataset: str
+    partition: Any  # fnlcore.partition.PartitionSpec
+    partition_seed: int
+    noise: Any  # fnlcore.noise.NoiseSpec
+    noise_seed: int
+
+    @property
+    def partition_slug(self) -> str:
+        return self.partition.slug()
+
+    @property
+    def noise_slug(self) -> str:
+        return self.noise.slug()
+
+
+@dataclass
+class Plan:
+    results_dir: str
+    device: str
+    datasets: dict[str, DatasetSettings]
+    partitions: dict[str, Any]  # slug -> PartitionSpec
+    noises: dict[str, Any]  # slug -> NoiseSpec
+    label_sets: list[NoisyLabelSet]
+
+    def partition_files(self, s: NoisyLabelSet) -> dict[str, str]:
+        return paths.partition_files(self.results_dir, s.dataset, s.partition_slug, s.partition_seed)
+
+    def noise_files(self, s: NoisyLabelSet) -> dict[str, str]:
+        return paths.noise_files(
+            self.results_dir, s.dataset, s.partition_slug, s.partition_seed, s.noise_slug, s.noise_seed
+        )
+
+    def targets(self) -> list[str]:
+        """Every file the data side of the workflow should produce for this config."""
+        out: list[str] = []
+        for s in self.label_sets:
+            out += self.partition_files(s).values()
+            out += self.noise_files(s).values()
+        return list(dict.fromkeys(out))  # de-duplicated, order kept
+
+
+def load_yaml(path: str | Path) -> dict:
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the configuration must be a mapping of keys to values")
+    return data
+
+
+def validate_schema(config: dict, set_default: bool = True) -> dict:
+    """Apply the JSON Schema (with defaults), as Snakemake's ``validate`` does."""
+    import jsonschema
+
+    schema = load_yaml(SCHEMA_PATH)
+    validator_cls = jsonschema.validators.validator_for(schema)
+    if set_default:
+        validator_cls = _with_defaults(validator_cls)
+    errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        msgs = []
+        for e in errors:
+            loc = _location(e.absolute_path) or "<top level>"
+            msgs.append(f"{loc}: {e.message}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(msgs))
+    return config
+
+
+def build_plan(config: dict) -> Plan:
+    """Validate the semantic content of a (schema-valid) config and expand the data grid."""
+    from .datasets import get_dataset
+    from .noise import noise_spec_from_dict
+    from .partition import partition_spec_from_dict
+
+    results = str(config.get("results_dir", "results"))
+    data_cfg = config.get("data", {}) or {}
+    raw_root = str(data_cfg.get("raw_dir", "resources/raw"))
+    per_ds = data_cfg.get("datasets", {}) or {}
+    for name in per_ds:
+        _at(f"data.datasets.{name}", get_dataset, name)
+
+    datasets: dict[str, DatasetSettings] = {}
+
+    def settings(name: str) -> DatasetSettings:
+        if name not in datasets:
+            d = per_ds.get(name, {}) or {}
+            datasets[name] = DatasetSettings(
+                name=name,
+                raw_dir=str(d.get("raw_dir", f"{raw_root}/{name}")),
+                mirrors=tuple(d.get("mirrors", ())),
+                options=dict(d.get("options", {}) or {}),
+            )
+        return datasets[name]
+
+    partitions: dict[str, Any] = {}
+    noises: dict[str, Any] = {}
+    label_sets: list[NoisyLabelSet] = []
+    for i, entry in enumerate(config.get("data_grid", []) or []):
+        where = f"data_grid[{i}]"
+        info = _at(f"{where}.dataset", get_dataset, entry["dataset"])
+        settings(info.name)
+        pspecs = [
+            _at(f"{where}.partitions[{j}]", partition_spec_from_dict, dict(p))
+            for j, p in enumerate(entry["partitions"])
+        ]
+        nspecs = [
+            _at(f"{where}.noises[{j}]", noise_spec_from_dict, dict(n))
+            for j, n in enumerate(entry.get("noises") or [{"name": "clean"}])
+        ]
+        for j, ps in enumerate(pspecs):
+            _check_partition_fits(f"{where}.partitions[{j}]", ps, info)
+            _register(partitions, ps, f"{where}.partitions[{j}]")
+        for j, ns in enumerate(nspecs):
+            _check_noise_fits(f"{where}.noises[{j}]", ns, info)
+            _register(noises, ns, f"{where}.noises[{j}]")
+        for ps in pspecs:
+            for pseed in entry.get("partition_seeds", [0]):
+                for ns in nspecs:
+                    for nseed in entry.get("noise_seeds", [0]):
+                        label_sets.append(NoisyLabelSet(info.name, ps, int(pseed), ns, int(nseed)))
+    return Plan(
+        results_dir=results,
+        device=str(config.get("device", "auto")),
+        datasets=datasets,
+        partitions=partitions,
+        noises=noises,
+        label_sets=label_sets,
+    )
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Schema-validate and build a plan from a YAML file (what the Snakefile does)."""
+    return build_plan(validate_schema(load_yaml(path)))
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _at(where: str, fn, *args):
+    """Call ``fn`` and prefix any ConfigError with the config location."""
+    try:
+        return fn(*args)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except (TypeError, ValueError) as e:  # a spec constructor rejecting a value
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _register(table: dict[str, Any], spec: Any, where: str) -> None:
+    slug = spec.slug()
+    other = table.get(slug)
+    if other is not None and other != spec:
+        raise ConfigError(
+            f"{where}: slug {slug!r} is already used by different settings {other!r}; "
+            "this is a bug in the slug function, please report it"
+        )
+    table[slug] = spec
+
+
+def _check_partition_fits(where: str, spec: Any, info: Any) -> None:
+    if info.multi_label and getattr(spec, "uses_labels", False):
+        raise ConfigError(
+            f"{where}: partitioner {spec.name!r} splits by class and needs single-label data, "
+            f"but dataset {info.name!r} is multi-label; use 'iid' or 'fedmlp_equal'"
+        )
+
+
+def _check_noise_fits(where: str, spec: Any, info: Any) -> None:
+    wants_multi = bool(getattr(spec, "multi_label", False))
+    if wants_multi != bool(info.multi_label) and spec.name != "clean":
+        kind = "multi-label" if wants_multi else "single-label"
+        raise ConfigError(
+            f"{where}: noise model {spec.name!r} is for {kind} data, but dataset {info.name!r} is "
+            f"{'multi' if info.multi_label else 'single'}-label"
+        )
+
+
+def _location(path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _with_defaults(validator_cls):
+    """A validator that fills ``default`` values while validating (as Snakemake does)."""
+    import jsonschema
+
+    validate_props = validator_cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if "default" in sub and prop not in instance:
+                    instance[prop] = _copy(sub["default"])
+        yield from validate_props(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_cls, {"properties": set_defaults})
+
+
+def _copy(v):
+    import copy
+
+    return copy.deepcopy(v)
+
+
+__all__ = ["Plan", "NoisyLabelSet", "DatasetSettings", "build_plan", "validate_schema", "load_plan", "FNLError"]

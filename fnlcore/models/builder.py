@@ -1,0 +1,117 @@
+"""Model registry and builder."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from . import cifar_resnet, small
+
+
+class Classifier(nn.Module):
+    """backbone -> feature vector -> head -> logits."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Module, feature_dim: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+        self.feature_dim = feature_dim
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def _mlp(num_classes, in_channels, image_size, pretrained, hidden=128):
+    d = in_channels * image_size[0] * image_size[1]
+    backbone = nn.Sequential(nn.Flatten(), nn.Linear(d, hidden), nn.ReLU())
+    return Classifier(backbone, nn.Linear(hidden, num_classes), hidden)
+
+
+def _lenet5(num_classes, in_channels, image_size, pretrained):
+    backbone, dim = small.lenet5_backbone(in_channels, image_size)
+    # Fed-NCL's LeNet applies a ReLU to the logits (kept for fidelity).
+    return Classifier(backbone, nn.Sequential(nn.Linear(dim, num_classes), nn.ReLU()), dim)
+
+
+def _cnn(num_classes, in_channels, image_size, pretrained):
+    backbone, dim = small.cnn_backbone(in_channels, image_size)
+    return Classifier(backbone, nn.Linear(dim, num_classes), dim)
+
+
+def _vgg16(num_classes, in_channels, image_size, pretrained):
+    backbone, dim = small.vgg16_backbone(in_channels)
+    head = nn.Sequential(
+        nn.Linear(dim, 4096), nn.ReLU(True), nn.Dropout(0.5),
+        nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(0.5),
+        nn.Linear(4096, num_classes),
+    )
+    return Classifier(backbone, head, dim)
+
+
+def _resnet_cifar(depth):
+    def build(num_classes, in_channels, image_size, pretrained):
+        backbone = cifar_resnet.CifarResNet(depth, in_channels)
+        return Classifier(backbone, nn.Linear(512, num_classes), 512)
+
+    return build
+
+
+def _resnet_tv(arch):
+    def build(num_classes, in_channels, image_size, pretrained):
+        from ..tv_compat import import_torchvision
+
+        tv = import_torchvision()
+        weights = "IMAGENET1K_V1" if pretrained else None
+        net = getattr(tv.models, arch)(weights=weights)  # torchvision verifies the weights' hash
+        dim = net.fc.in_features
+        net.fc = nn.Identity()
+        if in_channels != 3:
+            net.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+        return Classifier(net, nn.Linear(dim, num_classes), dim)
+
+    return build
+
+
+MODELS: dict[str, Callable[..., Classifier]] = {
+    "mlp": _mlp,
+    "lenet5": _lenet5,
+    "cnn": _cnn,
+    "vgg16": _vgg16,
+    "resnet18_cifar": _resnet_cifar(18),
+    "resnet34_cifar": _resnet_cifar(34),
+    "resnet18": _resnet_tv("resnet18"),
+    "resnet50": _resnet_tv("resnet50"),
+}
+
+
+def build_model(
+    name: str,
+    num_classes: int,
+    in_channels: int,
+    image_size: tuple[int, int],
+    pretrained: bool = False,
+) -> Classifier:
+    """Build a registered architecture (see the table in :mod:`fnlcore.models`)."""
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(sorted(MODELS))}")
+    if pretrained and name not in ("resnet18", "resnet50"):
+        raise ConfigError(f"model {name!r} has no pretrained weights; only resnet18 and resnet50 do")
+    return MODELS[name](num_classes, in_channels, tuple(image_size), pretrained)
+
+
+def default_model_for(in_channels: int, image_size: tuple[int, int]) -> str:
+    """A sensible architecture for an input shape (used by 'auto' settings)."""
+    h, w = image_size
+    if h <= 16:
+        return "mlp"
+    if in_channels == 1 and h <= 32:
+        return "lenet5"
+    if h <= 32:
+        return "cnn"
+    return "resnet18"

@@ -1,0 +1,73 @@
+# Noisy labels: results/noise/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}.*
+# H-IDN annotator networks: .../pseed{pseed}/annotators/{annotator}/client{client}.{pt,probs.npz}
+# An annotator depends only on the partition and its own settings, so every noise
+# setting that makes client k noisy reuses the same cached network.
+
+
+def _partition_parquet(w):
+    return pattern(paths.PARTITION, dataset=w.dataset, partition=w.partition, pseed=w.pseed) + ".parquet"
+
+
+def _annotator_inputs(w):
+    spec = noise_spec(w.noise)
+    if not getattr(spec, "needs_soft_labels", False) or getattr(spec, "soft_labels", "") != "annotator":
+        return []
+    num_clients = partition_spec(w.partition).num_clients
+    return [
+        pattern(
+            paths.ANNOTATOR,
+            dataset=w.dataset,
+            partition=w.partition,
+            pseed=w.pseed,
+            annotator=spec.annotator_slug(),
+            client=k,
+        )
+        + paths.ANNOTATOR_SUFFIXES["probs"]
+        for k in spec.noisy_clients(num_clients, int(w.nseed))
+    ]
+
+
+rule annotator:
+    """Train one H-IDN annotator network on one client's clean labels (FedNoRo Alg. 1)."""
+    input:
+        data=_data_inputs,
+        partition=_partition_parquet,
+    output:
+        checkpoint=pattern(paths.ANNOTATOR) + paths.ANNOTATOR_SUFFIXES["checkpoint"],
+        probs=pattern(paths.ANNOTATOR) + paths.ANNOTATOR_SUFFIXES["probs"],
+    params:
+        data_dir=lambda w: pattern(paths.DATA_DIR, dataset=w.dataset),
+        settings=lambda w: annotator_settings(w.annotator),
+        device=PLAN.device,
+    log:
+        pattern("{results}/logs/annotators/{dataset}/{partition}/pseed{pseed}/{annotator}/client{client}.log"),
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    script:
+        "../workflow_scripts/train_annotator.py"
+
+
+rule noise:
+    """Draw the noisy labels of one partition (the noise seed alone drives the draws)."""
+    input:
+        data=_data_inputs,
+        partition=_partition_parquet,
+        annotators=_annotator_inputs,
+    output:
+        parquet=pattern(paths.NOISE) + paths.NOISE_SUFFIXES["parquet"],
+        summary=pattern(paths.NOISE) + paths.NOISE_SUFFIXES["summary"],
+        rates=pattern(paths.NOISE) + paths.NOISE_SUFFIXES["rates"],
+        matrix=pattern(paths.NOISE) + paths.NOISE_SUFFIXES["matrix"],
+    params:
+        spec=lambda w: noise_spec(w.noise),
+        partition_spec=lambda w: partition_spec(w.partition),
+        data_dir=lambda w: pattern(paths.DATA_DIR, dataset=w.dataset),
+    log:
+        pattern("{results}/logs/noise/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}.log"),
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    script:
+        "../workflow_scripts/make_noise.py"

@@ -1,0 +1,21 @@
+# Client partitions: results/partitions/{dataset}/{partition}/pseed{pseed}.{parquet,counts.csv,png}
+
+
+rule partition:
+    """Assign every training sample to a client (the partition seed alone drives the draws)."""
+    input:
+        _data_inputs,
+    output:
+        parquet=pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["parquet"],
+        counts=pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["counts"],
+        figure=pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["figure"],
+    params:
+        spec=lambda w: partition_spec(w.partition),
+        data_dir=lambda w: pattern(paths.DATA_DIR, dataset=w.dataset),
+    log:
+        pattern("{results}/logs/partitions/{dataset}/{partition}/pseed{pseed}.log"),
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    script:
+        "../workflow_scripts/make_partition.py"

@@ -1,0 +1,35 @@
+"""Shared pytest fixtures.
+
+Public label/index files from the official repositories live in
+``../shared/spec/data`` beside the checkout (or wherever ``FNL_SHARED_DIR``
+points). Tests read them in place; they are never copied into the repository.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _shared_dir() -> Path:
+    return Path(os.environ.get("FNL_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
+
+
+@pytest.fixture(scope="session")
+def spec_data_dir() -> Path:
+    """Folder of the official label/index files used as regression fixtures."""
+    d = _shared_dir() / "spec" / "data"
+    if not d.is_dir():
+        pytest.fail(
+            f"regression fixtures not found at {d}; set FNL_SHARED_DIR to the folder holding spec/data"
+        )
+    return d
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT

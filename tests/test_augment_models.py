@@ -1,0 +1,75 @@
+"""Batched augmentation and the model registry."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fnlcore import augment
+from fnlcore.errors import ConfigError
+from fnlcore.models import MODELS, build_model
+
+
+def _batch(n=6, c=3, h=8, w=8):
+    return torch.arange(n * c * h * w, dtype=torch.float32).reshape(n, c, h, w)
+
+
+def test_random_crop_is_a_window_of_the_padded_image():
+    x = _batch()
+    g = torch.Generator().manual_seed(3)
+    out = augment.random_crop(x, 2, g)
+    xp = F.pad(x, (2, 2, 2, 2))
+    for i in range(x.shape[0]):
+        found = any(
+            torch.equal(out[i], xp[i, :, dy : dy + 8, dx : dx + 8]) for dy in range(5) for dx in range(5)
+        )
+        assert found
+    assert torch.equal(augment.random_crop(x, 0, g), x)
+
+
+def test_random_crop_uses_several_offsets():
+    x = _batch(n=64)
+    out = augment.random_crop(x, 4, torch.Generator().manual_seed(0))
+    assert len({tuple(o.flatten()[:3].tolist()) for o in out - x}) > 5
+
+
+def test_hflip_all_or_nothing():
+    x = _batch()
+    assert torch.equal(augment.random_hflip(x, 1.0), x.flip(-1))
+    assert torch.equal(augment.random_hflip(x, 0.0), x)
+
+
+def test_affine_identity_and_determinism():
+    x = _batch()
+    assert torch.equal(augment.random_affine(x, 0.0, (0.0, 0.0)), x)
+    a = augment.random_affine(x, 10, (0.1, 0.1), torch.Generator().manual_seed(1))
+    b = augment.random_affine(x, 10, (0.1, 0.1), torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and not torch.equal(a, x)
+
+
+def test_affine_keeps_uint8():
+    x = torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8)
+    assert augment.random_affine(x, 10, (0.02, 0.02)).dtype == torch.uint8
+
+
+@pytest.mark.parametrize(
+    "name,c,size",
+    [("mlp", 1, (8, 8)), ("lenet5", 1, (28, 28)), ("cnn", 3, (32, 32)), ("vgg16", 3, (32, 32)),
+     ("resnet18_cifar", 3, (32, 32)), ("resnet34_cifar", 3, (32, 32)), ("resnet18", 3, (64, 64))],
+)
+def test_models_shapes_and_features(name, c, size):
+    m = build_model(name, 7, c, size).eval()
+    x = torch.zeros(2, c, *size)
+    assert m(x).shape == (2, 7)
+    assert m.features(x).shape == (2, m.feature_dim)
+
+
+def test_fedncl_lenet_parameter_count():
+    # conv 1->6 (156) + conv 6->16 (2416) + 256x120 + 120x84 + 84x10 = 44,426 (fedncl.md §4)
+    assert sum(p.numel() for p in build_model("lenet5", 10, 1, (28, 28)).parameters()) == 44426
+
+
+def test_unknown_model_lists_valid_names():
+    with pytest.raises(ConfigError) as e:
+        build_model("resnet19", 10, 3, (32, 32))
+    assert "resnet19" in str(e.value) and all(n in str(e.value) for n in MODELS)

@@ -1,0 +1,29 @@
+"""Rule noise: draw one noisy label set for one partition and write parquet, summary and figures."""
+from fnlcore.annotators import assemble_soft_labels
+from fnlcore.datasets import load_prepared
+from fnlcore.logs import job_log
+from fnlcore.noise import write_noise_artifacts
+from fnlcore.partition import read_partition
+
+sm = snakemake  # noqa: F821 (injected by Snakemake)
+spec = sm.params.spec
+with job_log(sm.log[0]) as log:
+    ds = load_prepared(sm.params.data_dir)
+    labels = ds.labels("train")
+    C = ds.info.num_classes
+    assignment = read_partition(sm.input.partition, num_samples=len(labels), num_clients=sm.params.partition_spec.num_clients)
+    soft = None
+    if getattr(spec, "needs_soft_labels", False):
+        if spec.soft_labels == "annotator":
+            soft = assemble_soft_labels(list(sm.input.annotators), len(labels), C)
+        else:
+            from fnlcore.datasets.official_files import load_official_soft_labels
+
+            soft = load_official_soft_labels(ds)
+    result = spec.run(labels, assignment, C, seed=int(sm.wildcards.nseed), soft_labels=soft)
+    log.info("%s seed %s: %d noisy samples", spec.slug(), sm.wildcards.nseed, int(result.is_noisy.sum()))
+    write_noise_artifacts(
+        result, labels, assignment, C,
+        sm.output.parquet, sm.output.summary, sm.output.rates, sm.output.matrix,
+        class_names=ds.info.class_names,
+    )

@@ -1,0 +1,18 @@
+"""Rule partition: split the training set over clients and write parquet, counts and figure."""
+from fnlcore.datasets import load_prepared
+from fnlcore.logs import job_log
+from fnlcore.partition import write_partition_artifacts
+
+sm = snakemake  # noqa: F821 (injected by Snakemake)
+spec = sm.params.spec
+with job_log(sm.log[0]) as log:
+    ds = load_prepared(sm.params.data_dir)
+    labels = ds.labels("train")
+    assignment = spec.run(labels, seed=int(sm.wildcards.pseed))
+    log.info("%s seed %s: client sizes %s", spec.slug(), sm.wildcards.pseed, assignment.sizes().tolist())
+    write_partition_artifacts(
+        assignment, labels, ds.info.num_classes,
+        sm.output.parquet, sm.output.counts, sm.output.figure,
+        class_names=ds.info.class_names,
+        title=f"{ds.info.name}: {spec.slug()} (partition seed {sm.wildcards.pseed})",
+    )
