@@ -1,0 +1,252 @@
+"""Text renderings of a :class:`~fnlcore.tables.render.RenderedTable`: wide Markdown and HTML.
+
+Both put one line per table row and a column group per (column x metric).
+A cell reads ``68.92 ± 0.31 (rep 69.34, Δ −0.42) ⚠``: reproduced mean ± std
+over seeds, the reported value, the difference, and a flag when the difference
+exceeds the tolerance. Output depends only on the table (no timestamps), so the
+same results give the same bytes.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .render import RenderedTable
+
+FLAG = "⚠"
+DASH = "–"
+MINUS = "−"
+
+_CSS = """
+.fnl-table{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;color:#222;margin:1em 0}
+.fnl-table h2{font-size:1.15em;margin:0 0 .3em}
+.fnl-table .meta{color:#666;font-size:.85em;margin:0 0 .6em}
+.fnl-table table{border-collapse:collapse;font-size:.85em}
+.fnl-table th,.fnl-table td{border:1px solid #ccc;padding:3px 7px;text-align:center;vertical-align:top}
+.fnl-table thead th{background:#f2f2f2}
+.fnl-table tbody th{text-align:left;background:#fafafa;white-space:nowrap}
+.fnl-table td.ok{background:#e7f5ea}
+.fnl-table td.flag{background:#fbd9d7;font-weight:600}
+.fnl-table td.pending{color:#888;font-style:italic}
+.fnl-table td.ni{color:#999;background:#f4f4f4}
+.fnl-table td.nr{color:#666}
+.fnl-table .sub{display:block;font-size:.8em;font-weight:400;color:#555;white-space:nowrap}
+.fnl-table .legend,.fnl-table .notes{font-size:.85em;color:#444;max-width:70em}
+.fnl-table .swatch{display:inline-block;width:.9em;height:.9em;vertical-align:middle;border:1px solid #bbb}
+""".strip()
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def _num(x: float, decimals: int) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "NaN"
+    s = f"{x:.{decimals}f}"
+    return s.replace("-", MINUS)
+
+
+def _signed(x: float, decimals: int) -> str:
+    return f"{x:+.{decimals}f}".replace("-", MINUS)
+
+
+def _isnan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+# ----------------------------------------------------------------------------- cell parts
+
+
+def _cell_parts(rt: "RenderedTable", line: Any) -> dict[str, str]:
+    """Pieces of one cell's text: main (value or status word), sub (reported/delta), flag, partial."""
+    metric = rt.spec.metric(line.metric)
+    d = metric.decimals
+    rep = DASH
+    if not _isnan(line.reported):
+        rep = _num(line.reported, d)
+        if not _isnan(line.reported_std):
+            rep += f" ± {_num(line.reported_std, d)}"
+    repro = ""
+    if line.n_seeds > 0:
+        repro = _num(line.reproduced_mean, d)
+        if not _isnan(line.reproduced_std):
+            repro += f" ± {_num(line.reproduced_std, d)}"
+    partial = ""
+    exp = rt.spec.expected_seeds
+    if exp is not None and 0 < line.n_seeds < exp:
+        partial = f"[{line.n_seeds}/{exp} seeds]"
+    flag = FLAG if line.status == "done" and not bool(line.within_tolerance) else ""
+    if line.status == "done":
+        main, sub = repro, f"rep {rep}, Δ {_signed(line.delta, d)}"
+    elif line.status == "pending":
+        main, sub = "pending", f"rep {rep}"
+    elif line.status == "not_implemented":
+        main, sub = "n.i.", (f"rep {rep}" if rep != DASH else "")
+    else:  # not_reported
+        main, sub = (repro, f"rep {DASH}") if repro else (DASH, "")
+    return {"main": main, "sub": sub, "flag": flag, "partial": partial}
+
+
+def _cell_markdown(parts: dict[str, str]) -> str:
+    text = parts["main"]
+    if parts["sub"]:
+        text += f" ({parts['sub']})"
+    if parts["partial"]:
+        text += f" {parts['partial']}"
+    if parts["flag"]:
+        text += f" {parts['flag']}"
+    return text
+
+
+def _grid(rt: "RenderedTable") -> dict[tuple[str, str, str], Any]:
+    return {(ln.row, ln.column, ln.metric): ln for ln in rt.long.itertuples(index=False)}
+
+
+def _legend_text(rt: "RenderedTable") -> str:
+    spec = rt.spec
+    std_kind = "sample std, ddof=1" if spec.std_ddof == 1 else "population std, ddof=0"
+    tols = ", ".join(f"{m.label} {_num(spec.tolerance_of(m), m.decimals)}" for m in spec.metrics)
+    parts = [
+        f"Each cell: reproduced mean ± std over seeds ({std_kind}), in table units; "
+        f"rep = reported value (± reported std); Δ = reproduced − reported.",
+        f"{FLAG} = |Δ| above the tolerance ({tols}).",
+        f"n.i. = method not implemented; pending = no runs yet; {DASH} = no reported number ('-' in the paper).",
+    ]
+    if spec.expected_seeds is not None:
+        parts.append(f"[k/{spec.expected_seeds} seeds] = only k of the {spec.expected_seeds} seeds are done.")
+    return " ".join(parts)
+
+
+def _status_text(rt: "RenderedTable") -> str:
+    c = rt.status_counts()
+    text = (
+        f"{c['done']} done ({rt.n_flagged()} outside tolerance), {c['pending']} pending, "
+        f"{c['not_implemented']} not implemented, {c['not_reported']} not reported."
+    )
+    if len(rt.unmatched_reported):
+        text += f" {len(rt.unmatched_reported)} reported number(s) match no cell of this table."
+    return text
+
+
+def _notes(rt: "RenderedTable") -> list[str]:
+    out = [f"Row {r.label}: {r.note}" for r in rt.spec.rows if r.note]
+    out += [f"Column {c.label}: {c.note}" for c in rt.spec.columns if c.note]
+    return out
+
+
+def _header_label(rt: "RenderedTable", column: str, metric_label: str) -> str:
+    return column if len(rt.spec.metrics) == 1 else f"{column} · {metric_label}"
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown_text(rt: "RenderedTable") -> str:
+    """The wide Markdown table with title, legend, status line and notes."""
+    spec = rt.spec
+    grid = _grid(rt)
+    lines = [f"# {_md_escape(spec.title or 'Table ' + spec.table)}", ""]
+    lines.append(f"Paper: {_md_escape(spec.paper)}, table {_md_escape(spec.table)}.")
+    if spec.note:
+        lines += ["", _md_escape(spec.note)]
+    lines.append("")
+    header = ["Method"] + [_header_label(rt, c.label, m.label) for c in spec.columns for m in spec.metrics]
+    lines.append("| " + " | ".join(_md_escape(h) for h in header) + " |")
+    lines.append("|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|")
+    for r in spec.rows:
+        cells = [_md_escape(r.label)]
+        for c in spec.columns:
+            for m in spec.metrics:
+                cells.append(_md_escape(_cell_markdown(_cell_parts(rt, grid[(r.label, c.label, m.name)]))))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"**Legend.** {_legend_text(rt)}", "", f"**Status.** {_status_text(rt)}"]
+    notes = _notes(rt)
+    if notes:
+        lines += ["", "**Notes.**", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- html
+
+_STATUS_CLASS = {"pending": "pending", "not_implemented": "ni", "not_reported": "nr"}
+
+
+def _td(rt: "RenderedTable", line: Any) -> str:
+    parts = _cell_parts(rt, line)
+    if line.status == "done":
+        cls = "flag" if parts["flag"] else "ok"
+    else:
+        cls = _STATUS_CLASS[line.status]
+    tip = f"status: {line.status}; seeds: {line.n_seeds}"
+    if line.reported_note:
+        tip += f"; reported note: {line.reported_note}"
+    body = html.escape(parts["main"])
+    if parts["flag"]:
+        body += f" {parts['flag']}"
+    for extra in (parts["sub"], parts["partial"]):
+        if extra:
+            body += f'<span class="sub">{html.escape(extra)}</span>'
+    return f'<td class="{cls}" title="{html.escape(tip, quote=True)}">{body}</td>'
+
+
+def _title_attr(note: str) -> str:
+    return f' title="{html.escape(note, quote=True)}"' if note else ""
+
+
+def html_fragment(rt: "RenderedTable") -> str:
+    """The table as a ``<div class="fnl-table">`` with its own ``<style>`` (for embedding)."""
+    spec = rt.spec
+    grid = _grid(rt)
+    e = html.escape
+    multi = len(spec.metrics) > 1
+    out = ['<div class="fnl-table">', f"<style>{_CSS}</style>"]
+    out.append(f"<h2>{e(spec.title or 'Table ' + spec.table)}</h2>")
+    note = f" {e(spec.note)}" if spec.note else ""
+    out.append(f'<p class="meta">Paper: {e(spec.paper)}, table {e(spec.table)}.{note}</p>')
+    out.append("<table>")
+    out.append("<thead>")
+    if multi:
+        out.append('<tr><th rowspan="2">Method</th>')
+        out += [f'<th colspan="{len(spec.metrics)}"{_title_attr(c.note)}>{e(c.label)}</th>' for c in spec.columns]
+        out.append("</tr>")
+        metric_heads = "".join(f"<th>{e(m.label)}</th>" for _ in spec.columns for m in spec.metrics)
+        out.append(f"<tr>{metric_heads}</tr>")
+    else:
+        column_heads = "".join(f"<th{_title_attr(c.note)}>{e(c.label)}</th>" for c in spec.columns)
+        out.append(f"<tr><th>Method</th>{column_heads}</tr>")
+    out.append("</thead>")
+    out.append("<tbody>")
+    for r in spec.rows:
+        title = _title_attr(r.note)
+        tds = "".join(_td(rt, grid[(r.label, c.label, m.name)]) for c in spec.columns for m in spec.metrics)
+        out.append(f"<tr><th{title}>{e(r.label)}</th>{tds}</tr>")
+    out.append("</tbody>")
+    out.append("</table>")
+    out.append(
+        '<p class="legend"><span class="swatch" style="background:#e7f5ea"></span> within tolerance '
+        '<span class="swatch" style="background:#fbd9d7"></span> outside tolerance. '
+        f"{e(_legend_text(rt))}</p>"
+    )
+    out.append(f'<p class="legend"><b>Status.</b> {e(_status_text(rt))}</p>')
+    notes = _notes(rt)
+    if notes:
+        out.append('<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+    out.append("</div>")
+    return "\n".join(out) + "\n"
+
+
+def to_html_text(rt: "RenderedTable") -> str:
+    """A complete, self-contained HTML page holding :func:`html_fragment`."""
+    title = html.escape(f"{rt.spec.paper} table {rt.spec.table}: {rt.spec.title}".rstrip(": "))
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{title}</title>\n</head>\n<body>\n" + html_fragment(rt) + "</body>\n</html>\n"
+    )
