@@ -1,0 +1,72 @@
+"""Everything a method needs during a run: data on the device, the input pipeline,
+model factory, optimiser factory, random streams and evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..models import Classifier, build_model
+from ..models.builder import default_model_for
+from .data import FederatedData
+from .pipeline import InputPipeline
+from .settings import TrainSettings
+
+
+@dataclass
+class RunContext:
+    settings: TrainSettings
+    data: FederatedData
+    pipeline: InputPipeline
+    device: torch.device
+    model_name: str
+    image_size: tuple[int, int]
+    channels: int
+    seed: int
+    # Random streams, all derived from the training seed and checkpointed:
+    rng: np.random.RandomState = field(init=False)  # client sampling, method-level numpy draws
+    shuffle_gen: torch.Generator = field(init=False)  # mini-batch order (CPU)
+    aug_gen: torch.Generator = field(init=False)  # augmentation parameters (device)
+    log: Callable[[str], None] = print
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.RandomState(self.seed)
+        self.shuffle_gen = torch.Generator(device="cpu").manual_seed(self.seed)
+        self.aug_gen = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+
+    def new_model(self) -> Classifier:
+        return build_model(
+            self.model_name, self.data.num_classes, self.channels, self.image_size, pretrained=self.settings.pretrained
+        ).to(self.device)
+
+    def optimizer(self, params, round_index: int) -> torch.optim.Optimizer:
+        s = self.settings
+        lr = s.lr_at(round_index)
+        if s.optimizer == "adam":
+            return torch.optim.Adam(params, lr=lr, betas=(s.beta1, s.beta2), weight_decay=s.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay)
+
+    # -- random state (for checkpoints) --------------------------------------------------
+    def rng_state(self) -> dict:
+        return {
+            "numpy": self.rng.get_state(),
+            "shuffle": self.shuffle_gen.get_state(),
+            "aug": self.aug_gen.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+
+    def load_rng_state(self, st: dict) -> None:
+        self.rng.set_state(st["numpy"])
+        self.shuffle_gen.set_state(st["shuffle"])
+        self.aug_gen.set_state(st["aug"])
+        torch.set_rng_state(st["torch"])
+        if st.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def resolve_model_name(name: str, channels: int, image_size: tuple[int, int]) -> str:
+    return default_model_for(channels, image_size) if name == "auto" else name

@@ -1,0 +1,155 @@
+"""The data of one federated run, placed on the training device once.
+
+In-memory sets (digits, MNIST, CIFAR, synthetic stand-ins) live as one uint8
+tensor (N, C, H, W) on the device; a mini-batch is an index gather, so the
+training loop has no per-sample Python and no host-device copies. Large image
+sets stream from their file manifest through a DataLoader (decode + resize in
+workers); augmentation then runs batched on the device for both.
+
+Labels are tensors on the device too. ``given`` is the working copy of the
+noisy labels: methods that relabel write into it, so overrides persist across
+rounds (and are checkpointed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from ..assignment import ClientAssignment
+
+
+class ImageSource:
+    """Images of one split, in memory on the device or streamed from disk."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        images: np.ndarray | None = None,
+        paths: list[str] | None = None,
+        image_size: tuple[int, int] = (224, 224),
+        channels: int = 3,
+        workers: int = 4,
+    ):
+        if (images is None) == (paths is None):
+            raise ValueError("ImageSource needs exactly one of images or paths")
+        self.device = device
+        self.images = None
+        if images is not None:
+            arr = np.ascontiguousarray(images)
+            if arr.ndim == 3:
+                arr = arr[..., None]
+            self.images = torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous().to(device)
+        self.paths = paths
+        self.image_size = tuple(image_size)
+        self.channels = channels
+        self.workers = workers
+
+    def __len__(self) -> int:
+        return len(self.images) if self.images is not None else len(self.paths)
+
+    @property
+    def in_memory(self) -> bool:
+        return self.images is not None
+
+    def batches(self, order: torch.Tensor, batch_size: int, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield (uint8 images on device, sample indices on CPU) for ``order`` (CPU int64) in chunks."""
+        n = len(order)
+        stop = n - n % batch_size if drop_last and n >= batch_size else n
+        if self.images is not None:
+            for s in range(0, stop, batch_size):
+                idx = order[s : s + batch_size]
+                yield self.images[idx.to(self.device, non_blocking=True)], idx
+            return
+        from torch.utils.data import DataLoader, Subset
+
+        from ..imagefiles import ImageFiles
+
+        subset = Subset(ImageFiles(self.paths, self.image_size, self.channels), order[:stop].tolist())
+        loader = DataLoader(
+            subset, batch_size=batch_size, shuffle=False, num_workers=self.workers,
+            pin_memory=self.device.type == "cuda", persistent_workers=False,
+        )
+        for x, pos in loader:
+            yield x.to(self.device, non_blocking=True), order[:stop][pos]
+
+
+@dataclass
+class FederatedData:
+    """Training split split over clients, with true and given labels, plus the test split."""
+
+    train: ImageSource
+    test: ImageSource
+    y_true: torch.Tensor  # (N,) int64, or (N, C) float for multi-label; device
+    given: torch.Tensor  # working (noisy, possibly relabelled) labels, same shape; device
+    y_test: torch.Tensor  # device
+    clients: list[torch.Tensor]  # CPU int64 sample indices per client, in the client's order
+    num_classes: int
+    multi_label: bool = False
+    active: torch.Tensor | None = None  # (N, C) float 0/1: classes annotated for each sample (FedMLP)
+    class_names: tuple[str, ...] = ()
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def sizes(self) -> np.ndarray:
+        return np.array([len(c) for c in self.clients], dtype=np.int64)
+
+    def class_counts(self, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """(K, C) counts of the given (or supplied) labels per client, on the device."""
+        y = self.given if labels is None else labels
+        out = torch.zeros(self.num_clients, self.num_classes, dtype=torch.float64, device=y.device)
+        for k, idx in enumerate(self.clients):
+            yk = y[idx.to(y.device)]
+            out[k] = yk.sum(0).double() if self.multi_label else torch.bincount(yk, minlength=self.num_classes).double()
+        return out
+
+    def assignment(self) -> ClientAssignment:
+        return ClientAssignment(num_samples=len(self.train), clients=tuple(c.numpy() for c in self.clients))
+
+
+def load_federated_data(
+    data_dir: str, noise_parquet: str, num_clients: int, device: torch.device, workers: int = 4
+) -> FederatedData:
+    """Assemble a run's data from the prepared dataset and a noisy-label artifact."""
+    from ..datasets import load_prepared
+    from ..noise import read_noise
+
+    ds = load_prepared(data_dir)
+    info = ds.info
+    y_true = ds.labels("train")
+    n = len(y_true)
+    table = read_noise(noise_parquet)
+    assignment = table.assignment(n, num_clients)
+    given = table.given_by_sample(n)
+    unassigned = assignment.client_of() < 0
+    given = np.where(unassigned if given.ndim == 1 else unassigned[:, None], y_true, given)
+    if info.in_memory:
+        train = ImageSource(device, images=ds.images("train"))
+        test = ImageSource(device, images=ds.images("test"))
+    else:
+        train = ImageSource(device, paths=list(ds.paths("train")), image_size=info.image_size, channels=info.channels, workers=workers)
+        test = ImageSource(device, paths=list(ds.paths("test")), image_size=info.image_size, channels=info.channels, workers=workers)
+    as_t = (lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)) if info.multi_label else (
+        lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
+    )
+    active = None
+    if table.active is not None:
+        active = np.ones((n, info.num_classes), dtype=np.float32)
+        active[table.sample_id] = table.active
+    return FederatedData(
+        train=train,
+        test=test,
+        y_true=as_t(y_true),
+        given=as_t(given),
+        y_test=as_t(ds.labels("test")),
+        clients=[torch.as_tensor(c, dtype=torch.int64) for c in assignment.clients],
+        num_classes=info.num_classes,
+        multi_label=info.multi_label,
+        active=None if active is None else torch.as_tensor(active, device=device),
+        class_names=tuple(info.class_names),
+    )

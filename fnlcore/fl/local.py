@@ -1,0 +1,87 @@
+"""The client-side training loop and batched prediction, shared by all methods.
+
+A method supplies only its loss: ``loss_fn(model, x, idx, step) -> scalar``
+where ``x`` is the augmented, normalised batch on the device, ``idx`` the
+batch's sample indices (CPU int64, to look up labels, priors, cached teacher
+outputs...) and ``step`` the batch number within the epoch (FedProx variants
+skip their term on batch 0). Everything else — shuffling, batching,
+augmentation, the optimiser step — is here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .context import RunContext
+
+LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def train_epochs(
+    ctx: RunContext,
+    model: torch.nn.Module,
+    idx: torch.Tensor,
+    loss_fn: LossFn,
+    round_index: int,
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    after_step: Callable[[], None] | None = None,
+) -> float:
+    """Train ``model`` on samples ``idx`` for E epochs; returns the mean of the per-batch losses."""
+    s = ctx.settings
+    epochs = s.local_epochs if epochs is None else epochs
+    bs = s.batch_size if batch_size is None else batch_size
+    opt = optimizer if optimizer is not None else ctx.optimizer(model.parameters(), round_index)
+    model.train()
+    total, count = torch.zeros((), dtype=torch.float64, device=ctx.device), 0
+    for _ in range(epochs):
+        order = idx[torch.randperm(len(idx), generator=ctx.shuffle_gen)]
+        for step, (xb, bidx) in enumerate(ctx.data.train.batches(order, bs, drop_last=s.drop_last)):
+            x = ctx.pipeline.train(xb, ctx.aug_gen)
+            loss = loss_fn(model, x, bidx, step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if after_step is not None:
+                after_step()
+            total += loss.detach().double()  # no host sync per step
+            count += 1
+    return float(total) / max(count, 1)
+
+
+@torch.no_grad()
+def predict(
+    ctx: RunContext,
+    model: torch.nn.Module,
+    source,
+    idx: torch.Tensor | None = None,
+    augment: bool = False,
+    batch_size: int | None = None,
+) -> torch.Tensor:
+    """Logits for samples ``idx`` of ``source`` (default: all), in that order, model in eval mode.
+
+    ``augment=True`` reproduces reference codes that run detection passes on
+    the *training* dataset object, i.e. with training augmentation active.
+    """
+    model.eval()
+    order = torch.arange(len(source)) if idx is None else idx
+    bs = batch_size or ctx.settings.eval_batch_size
+    outs = []
+    for xb, _ in source.batches(order, bs):
+        x = ctx.pipeline.train(xb, ctx.aug_gen) if augment else ctx.pipeline.eval(xb)
+        outs.append(model(x).float())
+    return torch.cat(outs) if outs else torch.zeros(0, ctx.data.num_classes, device=ctx.device)
+
+
+def evaluate(ctx: RunContext, model: torch.nn.Module) -> dict[str, float]:
+    """Test metrics of ``model`` (raw logits: no logit adjustment at inference)."""
+    from .. import metrics
+
+    logits = predict(ctx, model, ctx.data.test)
+    y = ctx.data.y_test.cpu().numpy()
+    if ctx.data.multi_label:
+        return metrics.evaluate_multi_label(y, torch.sigmoid(logits).cpu().numpy())
+    return metrics.evaluate_single_label(y, logits.cpu().numpy())

@@ -1,0 +1,71 @@
+"""Turn uint8 image batches into normalised float batches, with batched training augmentation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import augment
+from ..errors import ConfigError
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+# Training augmentations used by the papers (on tensors, see fnlcore.augment):
+#   crop_flip   RandomCrop(size, padding=4) + RandomHorizontalFlip   (FedCorr, FedDiv, FedGR weak view)
+#   affine_flip RandomAffine(10, translate=(0.02, 0.02)) + RandomHorizontalFlip  (FedNoRo, FedMLP)
+#   none        (Fed-NCL, digits)
+AUGMENTATIONS = ("none", "crop_flip", "affine_flip")
+
+
+@dataclass(frozen=True)
+class InputPipeline:
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augmentation: str = "none"
+    crop_padding: int = 4
+
+    def __post_init__(self) -> None:
+        if self.augmentation not in AUGMENTATIONS:
+            raise ConfigError(f"augmentation={self.augmentation!r}; valid: {', '.join(AUGMENTATIONS)}")
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        mean = torch.as_tensor(self.mean, dtype=torch.float32, device=x.device)[:, None, None]
+        std = torch.as_tensor(self.std, dtype=torch.float32, device=x.device)[:, None, None]
+        return (x.float().div_(255.0) - mean) / std
+
+    def train(self, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        """Augment (batched, per-sample random parameters) then normalise."""
+        if self.augmentation == "crop_flip":
+            x = augment.random_hflip(augment.random_crop(x, self.crop_padding, gen), 0.5, gen)
+        elif self.augmentation == "affine_flip":
+            x = augment.random_hflip(augment.random_affine(x, 10.0, (0.02, 0.02), gen), 0.5, gen)
+        return self._norm(x)
+
+    def eval(self, x: torch.Tensor) -> torch.Tensor:
+        return self._norm(x)
+
+
+def make_pipeline(normalize: str | dict, augmentation: str, channels: int, dataset_name: str, sample: torch.Tensor | None = None) -> InputPipeline:
+    """Build the pipeline; ``normalize`` is imagenet | half | data | {mean: [...], std: [...]}.
+
+    'data' computes per-channel mean/std from ``sample`` (uint8 N,C,H,W) — used for grey sets
+    (MNIST's 0.1307/0.3081 are exactly its training statistics).
+    """
+    if isinstance(normalize, dict):
+        mean, std = tuple(normalize["mean"]), tuple(normalize["std"])
+    elif normalize == "imagenet":
+        mean, std = IMAGENET
+    elif normalize == "half":
+        mean, std = (0.5,) * channels, (0.5,) * channels
+    elif normalize == "data":
+        if sample is None:
+            raise ConfigError("normalize='data' needs the training images in memory; use imagenet or half")
+        x = sample.float() / 255.0
+        mean = tuple(x.mean(dim=(0, 2, 3)).tolist())
+        std = tuple(x.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist())
+    else:
+        raise ConfigError(f"normalize={normalize!r}; valid: imagenet, half, data, or {{mean: [...], std: [...]}}")
+    if len(mean) != channels or len(std) != channels:
+        raise ConfigError(f"normalize: mean/std need {channels} values for dataset {dataset_name!r}")
+    return InputPipeline(mean=mean, std=std, augmentation=augmentation)

@@ -1,0 +1,81 @@
+"""Training settings shared by every method of a table (the papers state all methods share them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Backbone, optimiser, rounds and participation of a run.
+
+    ``rounds`` counts every communication round the method runs (FedNoRo's
+    warm-up included). The optimiser is built anew for every local update, as in
+    all reference codes (baselines.md §0.3).
+    """
+
+    model: str = "auto"
+    pretrained: bool = False
+    rounds: int = 100
+    local_epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "sgd"  # sgd | adam
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    lr_decay: float = 1.0  # multiplicative per round (Fed-NCL: 0.99)
+    client_fraction: float = 1.0  # 1.0 = every client every round
+    weighting: str = "size"  # FedAvg weights: size (n_k) | uniform
+    augmentation: str = "auto"  # auto | none | crop_flip | affine_flip
+    normalize: str = "auto"  # auto | imagenet | half | data
+    drop_last: bool = False
+    eval_batch_size: int = 1024
+    checkpoint_every: int = 5
+
+    def __post_init__(self) -> None:
+        def bad(key, why):
+            raise ConfigError(f"training.{key}={getattr(self, key)!r}: {why}")
+
+        for key in ("rounds", "local_epochs", "batch_size", "eval_batch_size", "checkpoint_every"):
+            if int(getattr(self, key)) < 1:
+                bad(key, "must be >= 1")
+        if self.optimizer not in ("sgd", "adam"):
+            bad("optimizer", "valid: sgd, adam")
+        if not self.lr > 0:
+            bad("lr", "must be > 0")
+        if not 0 < self.client_fraction <= 1:
+            bad("client_fraction", "must be in (0, 1]")
+        if self.weighting not in ("size", "uniform"):
+            bad("weighting", "valid: size, uniform")
+        if self.augmentation not in ("auto", "none", "crop_flip", "affine_flip"):
+            bad("augmentation", "valid: auto, none, crop_flip, affine_flip")
+        if self.momentum < 0 or self.weight_decay < 0:
+            bad("momentum" if self.momentum < 0 else "weight_decay", "must be >= 0")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainSettings":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"training: unknown key(s) {unknown}; valid keys: {', '.join(sorted(names))}")
+        return cls(**d)
+
+    def lr_at(self, round_index: int) -> float:
+        return self.lr * (self.lr_decay ** round_index)
+
+
+def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
+    """The papers' training augmentation for a dataset (fedcorr.md §1, fednoro.md §1, fedncl.md §4)."""
+    if dataset in ("cifar10", "cifar100") or dataset.startswith("synthetic_cifar"):
+        return "crop_flip"
+    if image_size[0] > 32:
+        return "affine_flip"
+    return "none"
+
+
+def auto_normalize(channels: int, pretrained: bool) -> str:
+    return "imagenet" if channels == 3 else "data"

@@ -1,0 +1,61 @@
+"""FedProx (Li et al. 2020; baselines.md §2): local loss + proximal term to the round's global model.
+
+Forms (switch ``form``):
+- ``squared_half`` (default, the paper): mu/2 * sum ||w - w_g||^2 over trainable parameters;
+- ``fedcorr_unsquared``: mu * ||w - w_g||_2 (un-squared, not halved), FedCorr's code, used
+  for the numbers FedDiv copied from FedCorr.
+``skip_first_batch``: Fed-NCL's and FedCorr's code skip the term on batch 0 of every epoch.
+With mu = 0 the method is FedAvg exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..fl.state import parameter_keys, snapshot
+from .base import FLMethod, MethodParams, register
+
+
+@dataclass(frozen=True)
+class FedProxParams(MethodParams):
+    name = "fedprox"
+    slug_fields = ("mu",)
+    mu: float = 0.01
+    form: str = "squared_half"  # squared_half | fedcorr_unsquared
+    skip_first_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mu < 0:
+            raise ConfigError(f"method 'fedprox': mu={self.mu} must be >= 0")
+        if self.form not in ("squared_half", "fedcorr_unsquared"):
+            raise ConfigError(f"method 'fedprox': form={self.form!r}; valid: squared_half, fedcorr_unsquared")
+
+
+def proximal_term(model: torch.nn.Module, ref: dict[str, torch.Tensor], keys: list[str], mu: float, form: str) -> torch.Tensor:
+    params = dict(model.named_parameters())
+    sq = sum(((params[k] - ref[k]) ** 2).sum() for k in keys)
+    if form == "squared_half":
+        return 0.5 * mu * sq
+    return mu * torch.sqrt(sq)
+
+
+@register
+class FedProx(FLMethod):
+    Params = FedProxParams
+    paper = "Li et al. 2020; baseline in FedNoRo, Fed-NCL, FedGR, FedDiv"
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self._ref = snapshot(self.global_model)
+        self._keys = parameter_keys(self.global_model)
+
+    def loss(self, model, x, idx, step, k, r):
+        loss = F.cross_entropy(model(x), self.labels(idx))
+        p = self.params
+        if p.mu > 0 and not (p.skip_first_batch and step == 0):
+            loss = loss + proximal_term(model, self._ref, self._keys, p.mu, p.form)
+        return loss
