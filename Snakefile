@@ -23,6 +23,8 @@ include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/partition.smk"
 include: "rules/noise.smk"
+include: "rules/train.smk"
+include: "rules/tables.smk"
 
 
 rule all:

@@ -61,6 +61,18 @@ class Plan:
     partitions: dict[str, Any]  # slug -> PartitionSpec
     noises: dict[str, Any]  # slug -> NoiseSpec
     label_sets: list[NoisyLabelSet]
+    scale: str = "paper"
+    tables: list = field(default_factory=list)  # fnlcore.experiments.PaperTable
+    trainings: dict[str, Any] = field(default_factory=dict)  # slug -> TrainSettings
+    methods: dict[str, Any] = field(default_factory=dict)  # slug -> MethodParams
+
+    def runs(self) -> list:
+        """Every distinct training run of the selected tables (RunSpec), in table order."""
+        seen: dict[str, Any] = {}
+        for t in self.tables:
+            for tr in t.runs:
+                seen.setdefault(tr.run.files(self.results_dir)["metrics"], tr.run)
+        return list(seen.values())
 
     def partition_files(self, s: NoisyLabelSet) -> dict[str, str]:
         return paths.partition_files(self.results_dir, s.dataset, s.partition_slug, s.partition_seed)
@@ -71,11 +83,13 @@ class Plan:
         )
 
     def targets(self) -> list[str]:
-        """Every file the data side of the workflow should produce for this config."""
+        """Every final file of this config: the data grid's artifacts and the selected tables."""
         out: list[str] = []
         for s in self.label_sets:
             out += self.partition_files(s).values()
             out += self.noise_files(s).values()
+        for t in self.tables:
+            out += t.outputs(self.results_dir).values()
         return list(dict.fromkeys(out))  # de-duplicated, order kept
 
 
@@ -120,14 +134,14 @@ def build_plan(config: dict) -> Plan:
 
     datasets: dict[str, DatasetSettings] = {}
 
-    def settings(name: str) -> DatasetSettings:
+    def settings(name: str, default_options: Mapping[str, Any] | None = None) -> DatasetSettings:
         if name not in datasets:
             d = per_ds.get(name, {}) or {}
             datasets[name] = DatasetSettings(
                 name=name,
                 raw_dir=str(d.get("raw_dir", f"{raw_root}/{name}")),
                 mirrors=tuple(d.get("mirrors", ())),
-                options=dict(d.get("options", {}) or {}),
+                options={**(default_options or {}), **(d.get("options", {}) or {})},
             )
         return datasets[name]
 
@@ -157,14 +171,58 @@ def build_plan(config: dict) -> Plan:
                 for ns in nspecs:
                     for nseed in entry.get("noise_seeds", [0]):
                         label_sets.append(NoisyLabelSet(info.name, ps, int(pseed), ns, int(nseed)))
-    return Plan(
+    plan = Plan(
         results_dir=results,
         device=str(config.get("device", "auto")),
         datasets=datasets,
         partitions=partitions,
         noises=noises,
         label_sets=label_sets,
+        scale=str(config.get("scale", "paper")),
     )
+    _add_tables(plan, config.get("tables", []) or [], settings)
+    return plan
+
+
+def _add_tables(plan: Plan, selected: list[str], settings) -> None:
+    """Expand the selected paper tables at the plan's scale and register their specs by slug."""
+    from .datasets import get_dataset
+    from .experiments import Scale, load_paper, train_slug
+
+    if not selected:
+        return
+    scale = _at("scale", Scale.load, plan.scale)
+    cache: dict[str, list] = {}
+    for i, name in enumerate(selected):
+        paper, _, table = name.partition("/")
+        if paper not in cache:
+            cache[paper] = _at(f"tables[{i}]", load_paper, paper, scale)
+        chosen = [t for t in cache[paper] if not table or t.table == table]
+        if not chosen:
+            valid = ", ".join(f"{paper}/{t.table}" for t in cache[paper])
+            raise ConfigError(f"tables[{i}]: {name!r} is not a table of {paper!r}; valid: {valid}")
+        for t in chosen:
+            if t not in plan.tables:
+                plan.tables.append(t)
+    for t in plan.tables:
+        for tr in t.runs:
+            r = tr.run
+            info = _at(f"table {t.name}: dataset", get_dataset, r.dataset)
+            settings(info.name, scale.dataset_options.get(info.name))
+            where = f"table {t.name}, row {tr.row!r}, column {tr.column!r}"
+            _check_partition_fits(where, r.partition, info)
+            _check_noise_fits(where, r.noise, info)
+            _register(plan.partitions, r.partition, where)
+            _register(plan.noises, r.noise, where)
+            _register_slug(plan.trainings, train_slug(r.training), r.training, where)
+            _register_slug(plan.methods, r.method.slug(), r.method, where)
+
+
+def _register_slug(table: dict[str, Any], slug: str, spec: Any, where: str) -> None:
+    other = table.get(slug)
+    if other is not None and other != spec:
+        raise ConfigError(f"{where}: slug {slug!r} names two different settings; please report this bug")
+    table[slug] = spec
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -55,6 +55,11 @@ wildcard_constraints:
     pseed=r"\d+",
     nseed=r"\d+",
     client=r"\d+",
+    seed=r"\d+",
+    train=r"[A-Za-z0-9.\-_]+",
+    method=r"[A-Za-z0-9.\-_]+",
+    paper=r"[a-z0-9_]+",
+    table=r"[A-Za-z0-9_]+",
 
 
 def annotator_settings(slug):

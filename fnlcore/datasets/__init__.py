@@ -48,3 +48,4 @@ __all__ = [
 
 # --- Medical datasets (owned by the "medical" engineer): their import line goes below. ---
 from . import ich, isic, chestxray, clothing1m  # noqa: E402,F401
+from . import synthetic  # noqa: E402,F401

@@ -433,9 +433,16 @@ def load_prepared(out_dir: str | os.PathLike) -> PreparedDataset:
     info = DATASETS.get(meta["name"])
     if info is None:
         info = _info_from_meta(meta)
-    elif tuple(meta.get("class_names", info.class_names)) != info.class_names:
-        # ChestX-ray14 selects its 8 classes from the data: the artifact's names are the truth.
-        info = dataclasses.replace(info, class_names=tuple(meta["class_names"]))
+    else:
+        # The artifact is the truth where it differs from the registry: ChestX-ray14 selects its
+        # 8 classes from the data; synthetic stand-ins may be built at another image size.
+        changes = {}
+        if tuple(meta.get("class_names", info.class_names)) != info.class_names:
+            changes["class_names"] = tuple(meta["class_names"])
+        if tuple(meta.get("image_size", info.image_size)) != tuple(info.image_size):
+            changes["image_size"] = tuple(meta["image_size"])
+        if changes:
+            info = dataclasses.replace(info, **changes)
     return PreparedDataset(out, meta, info, index)
 
 

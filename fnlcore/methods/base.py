@@ -98,6 +98,8 @@ class FLMethod:
 
     Params: ClassVar[type[MethodParams]] = MethodParams
     paper: ClassVar[str] = ""
+    # Stages whose rounds count for a table's Best/Last (None = every round); FedNoRo: stage 2 only.
+    reported_stages: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, params: MethodParams, ctx: RunContext):
         self.params = params

@@ -137,6 +137,7 @@ def daagg_weights(sizes: np.ndarray, distances: np.ndarray) -> np.ndarray:
 class FedNoRo(LogitAdjusted, FLMethod):
     Params = FedNoRoParams
     paper = "FedNoRo (IJCAI'23)"
+    reported_stages = ("stage2",)  # the code's Best/Last skip the warm-up rounds (fednoro.md §6)
 
     def __init__(self, params: FedNoRoParams, ctx):
         super().__init__(params, ctx)

@@ -10,6 +10,7 @@ feature (FedMLP's prototypes, FedGR's representation regulariser) use
 | mlp             | the digits demo                           |
 | lenet5          | Fed-NCL (MNIST, Fashion-MNIST)            |
 | cnn             | small FedAvg-style CNN (smoke scale)      |
+| tiny            | smoke scale, any image size (8x8-512x512) |
 | vgg16           | Fed-NCL (CIFAR-10)                        |
 | resnet18_cifar  | FedCorr, FedDiv, FedGR (CIFAR-10)         |
 | resnet34_cifar  | FedCorr, FedDiv, FedGR (CIFAR-100)        |

@@ -44,6 +44,11 @@ def _cnn(num_classes, in_channels, image_size, pretrained):
     return Classifier(backbone, nn.Linear(dim, num_classes), dim)
 
 
+def _tiny(num_classes, in_channels, image_size, pretrained):
+    backbone, dim = small.tiny_backbone(in_channels)
+    return Classifier(backbone, nn.Linear(dim, num_classes), dim)
+
+
 def _vgg16(num_classes, in_channels, image_size, pretrained):
     backbone, dim = small.vgg16_backbone(in_channels)
     head = nn.Sequential(
@@ -82,6 +87,7 @@ MODELS: dict[str, Callable[..., Classifier]] = {
     "mlp": _mlp,
     "lenet5": _lenet5,
     "cnn": _cnn,
+    "tiny": _tiny,
     "vgg16": _vgg16,
     "resnet18_cifar": _resnet_cifar(18),
     "resnet34_cifar": _resnet_cifar(34),

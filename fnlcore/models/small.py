@@ -1,4 +1,4 @@
-"""Small convolutional backbones: LeNet-5, a FedAvg-style CNN, VGG-16 (with BatchNorm)."""
+"""Small convolutional backbones: LeNet-5, a FedAvg-style CNN, VGG-16 (with BatchNorm), a tiny smoke-test CNN."""
 
 from __future__ import annotations
 
@@ -46,3 +46,17 @@ def vgg16_backbone(in_channels: int) -> tuple[nn.Module, int]:
             c = v
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
     return nn.Sequential(*layers), 512
+
+
+def tiny_backbone(in_channels: int) -> tuple[nn.Module, int]:
+    """Smoke-scale CNN (no paper): conv3x3/2-16, ReLU, conv3x3/2-32, ReLU, global average pool -> 32.
+
+    The global pool makes it work at any image size (8x8 to 512x512) with
+    a fixed, small parameter count.
+    """
+    net = nn.Sequential(
+        nn.Conv2d(in_channels, 16, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+    )
+    return net, 32

@@ -1,0 +1,424 @@
+"""Paper tables as data: expand ``config/papers/<paper>.yaml`` into training runs.
+
+A table file declares, for each table, its dataset, partition, training
+settings, columns (noise settings; a column may also override the dataset,
+partition or training, as FedNoRo's Table 4 mixes ICH and ISIC), rows (methods
+with their hyper-parameters, or ``status: not_implemented``), metrics (which
+per-round test metric, summarised how), seeds and the CSV of reported numbers.
+A *scale* (``config/scales/<name>.yaml``) rewrites a table for a budget:
+``paper`` changes nothing; ``smoke`` swaps in synthetic stand-in datasets of
+the same shape, fewer clients and rounds and a tiny model, so every table's DAG
+runs end to end on a CPU.
+
+Seeds: the training seed of a run is one of the table's ``seeds``. The
+partition seed and the noise seed are separate settings: a fixed integer, or
+``same`` (= the training seed; FedNoRo's code seeds its noise with ``--seed``
+and fixes the partition seed at 100).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import paths
+from .errors import ConfigError
+from .fl.settings import TrainSettings
+from .metrics import SummaryRule
+from .slugs import fmt_float, short_hash
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+PAPERS_DIR = CONFIG_DIR / "papers"
+SCALES_DIR = CONFIG_DIR / "scales"
+REPORTED_DIR = PAPERS_DIR / "reported"
+
+RUN = "{results}/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}"
+RUN_FILES = {"metrics": "/metrics.parquet", "clients": "/clients.parquet", "model": "/final.pt"}
+CHECKPOINT = "{results}/checkpoints/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.pt"
+TABLE = "{results}/tables/{paper}/{table}"
+TABLE_FILES = {"csv": ".csv", "md": ".md", "html": ".html", "curves": ".curves.png"}
+
+
+def train_slug(t: TrainSettings) -> str:
+    """Readable core of the training settings plus a hash of every other non-default field."""
+    core = ("model", "rounds", "local_epochs", "batch_size", "optimizer", "lr")
+    head = f"{t.model}-r{t.rounds}-e{t.local_epochs}-b{t.batch_size}-{t.optimizer}{fmt_float(t.lr)}"
+    rest = {
+        f.name: getattr(t, f.name)
+        for f in dataclasses.fields(t)
+        if f.name not in core and getattr(t, f.name) != f.default and f.name != "checkpoint_every"
+    }
+    return head + (f"-{short_hash(rest)}" if rest else "")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: everything that determines its numbers."""
+
+    dataset: str
+    partition: Any  # PartitionSpec
+    partition_seed: int
+    noise: Any  # NoiseSpec
+    noise_seed: int
+    training: TrainSettings
+    method: Any  # MethodParams
+    seed: int
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "partition": self.partition.slug(),
+            "pseed": self.partition_seed,
+            "noise": self.noise.slug(),
+            "nseed": self.noise_seed,
+            "train": train_slug(self.training),
+            "method": self.method.slug(),
+            "seed": self.seed,
+        }
+
+    def files(self, results: str) -> dict[str, str]:
+        base = RUN.format(results=results, **self.fields())
+        return {k: base + s for k, s in RUN_FILES.items()}
+
+    def checkpoint(self, results: str) -> str:
+        return CHECKPOINT.format(results=results, **self.fields())
+
+
+@dataclass(frozen=True)
+class MetricRule:
+    source: str  # per-round metric column, e.g. "bacc"
+    rule: SummaryRule
+
+
+@dataclass
+class TableRun:
+    row: str
+    column: str
+    run: RunSpec
+
+
+@dataclass
+class PaperTable:
+    paper: str
+    table: str
+    spec: Any  # fnlcore.tables.TableSpec
+    runs: list[TableRun]
+    metrics: dict[str, MetricRule]
+    reported: Path | None
+    scale: str
+    compare: list[dict] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.paper}/{self.table}"
+
+    def outputs(self, results: str) -> dict[str, str]:
+        base = TABLE.format(results=results, paper=self.paper, table=self.table)
+        return {k: base + s for k, s in TABLE_FILES.items()}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How a scale rewrites tables (see config/scales/*.yaml)."""
+
+    name: str
+    datasets: Mapping[str, str] = field(default_factory=dict)  # real dataset -> stand-in
+    dataset_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    num_clients: int | None = None
+    training: Mapping[str, Any] = field(default_factory=dict)  # overrides for every run
+    methods: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-method overrides
+    noises: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-noise-model overrides
+    seeds: tuple[int, ...] | None = None
+    note: str = ""
+
+    @classmethod
+    def load(cls, name: str) -> "Scale":
+        from .config import load_yaml
+
+        path = SCALES_DIR / f"{name}.yaml"
+        if not path.exists():
+            valid = sorted(p.stem for p in SCALES_DIR.glob("*.yaml"))
+            raise ConfigError(f"scale {name!r}: no file {path.name} in config/scales; valid scales: {', '.join(valid)}")
+        d = load_yaml(path)
+        allowed = {f.name for f in dataclasses.fields(cls)} - {"name"}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(f"config/scales/{name}.yaml: unknown key(s) {unknown}; valid: {', '.join(sorted(allowed))}")
+        if "seeds" in d and d["seeds"] is not None:
+            d["seeds"] = tuple(int(s) for s in d["seeds"])
+        return cls(name=name, **d)
+
+
+_TABLE_KEYS = {
+    "id", "title", "reported", "dataset", "partition", "partition_seed", "noise_seed", "seeds", "training",
+    "rows", "columns", "metrics", "row_fields", "column_fields", "tolerance", "std_ddof", "note", "compare",
+}
+_COLUMN_KEYS = {"label", "key", "note", "noise", "dataset", "partition", "training"}
+_ROW_KEYS = {"label", "key", "note", "status", "method", "training"}
+_METRIC_KEYS = {"name", "label", "source", "summary", "scale", "decimals", "tolerance", "reported_name"}
+
+
+def _check_keys(where: str, d: Mapping, allowed: set[str]) -> None:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(d).__name__}")
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(sorted(allowed))}")
+
+
+def _seed(value: Any, train_seed: int, where: str) -> int:
+    if value == "same":
+        return train_seed
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ConfigError(f"{where}: must be a non-negative integer or 'same', got {value!r}")
+
+
+def _wrap(where: str, fn, *args):
+    try:
+        return fn(*args)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def load_paper(paper: str, scale: Scale) -> list[PaperTable]:
+    """Read config/papers/<paper>.yaml and expand every table at the given scale."""
+    from .config import load_yaml
+
+    path = PAPERS_DIR / f"{paper}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in PAPERS_DIR.glob("*.yaml"))
+        raise ConfigError(f"paper {paper!r}: no file config/papers/{paper}.yaml; valid papers: {', '.join(valid)}")
+    doc = load_yaml(path)
+    _check_keys(f"config/papers/{paper}.yaml", doc, {"paper", "title", "defaults", "tables"})
+    defaults = doc.get("defaults", {}) or {}
+    _check_keys(f"config/papers/{paper}.yaml: defaults", defaults, _TABLE_KEYS - {"id", "rows", "columns", "metrics"})
+    out = []
+    for i, t in enumerate(doc.get("tables", [])):
+        where = f"config/papers/{paper}.yaml: tables[{i}]"
+        _check_keys(where, t, _TABLE_KEYS)
+        merged = {**copy.deepcopy(defaults), **t}
+        out.append(_expand_table(paper, merged, scale, f"{where} ({t.get('id', '?')})"))
+    return out
+
+
+def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
+    from .methods import method_from_dict
+    from .noise import noise_spec_from_dict
+    from .partition import partition_spec_from_dict
+    from .tables import TableSpec
+
+    for k in ("id", "dataset", "partition", "training", "rows", "columns", "metrics"):
+        if k not in t:
+            raise ConfigError(f"{where}: missing key {k!r}")
+    table_id = str(t["id"])
+    seeds = tuple(scale.seeds) if scale.seeds is not None else tuple(t.get("seeds", [0]))
+    metrics: dict[str, MetricRule] = {}
+    metric_specs = []
+    for j, m in enumerate(t["metrics"]):
+        mw = f"{where}.metrics[{j}]"
+        _check_keys(mw, m, _METRIC_KEYS)
+        if "source" not in m or "summary" not in m:
+            raise ConfigError(f"{mw}: needs 'source' (per-round metric, e.g. bacc) and 'summary' ({{kind: best|last_mean|final}})")
+        metrics[m["name"]] = MetricRule(m["source"], _wrap(mw, lambda s: SummaryRule(**s), m["summary"]))
+        metric_specs.append({k: v for k, v in m.items() if k not in ("source", "summary")})
+    rows, cols, runs = [], [], []
+    for j, c in enumerate(t["columns"]):
+        _check_keys(f"{where}.columns[{j}]", c, _COLUMN_KEYS)
+        cols.append({k: v for k, v in c.items() if k in ("label", "key", "note")})
+    for j, r in enumerate(t["rows"]):
+        _check_keys(f"{where}.rows[{j}]", r, _ROW_KEYS)
+        rows.append({k: v for k, v in r.items() if k in ("label", "key", "note", "status")})
+        if r.get("status", "implemented") == "implemented" and "method" not in r:
+            raise ConfigError(f"{where}.rows[{j}] ({r.get('label')}): an implemented row needs 'method'")
+    spec = _wrap(
+        where,
+        TableSpec.from_dict,
+        {
+            "paper": paper, "table": table_id, "title": t.get("title", ""), "rows": rows, "columns": cols,
+            "metrics": metric_specs, "tolerance": t.get("tolerance", 1.0), "std_ddof": t.get("std_ddof", 1),
+            "row_fields": t.get("row_fields", ["method"]), "column_fields": t.get("column_fields", ["noise_setting"]),
+            "expected_seeds": len(seeds), "note": t.get("note", ""),
+        },
+    )
+    for j, c in enumerate(t["columns"]):
+        cw = f"{where}.columns[{j}] ({c.get('label')})"
+        real = c.get("dataset", t["dataset"])
+        dataset = scale.datasets.get(real, real)
+        pdict = dict(c.get("partition", t["partition"]))
+        if scale.num_clients is not None:
+            pdict["num_clients"] = min(int(pdict.get("num_clients", scale.num_clients)), scale.num_clients)
+        pspec = _wrap(f"{cw}.partition", partition_spec_from_dict, pdict)
+        ndict = dict(c.get("noise", {"name": "clean"}))
+        ndict.update(scale.noises.get(ndict.get("name"), {}))
+        nspec = _wrap(f"{cw}.noise", noise_spec_from_dict, ndict)
+        for k, r in enumerate(t["rows"]):
+            if r.get("status", "implemented") != "implemented":
+                continue
+            rw = f"{where}.rows[{k}] ({r.get('label')})"
+            tdict = {**t["training"], **c.get("training", {}), **r.get("training", {}), **scale.training}
+            training = _wrap(f"{rw}.training", TrainSettings.from_dict, tdict)
+            mdict = dict(r["method"])
+            mdict.update(scale.methods.get(mdict.get("name"), {}))
+            method = _wrap(f"{rw}.method", method_from_dict, mdict)
+            for s in seeds:
+                runs.append(
+                    TableRun(
+                        row=r["label"],
+                        column=c["label"],
+                        run=RunSpec(
+                            dataset=dataset,
+                            partition=pspec,
+                            partition_seed=_seed(t.get("partition_seed", "same"), s, f"{where}.partition_seed"),
+                            noise=nspec,
+                            noise_seed=_seed(t.get("noise_seed", "same"), s, f"{where}.noise_seed"),
+                            training=training,
+                            method=method,
+                            seed=int(s),
+                        ),
+                    )
+                )
+    reported = t.get("reported")
+    return PaperTable(
+        paper=paper,
+        table=table_id,
+        spec=spec,
+        runs=runs,
+        metrics=metrics,
+        reported=(REPORTED_DIR / reported) if reported else None,
+        scale=scale.name,
+        compare=list(t.get("compare", [])),
+    )
+
+
+def table_targets(tables: list[PaperTable], results: str) -> list[str]:
+    out: list[str] = []
+    for t in tables:
+        out += t.outputs(results).values()
+    return out
+
+
+__all__ = ["RunSpec", "PaperTable", "Scale", "load_paper", "train_slug", "RUN", "CHECKPOINT", "paths"]
+
+
+# -- building a table from finished runs ------------------------------------------------------
+
+
+def summarise_run(pt: PaperTable, tr: TableRun, metrics_df) -> list[dict]:
+    """One value per table metric for one finished run (rounds limited to the method's reported stages)."""
+    from dataclasses import replace
+
+    from .methods import METHODS
+    from .metrics import summarise
+
+    stages = getattr(METHODS[tr.run.method.name], "reported_stages", None)
+    out = []
+    for name, mr in pt.metrics.items():
+        rule = mr.rule if mr.rule.stages is not None or stages is None else replace(mr.rule, stages=tuple(stages))
+        out.append({"row": tr.row, "column": tr.column, "metric": name, "seed": tr.run.seed,
+                    "value": summarise(metrics_df, mr.source, rule)})
+    return out
+
+
+def build_table(pt: PaperTable, results: str, read_metrics) -> Any:
+    """Render a table from its runs' metrics files; ``read_metrics(path) -> DataFrame``.
+
+    Writes csv, md, html (reproduced beside reported, delta, tolerance flags,
+    "n.i." rows) and a figure of the test-metric curves (one panel per column).
+    """
+    import pandas as pd
+
+    from .tables import load_reported, render
+
+    rows, curves = [], {}
+    for tr in pt.runs:
+        df = read_metrics(tr.run.files(results)["metrics"])
+        rows += summarise_run(pt, tr, df)
+        curves.setdefault(tr.column, {}).setdefault(tr.row, []).append(df.assign(seed=tr.run.seed))
+    runs = pd.DataFrame(rows, columns=["row", "column", "metric", "seed", "value"])
+    reported = load_reported(pt.reported) if pt.reported is not None else None
+    rendered = render(pt.spec, runs, reported)
+    out = pt.outputs(results)
+    notes = comparison_notes(pt, runs)
+    rendered.to_csv(out["csv"])
+    _write_with_notes(rendered.markdown(), notes, out["md"], markdown=True)
+    _write_with_notes(rendered.html(), notes, out["html"], markdown=False)
+    source = next(iter(pt.metrics.values())).source if pt.metrics else "acc"
+    plot_curve_grid({c: {r: pd.concat(v) for r, v in rows_.items()} for c, rows_ in curves.items()}, source, out["curves"],
+                    title=f"{pt.paper} table {pt.table}: test {source} per round ({pt.scale} scale)")
+    return rendered
+
+
+def comparison_notes(pt: PaperTable, runs) -> list[str]:
+    """Plain statements for the table's ``compare`` entries, true whatever the outcome.
+
+    Each entry: {row: A, against: B, metric: name, columns: [...] (default all)}.
+    """
+    notes = []
+    for c in pt.compare:
+        metric, a, b = c["metric"], c["row"], c["against"]
+        label = next((m.label for m in pt.spec.metrics if m.name == metric), metric)
+        for col in c.get("columns") or [x.label for x in pt.spec.columns]:
+            sel = runs[(runs.metric == metric) & (runs.column == col)]
+            va = sel[sel.row == a].value.mean()
+            vb = sel[sel.row == b].value.mean()
+            if sel.empty or va != va or vb != vb:
+                notes.append(f"{col}: {a} vs {b} ({label}) — not computed yet.")
+                continue
+            verdict = "beats" if va > vb else ("ties with" if va == vb else "does NOT beat")
+            notes.append(f"{col}: {a} {verdict} {b} on {label} ({100 * va:.2f} vs {100 * vb:.2f}).")
+    return notes
+
+
+def _write_with_notes(text: str, notes: list[str], path: str, markdown: bool) -> None:
+    from .io import atomic_path
+
+    if notes:
+        if markdown:
+            text = text.rstrip("\n") + "\n\n**Observations**\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+        else:
+            import html
+
+            items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+            block = f'<div class="fnl-observations"><strong>Observations</strong><ul>{items}</ul></div>'
+            text = text.replace("</body>", block + "</body>") if "</body>" in text else text + block
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def plot_curve_grid(curves: Mapping[str, Mapping[str, Any]], metric: str, path: str, title: str = "") -> None:
+    """One panel per table column, one line (mean over seeds) per row."""
+    import math
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from .io import atomic_path
+    from .tables.curves import curve_stats
+
+    cols = list(curves)
+    n = max(len(cols), 1)
+    ncol = min(n, 3)
+    nrow = math.ceil(n / ncol)
+    fig = Figure(figsize=(4.2 * ncol, 3.2 * nrow), dpi=100)
+    FigureCanvasAgg(fig)
+    for i, col in enumerate(cols):
+        ax = fig.add_subplot(nrow, ncol, i + 1)
+        for row, df in curves[col].items():
+            st = curve_stats(df, metric, f"{col}/{row}")
+            ax.plot(st["round"], 100 * st["mean"], label=row, linewidth=1.3)
+        ax.set_title(col, fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"{metric} (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", metadata={"Software": None})

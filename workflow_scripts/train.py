@@ -1,0 +1,13 @@
+"""Rule train: one federated run; resumes from its checkpoint after a kill."""
+from fnlcore.fl.run import train_run
+from fnlcore.logs import job_log
+
+sm = snakemake  # noqa: F821 (injected by Snakemake)
+with job_log(sm.log[0]) as log:
+    log.info("run %s", sm.output.metrics.rsplit("/", 1)[0])
+    train_run(
+        sm.params.data_dir, sm.input.noise, sm.params.num_clients, sm.params.settings, sm.params.method,
+        int(sm.wildcards.seed), sm.params.device,
+        sm.output.metrics, sm.output.clients, sm.output.model, sm.params.checkpoint,
+        progress=log.info,
+    )
