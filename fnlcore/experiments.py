@@ -138,7 +138,10 @@ class Scale:
     def load(cls, name: str) -> "Scale":
         from .config import load_yaml
 
-        path = SCALES_DIR / f"{name}.yaml"
+        # A scale is a name in config/scales/ or the path of your own scale file (*.yaml).
+        path = Path(name) if name.endswith((".yaml", ".yml")) else SCALES_DIR / f"{name}.yaml"
+        if name.endswith((".yaml", ".yml")) and not path.exists():
+            raise ConfigError(f"scale file {name!r} does not exist")
         if not path.exists():
             valid = sorted(p.stem for p in SCALES_DIR.glob("*.yaml"))
             raise ConfigError(f"scale {name!r}: no file {path.name} in config/scales; valid scales: {', '.join(valid)}")
@@ -146,10 +149,10 @@ class Scale:
         allowed = {f.name for f in dataclasses.fields(cls)} - {"name"}
         unknown = sorted(set(d) - allowed)
         if unknown:
-            raise ConfigError(f"config/scales/{name}.yaml: unknown key(s) {unknown}; valid: {', '.join(sorted(allowed))}")
+            raise ConfigError(f"{path.name}: unknown key(s) {unknown}; valid: {', '.join(sorted(allowed))}")
         if "seeds" in d and d["seeds"] is not None:
             d["seeds"] = tuple(int(s) for s in d["seeds"])
-        return cls(name=name, **d)
+        return cls(name=path.stem, **d)
 
 
 _TABLE_KEYS = {
