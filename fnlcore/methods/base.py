@@ -60,6 +60,8 @@ class MethodParams:
     """Base of every method's hyper-parameter dataclass (frozen, typed, validated)."""
 
     name: ClassVar[str] = ""
+    # code≠paper switches: field -> "value (code) | value (paper)" explanation, for the README
+    switches: ClassVar[dict[str, str]] = {}
     # fields shown readably in the slug, in this order; other non-default fields go into a short hash
     slug_fields: ClassVar[tuple[str, ...]] = ()
 

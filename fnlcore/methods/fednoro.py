@@ -42,6 +42,11 @@ from .fedla import LogitAdjusted, la_cross_entropy
 class FedNoRoParams(MethodParams):
     name = "fednoro"
     slug_fields = ("warmup_rounds",)
+    switches = {
+        "detection_votes": "9 (code: 9 GMM fits, majority vote over exact sets) | 1 (paper: one GMM)",
+        "detection_augment": "true (code: detection losses on augmented training images) | false",
+        "distance": "'per_tensor_sum' (code: sum of per-tensor L2 norms incl. BN buffers) | 'global_l2' (paper)",
+    }
     warmup_rounds: int = 10
     tau: float = 1.0  # logit adjustment strength
     kd_temperature: float = 0.8

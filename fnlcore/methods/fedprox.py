@@ -24,6 +24,10 @@ from .base import FLMethod, MethodParams, register
 class FedProxParams(MethodParams):
     name = "fedprox"
     slug_fields = ("mu",)
+    switches = {
+        "form": "'squared_half' (paper: mu/2 ||w - w_g||^2) | 'fedcorr_unsquared' (FedCorr code: mu ||w - w_g||, behind FedDiv's copied numbers)",
+        "skip_first_batch": "false | true (Fed-NCL and FedCorr code skip the term on batch 0 of every epoch)",
+    }
     mu: float = 0.01
     form: str = "squared_half"  # squared_half | fedcorr_unsquared
     skip_first_batch: bool = False

@@ -1,0 +1,113 @@
+"""``fnl``: the user's commands over the same workflow.
+
+    fnl tables [--scale S]                       papers, tables and their cells (done / pending / n.i.)
+    fnl cell PAPER TABLE --row ROW --col COL [--seed S] [--scale S] [--dry] [-- SNAKEMAKE ARGS]
+                                                 print the runs behind one cell and build them with Snakemake
+
+Everything after ``--`` goes to Snakemake unchanged (``--cores 2``, ``--profile slurm``,
+``--forcerun train`` to recompute runs that already exist, ...). Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tables(scale: str):
+    from .experiments import PAPERS_DIR, Scale, load_paper
+
+    sc = Scale.load(scale)
+    return [t for p in sorted(PAPERS_DIR.glob("*.yaml")) for t in load_paper(p.stem, sc)]
+
+
+def _find(tables, paper: str, table: str):
+    for t in tables:
+        if t.paper == paper and t.table == table:
+            return t
+    valid = ", ".join(f"{t.paper} {t.table}" for t in tables)
+    raise ConfigError(f"no table {paper!r} {table!r}; valid (paper table): {valid}")
+
+
+def cell_runs(pt, row: str, col: str, seed: int | None = None):
+    """The runs of one cell; unknown names list the valid ones."""
+    rows = [r.label for r in pt.spec.rows]
+    cols = [c.label for c in pt.spec.columns]
+    if row not in rows:
+        raise ConfigError(f"table {pt.name}: no row {row!r}; valid rows: {', '.join(map(repr, rows))}")
+    if col not in cols:
+        raise ConfigError(f"table {pt.name}: no column {col!r}; valid columns: {', '.join(map(repr, cols))}")
+    status = next(r.status for r in pt.spec.rows if r.label == row)
+    if status != "implemented":
+        raise ConfigError(f"table {pt.name}: row {row!r} is not implemented yet (rendered as n.i.)")
+    runs = [tr.run for tr in pt.runs if tr.row == row and tr.column == col]
+    if seed is not None:
+        seeds = sorted({r.seed for r in runs})
+        runs = [r for r in runs if r.seed == seed]
+        if not runs:
+            raise ConfigError(f"table {pt.name}: seed {seed} is not among the table's seeds {seeds}")
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1 :]
+    ap = argparse.ArgumentParser(prog="fnl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("tables", help="list papers, tables and cell counts")
+    t.add_argument("--scale", default="paper")
+    t.add_argument("--results", default="results")
+    c = sub.add_parser("cell", help="build the runs behind one table cell")
+    c.add_argument("paper")
+    c.add_argument("table")
+    c.add_argument("--row", required=True)
+    c.add_argument("--col", required=True)
+    c.add_argument("--seed", type=int)
+    c.add_argument("--scale", default="paper")
+    c.add_argument("--results", default="results")
+    c.add_argument("--dry", action="store_true", help="print the targets only")
+    args = ap.parse_args(argv)
+    try:
+        tables = _tables(args.scale)
+        if args.cmd == "tables":
+            return _list(tables, args.results)
+        pt = _find(tables, args.paper, args.table)
+        runs = cell_runs(pt, args.row, args.col, args.seed)
+    except ConfigError as err:
+        print(f"fnl: {err}", file=sys.stderr)
+        return 2
+    targets = [r.files(args.results)["metrics"] for r in runs]
+    print("\n".join(targets))
+    if args.dry:
+        return 0
+    cmd = [
+        sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+        "--config", f"tables=[\"{pt.paper}/{pt.table}\"]", f"scale={args.scale}", "data_grid=[]", f"results_dir={args.results}",
+        *(extra or ["--cores", "1"]), *targets,
+    ]
+    return subprocess.call(cmd)
+
+
+def _list(tables, results: str) -> int:
+    for t in tables:
+        implemented = sum(1 for r in t.spec.rows if r.status == "implemented")
+        ni = (len(t.spec.rows) - implemented) * len(t.spec.columns)
+        cells: dict[tuple[str, str], list] = {}
+        for tr in t.runs:
+            cells.setdefault((tr.row, tr.column), []).append(tr.run)
+        done = sum(all(Path(r.files(results)["metrics"]).exists() for r in rs) for rs in cells.values())
+        print(f"{t.paper:8s} {t.table:6s} done {done:4d}  pending {len(cells) - done:4d}  not implemented {ni:4d}  {t.spec.title}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
