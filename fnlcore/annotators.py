@@ -166,10 +166,5 @@ def save_annotator(checkpoint_path: str | Path, probs_path: str | Path, state: d
     write_npz(probs_path, sample_id=np.asarray(sample_ids, dtype=np.int64), probs=probs)
 
 
-def assemble_soft_labels(probs_files: list[str], num_samples: int, num_classes: int) -> np.ndarray:
-    """Stack the annotators' per-client probabilities into one (n, C) table (NaN elsewhere)."""
-    soft = np.full((num_samples, num_classes), np.nan, dtype=np.float64)
-    for f in probs_files:
-        with np.load(f) as z:
-            soft[z["sample_id"]] = z["probs"]
-    return soft
+# Re-exported: reading the annotators' outputs needs no torch, so it lives with the noise code.
+from .noise.hidn import assemble_soft_labels  # noqa: E402,F401

@@ -1,5 +1,5 @@
 """Rule noise: draw one noisy label set for one partition and write parquet, summary and figures."""
-from fnlcore.annotators import assemble_soft_labels
+from fnlcore.noise.hidn import assemble_soft_labels
 from fnlcore.datasets import load_prepared
 from fnlcore.logs import job_log
 from fnlcore.noise import write_noise_artifacts

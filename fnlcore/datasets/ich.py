@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.model_selection import train_test_split
 
 from ..errors import ConfigError, DataError, MissingManualDataError
 from ..rng import legacy_rng
@@ -226,6 +225,8 @@ def fedmlp_split(n: int, seed: int = 2023, test_size: float = 0.3) -> tuple[np.n
     a private ``RandomState(seed)`` gives the same draws. Row i of FedMLP's
     train CSV is data row ``train[i]``.
     """
+    from sklearn.model_selection import train_test_split  # imported here: sklearn costs ~1 s per job
+
     train, test = train_test_split(np.arange(n, dtype=np.int64), test_size=test_size, random_state=legacy_rng(seed))
     return np.asarray(train, np.int64), np.asarray(test, np.int64)
 

@@ -134,3 +134,12 @@ def hidn_noise(
         given[idx[pos]] = draw_other_labels(rng, s[pos], yk[pos])
     kinds = tuple(HIDN if f else CLEAN for f in noisy)
     return make_result("fednoro_hidn", y, given, noisy, level, kinds)
+
+
+def assemble_soft_labels(probs_files: list[str], num_samples: int, num_classes: int) -> np.ndarray:
+    """Stack the annotators' per-client probabilities into one (n, C) table (NaN elsewhere)."""
+    soft = np.full((num_samples, num_classes), np.nan, dtype=np.float64)
+    for f in probs_files:
+        with np.load(f) as z:
+            soft[z["sample_id"]] = z["probs"]
+    return soft
