@@ -18,7 +18,13 @@ def job_log(path: str | Path | None) -> Iterator[logging.Logger]:
     An exception is logged with its message before it propagates, so the job's
     log says why it failed.
     """
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    console = logging.StreamHandler(sys.stderr)
+    if sys.stderr.isatty():
+        # On a terminal the per-round lines become a progress bar (fnlcore.progress); the log file keeps them.
+        from .progress import ROUND_LINE
+
+        console.addFilter(lambda rec: not ROUND_LINE.match(rec.getMessage()))
+    handlers: list[logging.Handler] = [console]
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(path, mode="w"))

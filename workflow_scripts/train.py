@@ -1,6 +1,7 @@
 """Rule train: one federated run; resumes from its checkpoint after a kill."""
 from fnlcore.fl.run import train_run
 from fnlcore.logs import job_log
+from fnlcore.progress import round_reporter
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 with job_log(sm.log[0]) as log:
@@ -9,5 +10,5 @@ with job_log(sm.log[0]) as log:
         sm.params.data_dir, sm.input.noise, sm.params.num_clients, sm.params.settings, sm.params.method,
         int(sm.wildcards.seed), sm.params.device,
         sm.output.metrics, sm.output.clients, sm.output.model, sm.params.checkpoint,
-        progress=log.info,
+        progress=round_reporter(log.info),
     )
