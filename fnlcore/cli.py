@@ -1,6 +1,7 @@
 """``fnl``: the user's commands over the same workflow.
 
     fnl tables [--scale S]                       papers, tables and their cells (done / pending / n.i.)
+    fnl status [--configfile F]                  runs of the configured tables: done, running/interrupted, failed, pending
     fnl cell PAPER TABLE --row ROW --col COL [--seed S] [--scale S] [--dry] [-- SNAKEMAKE ARGS]
                                                  print the runs behind one cell and build them with Snakemake
 
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("tables", help="list papers, tables and cell counts")
     t.add_argument("--scale", default="paper")
     t.add_argument("--results", default="results")
+    st = sub.add_parser("status", help="running and failed runs of the configured tables")
+    st.add_argument("--configfile", default=str(REPO / "config" / "config.yaml"))
     c = sub.add_parser("cell", help="build the runs behind one table cell")
     c.add_argument("paper")
     c.add_argument("table")
@@ -76,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--results", default="results")
     c.add_argument("--dry", action="store_true", help="print the targets only")
     args = ap.parse_args(argv)
+    if args.cmd == "status":
+        try:
+            return _status(args.configfile)
+        except ConfigError as err:
+            print(f"fnl: {err}", file=sys.stderr)
+            return 2
     try:
         tables = _tables(args.scale)
         if args.cmd == "tables":
@@ -95,6 +104,33 @@ def main(argv: list[str] | None = None) -> int:
         *(extra or ["--cores", "1"]), *targets,
     ]
     return subprocess.call(cmd)
+
+
+def run_status(run, results: str) -> str:
+    """done | running (a checkpoint, no outputs yet: running or interrupted) | failed | pending."""
+    files = run.files(results)
+    if Path(files["metrics"]).exists():
+        return "done"
+    log = Path(files["metrics"].replace(f"{results}/runs/", f"{results}/logs/runs/", 1).rsplit("/", 1)[0] + ".log")
+    if log.exists() and " ERROR " in log.read_text(errors="replace"):
+        return "failed"
+    if Path(run.checkpoint(results)).exists() or log.exists():
+        return "running"
+    return "pending"
+
+
+def _status(configfile: str) -> int:
+    from .config import load_plan
+
+    plan = load_plan(configfile)
+    groups: dict[str, list] = {"done": [], "running": [], "failed": [], "pending": []}
+    for run in plan.runs():
+        groups[run_status(run, plan.results_dir)].append(run)
+    print("  ".join(f"{k} {len(v)}" for k, v in groups.items()))
+    for kind in ("running", "failed"):
+        for run in groups[kind]:
+            print(f"{kind:8s} {run.files(plan.results_dir)['metrics'].rsplit('/', 1)[0]}")
+    return 1 if groups["failed"] else 0
 
 
 def _list(tables, results: str) -> int:
