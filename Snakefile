@@ -19,6 +19,10 @@ configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 validate(config, "config/schema/config.schema.yaml")
 
+
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/partition.smk"

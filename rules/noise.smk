@@ -45,6 +45,7 @@ rule annotator:
     resources:
         mem_mb=4000,
         runtime=120,
+        gpu=1,
     script:
         "../workflow_scripts/train_annotator.py"
 
@@ -58,8 +59,16 @@ rule noise:
     output:
         parquet=pattern(paths.NOISE) + paths.NOISE_SUFFIXES["parquet"],
         summary=pattern(paths.NOISE) + paths.NOISE_SUFFIXES["summary"],
-        rates=pattern(paths.NOISE) + paths.NOISE_SUFFIXES["rates"],
-        matrix=pattern(paths.NOISE) + paths.NOISE_SUFFIXES["matrix"],
+        rates=report(
+            pattern(paths.NOISE) + paths.NOISE_SUFFIXES["rates"],
+            caption="../report/noise_rates.rst", category="Noise", subcategory="{dataset}",
+            labels={"partition": "{partition}", "noise": "{noise}", "seed": "{nseed}", "figure": "rates"},
+        ),
+        matrix=report(
+            pattern(paths.NOISE) + paths.NOISE_SUFFIXES["matrix"],
+            caption="../report/noise_matrix.rst", category="Noise", subcategory="{dataset}",
+            labels={"partition": "{partition}", "noise": "{noise}", "seed": "{nseed}", "figure": "matrix"},
+        ),
     params:
         spec=lambda w: noise_spec(w.noise),
         partition_spec=lambda w: partition_spec(w.partition),

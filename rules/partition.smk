@@ -8,7 +8,11 @@ rule partition:
     output:
         parquet=pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["parquet"],
         counts=pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["counts"],
-        figure=pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["figure"],
+        figure=report(
+            pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["figure"],
+            caption="../report/partition.rst", category="Partitions", subcategory="{dataset}",
+            labels={"partition": "{partition}", "seed": "{pseed}"},
+        ),
     params:
         spec=lambda w: partition_spec(w.partition),
         data_dir=lambda w: pattern(paths.DATA_DIR, dataset=w.dataset),

@@ -23,8 +23,16 @@ rule table:
     output:
         csv=pattern("{results}/tables/{paper}/{table}.csv"),
         md=pattern("{results}/tables/{paper}/{table}.md"),
-        html=pattern("{results}/tables/{paper}/{table}.html"),
-        curves=pattern("{results}/tables/{paper}/{table}.curves.png"),
+        html=report(
+            pattern("{results}/tables/{paper}/{table}.html"),
+            caption="../report/table.rst", category="Tables", subcategory="{paper}",
+            labels={"paper": "{paper}", "table": "{table}", "view": "table"},
+        ),
+        curves=report(
+            pattern("{results}/tables/{paper}/{table}.curves.png"),
+            caption="../report/curves.rst", category="Tables", subcategory="{paper}",
+            labels={"paper": "{paper}", "table": "{table}", "view": "curves"},
+        ),
     params:
         table=lambda w: _table(w.paper, w.table),
         results=RESULTS,
