@@ -17,22 +17,12 @@ from pathlib import Path
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def _default(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        return f"`{f.name}={f.default!r}`"
-    return f"`{f.name}` (required)"
-
-
 def methods_markdown() -> str:
     from .methods import METHODS
+    from .registry import markdown_table
 
-    lines = ["| name | hyper-parameters (defaults) | from | code≠paper switches |", "|---|---|---|---|"]
-    for name in sorted(METHODS):
-        cls = METHODS[name]
-        params = ", ".join(_default(f) for f in dataclasses.fields(cls.Params)) or "—"
-        sw = "; ".join(f"`{k}`: {v}" for k, v in cls.Params.switches.items()) or "—"
-        lines.append(f"| `{name}` | {params} | {cls.paper} | {sw.replace('|', chr(92) + '|')} |")
-    return "\n".join(lines)
+    rows = [(name, METHODS[name].Params, METHODS[name].paper, METHODS[name].Params.switches) for name in sorted(METHODS)]
+    return markdown_table(("name", "hyper-parameters (defaults)", "from", "code≠paper switches"), rows).rstrip("\n")
 
 
 def training_markdown() -> str:

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..registry import spec_from_dict
 from ..fl import sampling
 from ..fl.context import RunContext
 from ..fl.local import train_epochs
@@ -182,15 +183,4 @@ def register(cls: type[FLMethod]) -> type[FLMethod]:
 
 def method_from_dict(d: dict) -> MethodParams:
     """Build a method's typed hyper-parameters from a config entry {name: ..., **params}."""
-    d = dict(d)
-    name = d.pop("name", None)
-    if name not in METHODS:
-        raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(sorted(METHODS))}")
-    params_cls = METHODS[name].Params
-    valid = {f.name for f in dataclasses.fields(params_cls)}
-    unknown = sorted(set(d) - valid)
-    if unknown:
-        raise ConfigError(
-            f"method {name!r}: unknown key(s) {unknown}; valid keys: {', '.join(sorted(valid)) or '(none)'}"
-        )
-    return params_cls(**d)
+    return spec_from_dict("method", {k: c.Params for k, c in METHODS.items()}, d)

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from ..registry import markdown_table, spec_from_dict
 from .specs import (
     BernoulliDirichletPartition,
     DirichletNiidBenchPartition,
@@ -36,24 +37,7 @@ def partition_spec_from_dict(d: Mapping[str, Any]) -> PartitionSpec:
     of that partitioner; a missing required key, a wrong type or a bad value
     raises ConfigError naming the key.
     """
-    if not isinstance(d, Mapping):
-        raise ConfigError(f"a partition must be a mapping with a 'name' key, got {type(d).__name__}")
-    if "name" not in d:
-        raise ConfigError(f"a partition needs a 'name' key; valid names: {sorted(PARTITIONERS)}")
-    name = d["name"]
-    cls = PARTITIONERS.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise ConfigError(f"unknown partition name {name!r}; valid names: {sorted(PARTITIONERS)}")
-    params = {k: v for k, v in d.items() if k != "name"}
-    fields = dataclasses.fields(cls)
-    valid = [f.name for f in fields]
-    unknown = [k for k in params if k not in valid]
-    if unknown:
-        raise ConfigError(f"partition {name!r}: unknown key(s) {unknown}; valid keys: {valid}")
-    missing = [f.name for f in fields if f.default is dataclasses.MISSING and f.name not in params]
-    if missing:
-        raise ConfigError(f"partition {name!r}: missing required key(s) {missing}")
-    return cls(**params)
+    return spec_from_dict("partition", PARTITIONERS, d)
 
 
 def describe_partitioners() -> list[dict[str, Any]]:
@@ -85,18 +69,8 @@ def describe_partitioners() -> list[dict[str, Any]]:
 
 def partitioners_markdown() -> str:
     """A markdown table of every registered partitioner, for the README/docs."""
-    lines = [
-        "| name | parameters (defaults) | from | code≠paper switches |",
-        "|---|---|---|---|",
-    ]
-    for rec in describe_partitioners():
-        params = ", ".join(
-            f"`{p['name']}` (required)" if p["required"] else f"`{p['name']}={p['default']!r}`" for p in rec["params"]
-        )
-        switches = "; ".join(f"`{k}`: {v}" for k, v in rec["switches"].items()) or "—"
-        cells = (f"`{rec['name']}`", params, rec["paper"], switches)
-        lines.append("| " + " | ".join(c.replace("\n", " ").replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [(name, cls, cls.paper, cls.switches) for name, cls in PARTITIONERS.items()]
+    return markdown_table(("name", "parameters (defaults)", "from", "code≠paper switches"), rows)
 
 
 __all__ = ["PARTITIONERS", "partition_spec_from_dict", "describe_partitioners", "partitioners_markdown"]
