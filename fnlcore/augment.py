@@ -27,17 +27,22 @@ def random_crop(x: torch.Tensor, padding: int, gen: torch.Generator | None = Non
     xp = F.pad(x, (padding, padding, padding, padding))
     oy = torch.randint(0, 2 * padding + 1, (n,), generator=gen, device=x.device)
     ox = torch.randint(0, 2 * padding + 1, (n,), generator=gen, device=x.device)
-    rows = (oy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
-    cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
-    ni = torch.arange(n, device=x.device)[:, None, None, None]
-    ci = torch.arange(c, device=x.device)[None, :, None, None]
-    return xp[ni, ci, rows, cols]
+    # Every h x w window of the padded images as a view (n, c, 2p+1, 2p+1, h, w); picking
+    # window (oy_i, ox_i) of sample i is one gather indexed per sample, not per pixel
+    # (about 4x faster than a 4-D pixel index on the CPU).
+    windows = xp.unfold(2, h, 1).unfold(3, w, 1)
+    return windows[torch.arange(n, device=x.device), :, oy, ox]
 
 
 def random_hflip(x: torch.Tensor, p: float = 0.5, gen: torch.Generator | None = None) -> torch.Tensor:
     """Mirror each sample left-right with probability ``p``."""
     flip = torch.rand(x.shape[0], generator=gen, device=x.device) < p
-    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+    mask = flip.view(-1, *([1] * (x.dim() - 1)))
+    if x.is_floating_point() or x.is_complex():
+        return torch.where(mask, x.flip(-1), x)
+    # Integer images: exactly one of the two products is non-zero, so this selects like
+    # torch.where, which has no fast kernel for uint8 (about 5x slower on the CPU).
+    return x.flip(-1) * mask + x * ~mask
 
 
 def random_affine(

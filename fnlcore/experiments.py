@@ -269,6 +269,7 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
             mdict = dict(r["method"])
             mdict.update(scale.methods.get(mdict.get("name"), {}))
             method = _wrap(f"{rw}.method", method_from_dict, mdict)
+            _wrap(f"{rw}.method", method.check_training, training)
             for s in seeds:
                 runs.append(
                     TableRun(

@@ -78,3 +78,11 @@ def test_bad_values_are_named(mutate, needles):
     msg = _bad(mutate)
     for n in needles:
         assert n in msg, (n, msg)
+
+
+def test_method_settings_incompatible_with_training_fail_at_config_time(tmp_path):
+    scale = tmp_path / "s.yaml"
+    scale.write_text("training: {rounds: 2}\n")
+    with pytest.raises(ConfigError) as e:
+        build_plan(validate_schema({"tables": ["demo"], "scale": str(scale), "data_grid": []}))
+    assert "warmup_rounds=10" in str(e.value) and "training.rounds=2" in str(e.value) and "FedNoRo" in str(e.value)

@@ -36,20 +36,49 @@ def train_epochs(
     bs = s.batch_size if batch_size is None else batch_size
     opt = optimizer if optimizer is not None else ctx.optimizer(model.parameters(), round_index)
     model.train()
-    total, count = torch.zeros((), dtype=torch.float64, device=ctx.device), 0
+    batches, augment, aug_gen = ctx.data.train.batches, ctx.pipeline.train, ctx.aug_gen
+    losses = _LossSum()
     for _ in range(epochs):
         order = idx[torch.randperm(len(idx), generator=ctx.shuffle_gen)]
-        for step, (xb, bidx) in enumerate(ctx.data.train.batches(order, bs, drop_last=s.drop_last)):
-            x = ctx.pipeline.train(xb, ctx.aug_gen)
-            loss = loss_fn(model, x, bidx, step)
+        for step, (xb, bidx) in enumerate(batches(order, bs, drop_last=s.drop_last)):
+            loss = loss_fn(model, augment(xb, aug_gen), bidx, step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             if after_step is not None:
                 after_step()
-            total += loss.detach().double()  # no host sync per step
-            count += 1
-    return float(total) / max(count, 1)
+            losses.append(loss.detach())
+    return losses.mean()
+
+
+class _LossSum:
+    """Per-batch losses summed left to right in float64, read from the device in chunks.
+
+    Keeps the training step free of extra ops and host syncs (a list append per
+    batch); the sum equals that of adding each loss to a float64 accumulator in turn.
+    """
+
+    CHUNK = 1024
+
+    def __init__(self) -> None:
+        self.pending: list[torch.Tensor] = []
+        self.total, self.count = 0.0, 0
+
+    def append(self, loss: torch.Tensor) -> None:
+        self.pending.append(loss)
+        if len(self.pending) >= self.CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            for v in torch.stack(self.pending).reshape(-1).tolist():  # Python floats: exact
+                self.total += v
+                self.count += 1
+            self.pending = []
+
+    def mean(self) -> float:
+        self._flush()
+        return self.total / max(self.count, 1)
 
 
 @torch.no_grad()

@@ -80,6 +80,9 @@ class MethodParams:
             parts.append(short_hash(rest))
         return "-".join(str(p) for p in parts)
 
+    def check_training(self, settings) -> None:
+        """Reject hyper-parameters that cannot work with these training settings (before any job runs)."""
+
     def to_dict(self) -> dict:
         return {"name": self.name, **dataclasses.asdict(self)}
 

@@ -75,6 +75,14 @@ class FedNoRoParams(MethodParams):
         if self.distance not in ("per_tensor_sum", "global_l2"):
             bad("distance", "valid: per_tensor_sum, global_l2")
 
+    def check_training(self, settings) -> None:
+        _check_warmup(self, settings.rounds)
+
+
+def _check_warmup(params: "FedNoRoParams", rounds: int) -> None:
+    if params.warmup_rounds >= rounds:
+        raise ConfigError(f"method 'fednoro': warmup_rounds={params.warmup_rounds} must be < training.rounds={rounds}")
+
 
 def ramp_weight(r: int, begin: int, end: int, lambda_max: float) -> float:
     """lambda(r) = lambda_max * exp(-5 (1 - (clip(r, b, e) - b) / (e - b))^2) (Gaussian ramp-up)."""
@@ -147,10 +155,7 @@ class FedNoRo(LogitAdjusted, FLMethod):
     def __init__(self, params: FedNoRoParams, ctx):
         super().__init__(params, ctx)
         rounds = ctx.settings.rounds
-        if params.warmup_rounds >= rounds:
-            raise ConfigError(
-                f"method 'fednoro': warmup_rounds={params.warmup_rounds} must be < training.rounds={rounds}"
-            )
+        _check_warmup(params, rounds)
         self.ramp = (
             params.warmup_rounds if params.ramp_begin is None else params.ramp_begin,
             rounds // 2 - 1 if params.ramp_end is None else params.ramp_end,
