@@ -1,0 +1,234 @@
+"""The workflow through ``--profile slurm`` on a real (local, single-node) Slurm.
+
+A session fixture brings up Slurm with accounting (slurmdbd, so ``sacct`` works) through
+``scripts/local-slurm.sh start --with-dbd`` -- which installs Debian's packages when they
+are missing and therefore needs root -- and stops at the end what it started. Where that is
+impossible (not root, no apt-get) the tests FAIL with the reason: they are part of CI.
+A Slurm that already runs (``local-slurm.sh status`` succeeds and ``sacct`` answers) is
+used as it is and left running.
+
+Each Slurm job costs seconds of Snakemake start-up plus the executor's polling, so the
+workflows here are tiny (the demo table on 3 clients and 3 rounds; one training run).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "local-slurm.sh"
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+FNL = [sys.executable, "-m", "fnlcore.cli"]
+
+# Seconds before the executor's first status check (the profile's 20 s suits clusters).
+FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2"]
+SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_([A-Za-z0-9_]+)/")
+
+pytestmark = pytest.mark.slow
+
+
+def _run(cmd, cwd, timeout) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _slurm_with_accounting_runs() -> bool:
+    if shutil.which("sinfo") is None or shutil.which("sacct") is None:
+        return False
+    if _run(["bash", str(SCRIPT), "status"], REPO, 30).returncode != 0:
+        return False
+    return _run(["sacct", "-n", "-X", "-o", "JobID"], REPO, 30).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def local_slurm():
+    """A running single-node Slurm with accounting; stopped afterwards if this fixture started it."""
+    if _slurm_with_accounting_runs():
+        yield
+        return
+    if os.geteuid() != 0:
+        pytest.fail(
+            "tests/test_slurm.py needs a Slurm with accounting on this machine: none is running and "
+            "scripts/local-slurm.sh must run as root to install and start one (apt-get, daemons). "
+            "Run `sudo scripts/local-slurm.sh start --with-dbd` first, or run the tests as root."
+        )
+    started = _run(["bash", str(SCRIPT), "start", "--with-dbd"], REPO, 900)
+    if started.returncode != 0:
+        pytest.fail(
+            "scripts/local-slurm.sh start --with-dbd could not bring up Slurm "
+            f"(exit {started.returncode}):\n{started.stdout}\n{started.stderr}"
+        )
+    yield
+    _run(["bash", str(SCRIPT), "stop"], REPO, 120)
+
+
+def _workdir(tmp_path: Path, scale: str) -> Path:
+    """A working directory whose ./slurm is the repository's profile, plus a scale file."""
+    (tmp_path / "slurm").symlink_to(REPO / "slurm", target_is_directory=True)
+    (tmp_path / "scale.yaml").write_text(scale)
+    return tmp_path
+
+
+def _submitted(log: str) -> dict[str, str]:
+    """Slurm job id -> rule, from Snakemake's own log lines."""
+    return {jid: rule for jid, rule in SUBMITTED.findall(log)}
+
+
+def _sacct(job_ids) -> pd.DataFrame:
+    out = _run(
+        ["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State,ReqTRES"], REPO, 60
+    ).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.strip()]
+    return pd.DataFrame(rows, columns=["job", "state", "tres"]).set_index("job")
+
+
+def _sacct_until_recorded(job_ids, timeout=60) -> pd.DataFrame:
+    """sacct, once slurmdbd has recorded every job's final state (it lags a little)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        df = _sacct(job_ids)
+        done = len(df) == len(set(job_ids)) and not df["state"].isin(["PENDING", "RUNNING"]).any()
+        if done or time.monotonic() > deadline:
+            return df
+        time.sleep(2)
+
+
+TINY_DEMO = """\
+# The demo table at a scale where each job takes seconds.
+num_clients: 3
+seeds: [0]
+training: {rounds: 3, eval_batch_size: 512}
+methods:
+  fednoro: {warmup_rounds: 1, ramp_begin: 1, ramp_end: 2}
+noises:
+  fednoro_hidn: {annotator_epochs: 1}
+"""
+
+
+def test_literal_profile_from_the_repository_root_is_found(local_slurm, tmp_path):
+    """`snakemake --profile slurm` typed in the repository root plans Slurm jobs with the GPU resource."""
+    scale = tmp_path / "scale.yaml"
+    scale.write_text(TINY_DEMO)
+    res = _run(
+        [*SNAKEMAKE, "--profile", "slurm", "-n", "--config", f"scale={scale}", "data_grid=[]",
+         f"results_dir={tmp_path / 'results'}"],
+        REPO, 300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout + res.stderr
+    assert "Using profile slurm" in out
+    assert re.search(r"rule train:.*?resources:[^\n]*gpu=1", out, re.S)
+    assert re.search(r"rule annotator:.*?resources:[^\n]*gpu=1", out, re.S)
+    assert not (tmp_path / "results").exists()  # a dry run writes nothing
+
+
+def test_demo_table_through_slurm(local_slurm, tmp_path):
+    """data -> partition -> annotator -> noise -> 12 training runs -> table, every job a Slurm job."""
+    wd = _workdir(tmp_path, TINY_DEMO)
+    res = _run(
+        [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--profile", "slurm",
+         "--config", "scale=scale.yaml", "data_grid=[]",
+         # two runs at once on the 2-CPU, 2-fake-GPU node; the rules' gpu=1 stays
+         "--set-threads", "train=1", "--set-resources", "train:mem_mb=4000",
+         *FAST_POLL],
+        wd, 1500,
+    )
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-5000:]
+    for ext in ("csv", "md", "html", "curves.png"):
+        assert (wd / "results" / "tables" / "demo" / f"demo.{ext}").stat().st_size > 0
+    table = pd.read_csv(wd / "results" / "tables" / "demo" / "demo.csv")
+    assert len(table) > 0
+
+    jobs = _submitted(log)
+    rules = sorted(jobs.values())
+    assert rules.count("train") == 12 and rules.count("table") == 1
+    assert {"prepare_in_memory_dataset", "partition", "noise", "annotator"} <= set(rules)
+    acct = _sacct_until_recorded(list(jobs))
+    assert set(acct.index) == set(jobs)
+    assert (acct["state"] == "COMPLETED").all(), acct
+    for jid, rule in jobs.items():
+        wants_gpu = "gres/gpu=1" in acct.loc[jid, "tres"]
+        assert wants_gpu == (rule in ("train", "annotator")), (jid, rule, acct.loc[jid, "tres"])
+
+
+ROUNDS = 20  # >= 0.3 s each: the job still runs when the test sees its first checkpoint
+LONG_RUN = f"""\
+# One run long enough to be cancelled after its first checkpoint.
+num_clients: 3
+seeds: [0]
+training: {{rounds: {ROUNDS}, checkpoint_every: 1, eval_batch_size: 512}}
+"""
+
+
+def _cell(wd: Path, results: str, extra: list[str]) -> list[str]:
+    """`fnl cell` for the FedAvg/clean cell of the demo table, Snakemake arguments after --."""
+    return [*FNL, "cell", "demo", "demo", "--row", "FedAvg", "--col", "clean",
+           "--scale", str(wd / "scale.yaml"), "--results", results, "--", *extra]
+
+
+def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local_slurm, tmp_path):
+    """scancel a training job mid-run: Snakemake resubmits it, it resumes, metrics equal a local run."""
+    from fnlcore.cli import _find, _tables, cell_runs
+
+    wd = _workdir(tmp_path, LONG_RUN)
+    (run,) = cell_runs(_find(_tables(str(wd / "scale.yaml")), "demo", "demo"), "FedAvg", "clean")
+    checkpoint = wd / run.checkpoint("results")
+    metrics = wd / run.files("results")["metrics"]
+    job_log = Path(str(metrics.parent).replace("/results/runs/", "/results/logs/runs/", 1) + ".log")
+
+    out_file = wd / "snakemake.out"
+    with open(out_file, "w") as sink:  # a file, not a pipe: nobody reads while we wait
+        proc = subprocess.Popen(
+            # One thread, as the local `--cores 1` reference: float sums depend on the thread count.
+            _cell(wd, "results", ["--profile", "slurm", "--set-threads", "train=1", *FAST_POLL]),
+            cwd=wd, stdout=sink, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while not checkpoint.exists():
+            assert proc.poll() is None, f"workflow ended before the first checkpoint:\n{out_file.read_text()[-5000:]}"
+            assert time.monotonic() < deadline, "no checkpoint after 600 s"
+            time.sleep(0.2)
+        running = _run(["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"], wd, 30).stdout.split("\n")
+        train_jobs = [line.split()[0] for line in running if "rule_train" in line]
+        assert len(train_jobs) == 1, f"expected the training job to be running: {running}"
+        assert _run(["scancel", train_jobs[0]], wd, 30).returncode == 0
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:  # SIGINT: Snakemake cancels its Slurm jobs (SIGTERM does not stop it)
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    out = out_file.read_text()
+    assert proc.returncode == 0, out[-5000:]
+
+    jobs = _submitted(out)
+    train_ids = [j for j, rule in jobs.items() if rule == "train"]
+    assert len(train_ids) == 2, out[-5000:]  # the cancelled job and its retry
+    acct = _sacct_until_recorded(train_ids)
+    assert acct.loc[train_jobs[0], "state"].startswith("CANCELLED")
+    retry = next(j for j in train_ids if j != train_jobs[0])
+    assert acct.loc[retry, "state"] == "COMPLETED"
+    resumed_at = re.search(r"resumed from \S+ at round (\d+)", job_log.read_text())
+    assert resumed_at and int(resumed_at.group(1)) >= 1, job_log.read_text()[-3000:]
+
+    # The same run, uninterrupted and local.
+    local = _run(_cell(wd, "local", ["--cores", "1"]), wd, 900)
+    assert local.returncode == 0, local.stderr[-5000:]
+    resumed = pd.read_parquet(metrics)
+    reference = pd.read_parquet(wd / run.files("local")["metrics"])
+    assert len(resumed) == ROUNDS
+    cols = [c for c in reference.columns if c != "seconds"]
+    pd.testing.assert_frame_equal(resumed[cols], reference[cols])
