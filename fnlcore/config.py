@@ -189,9 +189,9 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
     from .datasets import get_dataset
     from .experiments import Scale, load_paper, train_slug
 
+    scale = _at("scale", Scale.load, plan.scale)  # validated even when no table is selected
     if not selected:
         return
-    scale = _at("scale", Scale.load, plan.scale)
     cache: dict[str, list] = {}
     for i, name in enumerate(selected):
         paper, _, table = name.partition("/")
