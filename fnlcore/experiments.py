@@ -159,7 +159,7 @@ _TABLE_KEYS = {
     "id", "title", "reported", "dataset", "partition", "partition_seed", "noise_seed", "seeds", "training",
     "rows", "columns", "metrics", "row_fields", "column_fields", "tolerance", "std_ddof", "note", "compare",
 }
-_COLUMN_KEYS = {"label", "key", "note", "noise", "dataset", "partition", "training"}
+_COLUMN_KEYS = {"label", "key", "note", "noise", "dataset", "partition", "training", "methods"}
 _ROW_KEYS = {"label", "key", "note", "status", "method", "training"}
 _METRIC_KEYS = {"name", "label", "source", "summary", "scale", "decimals", "tolerance", "reported_name"}
 
@@ -267,6 +267,8 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
             tdict = {**t["training"], **c.get("training", {}), **r.get("training", {}), **scale.training}
             training = _wrap(f"{rw}.training", TrainSettings.from_dict, tdict)
             mdict = dict(r["method"])
+            # a column may set method hyper-parameters that depend on its dataset (FedNoRo's warm-up)
+            mdict.update((c.get("methods") or {}).get(mdict.get("name"), {}))
             mdict.update(scale.methods.get(mdict.get("name"), {}))
             method = _wrap(f"{rw}.method", method_from_dict, mdict)
             _wrap(f"{rw}.method", method.check_training, training)

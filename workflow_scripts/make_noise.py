@@ -17,9 +17,9 @@ with job_log(sm.log[0]) as log:
         if spec.soft_labels == "annotator":
             soft = assemble_soft_labels(list(sm.input.annotators), len(labels), C)
         else:
-            from fnlcore.datasets.official_files import load_official_soft_labels
+            from fnlcore.datasets.ich import official_soft_labels
 
-            soft = load_official_soft_labels(ds)
+            soft = official_soft_labels(ds)
     result = spec.run(labels, assignment, C, seed=int(sm.wildcards.nseed), soft_labels=soft)
     log.info("%s seed %s: %d noisy samples", spec.slug(), sm.wildcards.nseed, int(result.is_noisy.sum()))
     write_noise_artifacts(

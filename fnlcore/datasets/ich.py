@@ -335,3 +335,20 @@ ICH_FEDMLP = register(
         manual=True,
     )
 )
+
+
+def official_soft_labels(ds) -> "np.ndarray":
+    """FedNoRo's published soft labels (n_train, 5) from a prepared ``ich_fednoro`` (float64, code order).
+
+    They are in the artifact only when the dataset was prepared with the option
+    ``soft_labels: true``; otherwise this says how to get them.
+    """
+    cols = [f"soft_{j}" for j in range(len(ICH_CLASSES))]
+    frame = ds.split_frame("train")
+    if ds.info.name != "ich_fednoro" or not all(c in frame.columns for c in cols):
+        raise ConfigError(
+            f"noise 'fednoro_hidn' with soft_labels='official_csv' needs FedNoRo's ICH_softlabel.csv, which only "
+            f"exists for ich_fednoro; set data.datasets.ich_fednoro.options.soft_labels: true and prepare it again "
+            f"(dataset here: {ds.info.name!r})"
+        )
+    return frame[cols].to_numpy(dtype=np.float64)
