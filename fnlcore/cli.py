@@ -21,11 +21,13 @@ from .errors import ConfigError
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _tables(scale: str):
+def _tables(scale: str, paper: str | None = None):
+    """Tables of one paper (or of all papers) at a scale; a cell needs only its own paper."""
     from .experiments import PAPERS_DIR, Scale, load_paper
 
     sc = Scale.load(scale)
-    return [t for p in sorted(PAPERS_DIR.glob("*.yaml")) for t in load_paper(p.stem, sc)]
+    papers = [paper] if paper else [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
+    return [t for p in papers for t in load_paper(p, sc)]
 
 
 def _find(tables, paper: str, table: str):
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fnl: {err}", file=sys.stderr)
             return 2
     try:
-        tables = _tables(args.scale)
+        tables = _tables(args.scale, None if args.cmd == "tables" else args.paper)
         if args.cmd == "tables":
             return _list(tables, args.results)
         pt = _find(tables, args.paper, args.table)

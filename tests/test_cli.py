@@ -45,3 +45,13 @@ def test_status_counts_runs(tmp_path, capsys):
     cfg.write_text(f"results_dir: {tmp_path}/results\ntables: [demo]\ndata_grid: []\n")
     rc, out, _ = _run(capsys, "status", "--configfile", str(cfg))
     assert rc == 0 and out.startswith("done 0  running 0  failed 0  pending 12")
+
+
+def test_cell_loads_only_its_own_paper(tmp_path, capsys):
+    # 15 rounds suit the demo (warm-up 10) but not FedNoRo's Table 2 (warm-up 20): a cell of
+    # the demo must not be refused because another paper's table cannot run at this scale.
+    scale = tmp_path / "s.yaml"
+    scale.write_text("training: {rounds: 15}\n")
+    rc, out, err = _run(capsys, "cell", "demo", "demo", "--row", "FedAvg", "--col", "clean", "--scale", str(scale), "--dry")
+    assert rc == 0, err
+    assert "-r15-" in out
