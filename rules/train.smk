@@ -39,7 +39,9 @@ rule train:
         device=PLAN.device,
     log:
         pattern("{results}/logs/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.log"),
-    threads: 2
+    # One thread per job: small models gain nothing from more, and two 2-thread torch
+    # jobs on two cores thrash (rounds 100x slower). Raise it with --set-threads train=N.
+    threads: 1
     retries: 2
     resources:
         mem_mb=8000,
