@@ -98,3 +98,18 @@ def test_metrics_have_every_round_and_stage():
     assert df["round"].tolist() == [0, 1, 2, 3]
     assert df["stage"].tolist() == ["warmup", "warmup", "stage2", "stage2"]
     assert {"acc", "bacc"} <= set(df.columns)
+
+
+def test_disk_streaming_yields_images_with_their_sample_ids(tmp_path):
+    from PIL import Image
+
+    from fnlcore.fl.data import ImageSource
+
+    paths = []
+    for i in range(12):
+        p = tmp_path / f"{i}.png"
+        Image.fromarray(np.full((4, 4), i * 10, np.uint8)).save(p)
+        paths.append(str(p))
+    src = ImageSource(torch.device("cpu"), paths=paths, image_size=(4, 4), channels=1, workers=0)
+    got = [(ids.tolist(), (x[:, 0, 0, 0] // 10).tolist()) for x, ids in src.batches(torch.tensor([7, 2, 9]), 2)]
+    assert got == [([7, 2], [7, 2]), ([9], [9])]

@@ -65,9 +65,10 @@ class ImageSource:
         """Iterate (uint8 images on device, sample indices on CPU) for ``order`` (CPU int64) in chunks."""
         n = len(order)
         stop = n - n % batch_size if drop_last and n >= batch_size else n
+        order = order if stop == n else order[:stop]
         if self.images is not None:
-            return self._memory_batches(order[:stop], batch_size)
-        return self._file_batches(order[:stop], batch_size)
+            return self._memory_batches(order, batch_size)
+        return self._file_batches(order, batch_size)
 
     def _memory_batches(self, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One gather per block of whole batches (about GATHER_BLOCK_BYTES), each batch a view of it.
@@ -81,10 +82,10 @@ class ImageSource:
         per_sample = max(math.prod(images.shape[1:]) * images.element_size(), 1)
         block = max(GATHER_BLOCK_BYTES // per_sample // batch_size, 1) * batch_size
         on_device = order if order.device == images.device else order.to(images.device, non_blocking=True)
-        return itertools.chain.from_iterable(
-            zip(images.index_select(0, on_device[s : s + block]).split(batch_size), order[s : s + block].split(batch_size))
-            for s in range(0, len(order), block)
+        blocks = (
+            (images.index_select(0, on_device[s : s + block]), order[s : s + block]) for s in range(0, len(order), block)
         )
+        return itertools.chain.from_iterable(zip(x.split(batch_size), i.split(batch_size)) for x, i in blocks)
 
     def _file_batches(self, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from torch.utils.data import DataLoader, Subset
@@ -96,8 +97,8 @@ class ImageSource:
             subset, batch_size=batch_size, shuffle=False, num_workers=self.workers,
             pin_memory=self.device.type == "cuda", persistent_workers=False,
         )
-        for x, pos in loader:
-            yield x.to(self.device, non_blocking=True), order[pos]
+        for x, sample_ids in loader:  # ImageFiles returns each item's own index = its sample id
+            yield x.to(self.device, non_blocking=True), sample_ids
 
 
 @dataclass

@@ -39,7 +39,8 @@ def train_epochs(
     batches, augment, aug_gen = ctx.data.train.batches, ctx.pipeline.train, ctx.aug_gen
     losses = _LossSum()
     for _ in range(epochs):
-        order = idx[torch.randperm(len(idx), generator=ctx.shuffle_gen)]
+        perm = torch.randperm(len(idx), generator=ctx.shuffle_gen)
+        order = idx.index_select(0, perm) if idx.device == perm.device else idx[perm]  # same values
         for step, (xb, bidx) in enumerate(batches(order, bs, drop_last=s.drop_last)):
             loss = loss_fn(model, augment(xb, aug_gen), bidx, step)
             opt.zero_grad(set_to_none=True)

@@ -51,10 +51,9 @@ class InputPipeline:
 
 
 @lru_cache(maxsize=64)
-def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     """(C, 1, 1) float32 mean and std on ``device``, built once per (values, device)."""
-    as_t = lambda v: torch.tensor(v, dtype=torch.float32, device=device)[:, None, None]  # noqa: E731
-    return as_t(mean), as_t(std)
+    return tuple(torch.tensor(v, dtype=torch.float32, device=device)[:, None, None] for v in (mean, std))
 
 
 def make_pipeline(normalize: str | dict, augmentation: str, channels: int, dataset_name: str, sample: torch.Tensor | None = None) -> InputPipeline:

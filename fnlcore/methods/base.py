@@ -141,7 +141,7 @@ class FLMethod:
         return F.cross_entropy(model(x), self.labels(idx))
 
     def labels(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.ctx.data.given[idx.to(self.ctx.device)]
+        return self.ctx.data.given[idx.to(self.ctx.device, non_blocking=True)]
 
     def aggregation_weight(self, upd: ClientUpdate) -> float:
         return float(upd.num_samples) if self.ctx.settings.weighting == "size" else 1.0
