@@ -34,7 +34,7 @@ from ..errors import ConfigError, DataError
 from .base import DatasetInfo, PrepareContext, register, write_prepared
 from .download import RemoteFile
 from .ich import fedmlp_split
-from .official_files import (
+from .rawfiles import (
     extract_archive,
     find_missing_files,
     missing_manual_data,

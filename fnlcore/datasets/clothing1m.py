@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..errors import DataError, MissingManualDataError
 from .base import DatasetInfo, PrepareContext, register, write_prepared
-from .official_files import (
+from .rawfiles import (
     describe_missing_images,
     find_missing_files,
     missing_manual_data,

@@ -31,18 +31,8 @@ import pandas as pd
 from ..errors import ConfigError, DataError, MissingManualDataError
 from ..rng import legacy_rng
 from .base import DatasetInfo, PrepareContext, register, write_prepared
-from .official_files import (
-    ICH_CLASS_COLUMNS,
-    describe_missing_images,
-    fetch_official,
-    find_missing_files,
-    missing_manual_data,
-    official_file,
-    parse_options,
-    read_fednoro_ich_csv,
-    read_fednoro_softlabels,
-    sha256_label,
-)
+from .official_files import ICH_CLASS_COLUMNS, fetch_official, official_file, read_fednoro_ich_csv, read_fednoro_softlabels
+from .rawfiles import describe_missing_images, find_missing_files, missing_manual_data, parse_options, sha256_label
 
 __all__ = [
     "ICH_CLASSES",

@@ -32,7 +32,7 @@ from ..io import write_csv
 from ..rng import legacy_rng
 from .base import DatasetInfo, PrepareContext, register, write_prepared
 from .download import RemoteFile
-from .official_files import (
+from .rawfiles import (
     extract_archive,
     find_missing_files,
     parse_options,

@@ -1,0 +1,224 @@
+"""Checks of upstream files placed by hand or extracted into a raw folder.
+
+Shared by the on-disk dataset modules (ich, isic, chestxray, clothing1m): which
+expected files are missing, the error that names them with the source and the
+licence step, safe archive extraction with a completion marker, option parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError, DataError, MissingManualDataError
+from ..io import atomic_path
+from .base import validate_options
+from .download import file_digests
+
+
+
+def find_missing_files(root: str | os.PathLike, relpaths: Sequence[str] | np.ndarray) -> np.ndarray:
+    """Boolean mask: which of ``relpaths`` (relative to ``root``, ``/``-separated) do not exist.
+
+    One ``os.listdir`` per distinct parent folder and a vectorised membership
+    test per folder, instead of one ``stat`` per file: a million paths in a
+    thousand folders cost a thousand directory reads.
+    """
+    root = Path(root)
+    rel = pd.Series(np.asarray(relpaths, dtype=object), dtype=object)
+    missing = np.ones(len(rel), dtype=bool)
+    if not len(rel):
+        return missing
+    parts = rel.str.rpartition("/")
+    names = parts[2]
+    for parent, idx in parts[0].groupby(parts[0], sort=False).indices.items():
+        try:
+            present = os.listdir(root / parent if parent else root)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        missing[idx] = ~names.iloc[idx].isin(present).to_numpy()
+    return missing
+
+
+def config_key_hint(dataset: str) -> str:
+    """How a user points the workflow at a dataset's raw folder (config keys)."""
+    return (
+        f"set the config key data.datasets.{dataset}.raw_dir to the folder that holds them "
+        f"(default: <data.raw_dir>/{dataset})"
+    )
+
+
+def missing_manual_data(
+    dataset: str,
+    raw_dir: str | os.PathLike,
+    missing: Sequence[str],
+    *,
+    source: str,
+    access: str,
+    layout: Sequence[str],
+) -> MissingManualDataError:
+    """A MissingManualDataError that names every missing item, the source, the access step and the fix.
+
+    ``missing``: one line per missing file/folder (already described);
+    ``layout``: the expected layout under ``raw_dir``, one line per entry.
+    """
+    raw = Path(raw_dir)
+    lines = [f"dataset {dataset!r} needs files placed by hand in {raw}; missing:"]
+    lines += [f"  - {m}" for m in missing]
+    lines.append(f"Source: {source}")
+    lines.append(f"Access: {access}")
+    lines.append("Expected layout:")
+    lines += [f"  {raw}/{entry}" for entry in layout]
+    lines.append(f"Fix: place the files as above, or {config_key_hint(dataset)}.")
+    return MissingManualDataError("\n".join(lines))
+
+
+def describe_missing_images(
+    folder: str, relpaths: np.ndarray, missing: np.ndarray, raw_dir: Path, show: int = 5
+) -> str:
+    """One line: how many of the expected images in ``folder`` are missing, with the first few names."""
+    n_missing, n = int(missing.sum()), len(missing)
+    first = ", ".join(str(p).rsplit("/", 1)[-1] for p in np.asarray(relpaths, dtype=object)[missing][:show])
+    where = raw_dir / folder
+    state = "folder does not exist" if not where.is_dir() else f"{n_missing:,} of {n:,} expected images missing"
+    return f"{where}/ ({state}; first missing: {first}{', ...' if n_missing > show else ''})"
+
+
+def _safe_member(name: str) -> str | None:
+    """The normalised relative path of an archive member, or None if it would escape the target."""
+    norm = os.path.normpath(name.replace("\\", "/")).replace("\\", "/")
+    if norm.startswith("/") or norm == ".." or norm.startswith("../") or ":" in norm.split("/", 1)[0]:
+        return None
+    return "" if norm == "." else norm
+
+
+def extraction_marker(raw_dir: str | os.PathLike, archive_name: str) -> Path:
+    """Where the 'archive fully extracted' marker of ``archive_name`` lives."""
+    return Path(raw_dir) / ".extracted" / f"{archive_name}.json"
+
+
+def read_extraction_marker(raw_dir: str | os.PathLike, archive_name: str) -> dict[str, Any] | None:
+    """The marker's record (archive name, prefix, member count, checksum) or None if not extracted."""
+    path = extraction_marker(raw_dir, archive_name)
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def extract_archive(
+    archive: str | os.PathLike,
+    raw_dir: str | os.PathLike,
+    prefix: str,
+    record: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Extract the members of a .zip/.tar(.gz) under ``prefix`` into ``raw_dir``, once.
+
+    Members keep their paths (``prefix/...``); members outside ``prefix`` are
+    skipped; links, devices and paths escaping ``raw_dir`` are refused. Files are
+    extracted to a temporary folder and moved into place, then a marker
+    (:func:`extraction_marker`) is written atomically: an archive counts as
+    extracted only when its marker exists, so an interrupted run re-extracts it.
+    A corrupt archive raises DataError, is moved aside to ``<name>.corrupt`` (so
+    the next run downloads it again) and leaves no marker. ``record`` is stored
+    in the marker (e.g. the archive's checksum). Returns the marker's record.
+    """
+    archive, raw = Path(archive), Path(raw_dir)
+    done = read_extraction_marker(raw, archive.name)
+    if done is not None:
+        return done
+    tmp = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".extracting", dir=raw))
+    want = prefix.strip("/") + "/"
+    count = 0
+    try:
+        try:
+            if zipfile.is_zipfile(archive):
+                with zipfile.ZipFile(archive) as zf:
+                    for info in zf.infolist():
+                        rel = _safe_member(info.filename)
+                        if rel is None:
+                            raise DataError(f"{archive}: member {info.filename!r} points outside the folder; refused")
+                        if info.is_dir() or not rel.startswith(want):
+                            continue
+                        if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                            raise DataError(f"{archive}: member {info.filename!r} is a symbolic link; refused")
+                        dest = tmp / rel
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        with zf.open(info) as src, open(dest, "wb") as out:
+                            shutil.copyfileobj(src, out, 1 << 20)
+                        count += 1
+            else:
+                with tarfile.open(archive, "r:*") as tf:
+                    for member in tf:
+                        rel = _safe_member(member.name)
+                        if rel is None:
+                            raise DataError(f"{archive}: member {member.name!r} points outside the folder; refused")
+                        if member.isdir() or not rel.startswith(want):
+                            continue
+                        if not member.isfile():
+                            raise DataError(f"{archive}: member {member.name!r} is not a regular file; refused")
+                        dest = tmp / rel
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        src = tf.extractfile(member)
+                        assert src is not None
+                        with src, open(dest, "wb") as out:
+                            shutil.copyfileobj(src, out, 1 << 20)
+                        count += 1
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+            bad = archive.with_name(archive.name + ".corrupt")
+            if archive.exists():
+                os.replace(archive, bad)
+            raise DataError(
+                f"{archive}: the archive is corrupt or truncated ({type(exc).__name__}: {exc}); "
+                f"it was moved aside to {bad}. Fix: run again to download it afresh "
+                "(or place a good copy there by hand)."
+            ) from None
+        if count == 0:
+            raise DataError(f"{archive}: no files under {want!r} in the archive; is this the right file?")
+        _move_tree(tmp / want.rstrip("/"), raw / want.rstrip("/"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rec = {"archive": archive.name, "prefix": want.rstrip("/"), "members": count, **dict(record or {})}
+    marker = extraction_marker(raw, archive.name)
+    with atomic_path(marker) as t:
+        t.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    return rec
+
+
+def _move_tree(src: Path, dest: Path) -> None:
+    """Move the files of ``src`` into ``dest`` (one rename when ``dest`` is new)."""
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dest)
+        return
+    for dirpath, _, files in os.walk(src):
+        target = dest / os.path.relpath(dirpath, src)
+        target.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            os.replace(os.path.join(dirpath, f), target / f)
+
+
+def parse_options(dataset: str, options_cls: type, options: Mapping[str, Any] | None) -> Any:
+    """Build a dataset's frozen options dataclass from config options (unknown keys -> ConfigError)."""
+    merged = validate_options(dataset, options, asdict(options_cls()))
+    try:
+        return options_cls(**merged)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"dataset {dataset!r}: {exc}") from None
+
+
+def sha256_label(path: str | os.PathLike) -> str:
+    """``"sha256:<hex>"`` of a file (recorded in meta where no published checksum exists)."""
+    return "sha256:" + file_digests(path, ("sha256",))["sha256"]
