@@ -181,7 +181,7 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
     from fnlcore.cli import _find, _tables, cell_runs
 
     wd = _workdir(tmp_path, LONG_RUN)
-    (run,) = cell_runs(_find(_tables(str(wd / "scale.yaml")), "demo", "demo"), "FedAvg", "clean")
+    (run,) = cell_runs(_find(_tables(str(wd / "scale.yaml"), "demo"), "demo", "demo"), "FedAvg", "clean")
     checkpoint = wd / run.checkpoint("results")
     metrics = wd / run.files("results")["metrics"]
     job_log = Path(str(metrics.parent).replace("/results/runs/", "/results/logs/runs/", 1) + ".log")
