@@ -28,6 +28,7 @@ from . import augment
 from .errors import ConfigError
 from .models import build_model
 from .models.builder import default_model_for
+from .fl.run import resolve_device
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -60,12 +61,6 @@ class AnnotatorSettings:
             batch_size=int(spec.annotator_batch_size),
             seed=int(spec.annotator_seed),
         )
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class _Inputs:
