@@ -7,8 +7,10 @@ impossible (not root, no apt-get) the tests FAIL with the reason: they are part 
 A Slurm that already runs (``local-slurm.sh status`` succeeds and ``sacct`` answers) is
 used as it is and left running.
 
-Each Slurm job costs seconds of Snakemake start-up plus the executor's polling, so the
-workflows here are tiny (the demo table on 3 clients and 3 rounds; one training run).
+Each Slurm job costs seconds of Snakemake start-up plus the executor's polling (a wave of
+jobs waits 2 s, then 12 s, ... for its first status check), so the workflows here are tiny:
+a 2 x 2 cut of the demo table (tests/configs/slurm_paper.yaml: 10 jobs instead of the
+demo's 19) on 3 clients and 3 rounds, and one training run.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/
 pytestmark = pytest.mark.slow
 
 
-def _run(cmd, cwd, timeout) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _run(cmd, cwd, timeout, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _slurm_with_accounting_runs() -> bool:
@@ -69,6 +71,33 @@ def local_slurm():
         )
     yield
     _run(["bash", str(SCRIPT), "stop"], REPO, 120)
+
+
+WORKFLOW_PARTS = ("Snakefile", "rules", "workflow_scripts", "config", "fnlcore", "report", "envs")
+TEST_PAPER = "slurmtest"
+
+
+def _workflow_copy(dest: Path) -> Path:
+    """The workflow and fnlcore copied to ``dest``, with tests/configs/slurm_paper.yaml as a paper.
+
+    Papers are read from config/papers/ beside fnlcore, so a test table needs its own copy;
+    jobs import the copy's fnlcore through PYTHONPATH (sbatch passes the environment on).
+    """
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    dest.mkdir(parents=True)
+    for part in WORKFLOW_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=ignore)
+        else:
+            shutil.copy2(src, dest / part)
+    shutil.copy2(REPO / "tests" / "configs" / "slurm_paper.yaml", dest / "config" / "papers" / f"{TEST_PAPER}.yaml")
+    return dest
+
+
+def _env_for(copy: Path) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _workdir(tmp_path: Path, scale: str) -> Path:
@@ -131,27 +160,29 @@ def test_literal_profile_from_the_repository_root_is_found(local_slurm, tmp_path
     assert not (tmp_path / "results").exists()  # a dry run writes nothing
 
 
-def test_demo_table_through_slurm(local_slurm, tmp_path):
-    """data -> partition -> annotator -> noise -> 12 training runs -> table, every job a Slurm job."""
-    wd = _workdir(tmp_path, TINY_DEMO)
+def test_table_through_slurm(local_slurm, tmp_path):
+    """data -> partition -> annotator -> noise -> 4 training runs -> table, every job a Slurm job."""
+    copy = _workflow_copy(tmp_path / "workflow")
+    (tmp_path / "work").mkdir()
+    wd = _workdir(tmp_path / "work", TINY_DEMO)
     res = _run(
-        [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--profile", "slurm",
-         "--config", "scale=scale.yaml", "data_grid=[]",
+        [*SNAKEMAKE, "--snakefile", str(copy / "Snakefile"), "--profile", "slurm",
+         "--config", "scale=scale.yaml", "data_grid=[]", f"tables=[{TEST_PAPER}]",
          # two runs at once on the 2-CPU, 2-fake-GPU node; the rules' gpu=1 stays
          "--set-threads", "train=1", "--set-resources", "train:mem_mb=4000",
          *FAST_POLL],
-        wd, 1500,
+        wd, 1500, env=_env_for(copy),
     )
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-5000:]
     for ext in ("csv", "md", "html", "curves.png"):
-        assert (wd / "results" / "tables" / "demo" / f"demo.{ext}").stat().st_size > 0
-    table = pd.read_csv(wd / "results" / "tables" / "demo" / "demo.csv")
+        assert (wd / "results" / "tables" / TEST_PAPER / f"t.{ext}").stat().st_size > 0
+    table = pd.read_csv(wd / "results" / "tables" / TEST_PAPER / "t.csv")
     assert len(table) > 0
 
     jobs = _submitted(log)
     rules = sorted(jobs.values())
-    assert rules.count("train") == 12 and rules.count("table") == 1
+    assert rules.count("train") == 4 and rules.count("table") == 1
     assert {"prepare_in_memory_dataset", "partition", "noise", "annotator"} <= set(rules)
     acct = _sacct_until_recorded(list(jobs))
     assert set(acct.index) == set(jobs)
