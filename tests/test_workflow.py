@@ -13,7 +13,8 @@ through module-scoped fixtures (about 190 CPU seconds for the whole file):
   runs of 3 rounds: 20 jobs. Its Bernoulli-Dirichlet partition and noise
   settings equal those of data_side, so comparing the two runs' files checks
   that the same seeds give the same bytes. Both run at the same time;
-* the bad configurations run at the same time too (each stops while parsing);
+* two bad configurations (one per error path) run at the same time too (each stops
+  while parsing); every bad configuration is also checked in-process;
 * kill and resume: one 16-round run killed after round 4 and resumed, beside
   an uninterrupted copy started at the same time in another folder.
 
@@ -302,18 +303,29 @@ BAD_CONFIGS = {
 }
 
 
+# Snakemake reports a bad config on two paths: its own JSON-Schema ``validate`` and fnlcore's
+# ConfigError printed by rules/common.smk. One case of each runs through Snakemake; every case
+# (the same two paths, as fnlcore.config.validate_schema and build_plan) is checked in-process.
+SNAKEMAKE_CASES = ("unknown_top_level_key", "unknown_partition_key")
+
+
+def _bad_config(tmp_path_factory, name):
+    """The case's good base config (checked to plan), then mutated: (workdir, config file)."""
+    base, mutate, _ = BAD_CONFIGS[name]
+    workdir = tmp_path_factory.mktemp(name)
+    cfg = load_test_config(base)
+    expected_plan(write_config(workdir, cfg))  # the good config first, which fnlcore accepts
+    mutate(cfg, workdir)
+    return workdir, write_config(workdir, cfg)
+
+
 @pytest.fixture(scope="module")
 def bad_config_runs(tmp_path_factory):
-    """Run Snakemake on every bad config at once (each stops while parsing): id -> (workdir, rc, output)."""
+    """Snakemake on the SNAKEMAKE_CASES at once (each stops while parsing): id -> (workdir, rc, output)."""
     started = {}
     try:
-        for name, (base, mutate, _) in BAD_CONFIGS.items():
-            workdir = tmp_path_factory.mktemp(name)
-            cfg = load_test_config(base)
-            cfg_path = write_config(workdir, cfg)  # the good config first ...
-            expected_plan(cfg_path)  # ... which fnlcore accepts (only the mutation is wrong)
-            mutate(cfg, workdir)
-            cfg_path = write_config(workdir, cfg)
+        for name in SNAKEMAKE_CASES:
+            workdir, cfg_path = _bad_config(tmp_path_factory, name)
             started[name] = (workdir, start_snakemake(workdir, cfg_path, output=workdir / "snakemake.out"))
         out = {}
         for name, (workdir, proc) in started.items():
@@ -325,8 +337,8 @@ def bad_config_runs(tmp_path_factory):
             kill_group(proc)
 
 
-@pytest.mark.slow  # the fixture: 7 Snakemake processes at once, ~4 CPU s each (~15 s)
-@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+@pytest.mark.slow  # the fixture: 2 Snakemake processes at once, ~4 CPU s each
+@pytest.mark.parametrize("case", SNAKEMAKE_CASES)
 def test_bad_configuration_is_rejected_before_any_job(case, bad_config_runs):
     workdir, rc, output = bad_config_runs[case]
     assert rc != 0, output[-3000:]
@@ -336,6 +348,17 @@ def test_bad_configuration_is_rejected_before_any_job(case, bad_config_runs):
         assert needle in message, (needle, message)
     assert "Building DAG of jobs" not in output
     assert not (workdir / "results").exists()
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_configuration_error_names_the_key(case, tmp_path_factory):
+    from fnlcore.errors import ConfigError
+
+    _, cfg_path = _bad_config(tmp_path_factory, case)
+    with pytest.raises(ConfigError) as err:
+        expected_plan(cfg_path)
+    for needle in BAD_CONFIGS[case][2]:
+        assert needle in str(err.value), (needle, str(err.value))
 
 
 # -- 5. kill and resume ---------------------------------------------------------------------------------
