@@ -40,10 +40,9 @@ from fnlcore.errors import ConfigError
 from fnlcore.experiments import PAPERS_DIR, Scale, load_paper
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
-from fnlcore.methods import METHODS
-from fnlcore.noise import NOISE_MODELS
-from fnlcore.partition import PARTITIONERS
-from fnlcore.registry import spec_from_dict
+from fnlcore.methods import METHODS, method_from_dict
+from fnlcore.noise import NOISE_MODELS, noise_spec_from_dict
+from fnlcore.partition import PARTITIONERS, partition_spec_from_dict
 from fnlcore.tables import load_reported, place_reported
 
 from .engine_helpers import make_ctx
@@ -55,6 +54,7 @@ SPEC_REGISTRIES = {
     "noise model": dict(NOISE_MODELS),
     "partition": dict(PARTITIONERS),
 }
+FROM_DICT = {"method": method_from_dict, "noise model": noise_spec_from_dict, "partition": partition_spec_from_dict}
 PAPERS = sorted(p.stem for p in PAPERS_DIR.glob("*.yaml"))
 
 
@@ -165,7 +165,7 @@ def test_slugs_are_injective_stable_and_safe(kind, name):
         slug = s.slug()
         assert SAFE_SLUG.match(slug), f"{name}: slug {slug!r} is not filesystem-safe"
         assert slug == s.slug(), f"{name}: slug is not deterministic"
-        rebuilt = spec_from_dict(kind, SPEC_REGISTRIES[kind], s.to_dict())
+        rebuilt = FROM_DICT[kind](s.to_dict())
         assert rebuilt == s and rebuilt.slug() == slug, f"{name}: rebuilt from to_dict gives another slug"
         other = by_slug.setdefault(slug, s)
         differ = {k for k, v in s.to_dict().items() if v != other.to_dict()[k]}
