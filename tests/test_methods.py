@@ -84,10 +84,18 @@ def test_class_loss_matrix_fill_and_normalisation():
 
 
 def test_vote_majority_and_tie_rule():
-    a, b = frozenset({1}), frozenset({2})
+    a, b, c = frozenset({1}), frozenset({2}), frozenset({1, 2})
     assert vote([a, b, b]) == b
-    assert vote([a, b, b, a]) == b  # both reach 2; b reaches it first
+    # fednoro.md §4.2 item 7: ties go to the tied set that first appears (smallest seed)
+    assert vote([a, b, b, a, c, c, c, a, b]) == a  # all three reach 3; C reaches it first but A appears first
+    assert vote([a, b, b, a]) == a  # a and b tie at 2; a appears first
+    assert vote([b, a, a, b]) == b
     assert vote([a, b]) == a
+    assert vote([c, a, b, b, a]) == a  # c (count 1) is not tied; a appears before b
+    assert vote([c, b, b, a, a, a]) == a  # a clear majority wins regardless of order
+    assert vote([b]) == b
+    with pytest.raises(ValueError):
+        vote([])
 
 
 def test_gmm_detection_finds_the_high_loss_clients():

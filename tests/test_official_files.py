@@ -56,7 +56,20 @@ def test_every_official_file_is_pinned_to_a_full_commit_with_a_check():
         assert len(entry.commit) == 40 and all(c in "0123456789abcdef" for c in entry.commit)
         assert entry.remote.filename == entry.path.rsplit("/", 1)[-1]
         # a byte checksum, or a content check that fetch_official runs
-        assert entry.remote.sha256 or entry.content_sha256 or key == "fednoro_ich_softlabel"
+        assert entry.remote.sha256 or entry.content_sha256 or entry.git_blob
+    # ICH_softlabel.csv as listed in the pinned commit's tree
+    assert of.official_file("fednoro_ich_softlabel").git_blob == "6b79847e85f414b2e223e816b3f321feae060f1e"
+
+
+def test_git_blob_id_matches_git_and_pins_the_published_csv(spec_data_dir, tmp_path):
+    # the FedNoRo tree at the pin lists data/train_ICH.csv with this blob id
+    assert of.git_blob_sha1(spec_data_dir / "fednoro_train_ICH.csv") == "d5919ff33e776f38ce87a9185a85f7d30edf9929"
+    f = tmp_path / "hello.txt"
+    f.write_bytes(b"hello\n")
+    assert of.git_blob_sha1(f) == "ce013625030ba8dba906f756967f9e9ca394464a"  # git hash-object
+    of.check_git_blob(f, "ce013625030ba8dba906f756967f9e9ca394464a", "test")
+    with pytest.raises(ChecksumError, match="git blob id"):
+        of.check_git_blob(f, "0" * 40, "test")
 
 
 def test_unknown_official_key_is_a_config_error_listing_keys():
@@ -152,7 +165,7 @@ def test_softlabels_are_checked_by_content(tmp_path):
 
 
 def test_a_softlabel_file_failing_its_content_check_is_moved_aside(file_server, tmp_path):
-    entry = replace(of.official_file("fednoro_ich_softlabel"), rows=3)
+    entry = replace(of.official_file("fednoro_ich_softlabel"), rows=3, git_blob=None)
     pd.DataFrame({"id": ["a", "b"], **{f"p{j}": [0.2, 0.2] for j in range(5)}}).to_csv(
         file_server.root / "ICH_softlabel.csv", index=False
     )
@@ -164,6 +177,20 @@ def test_a_softlabel_file_failing_its_content_check_is_moved_aside(file_server, 
         file_server.root / "ICH_softlabel.csv", index=False
     )
     assert of.fetch_official("fednoro_ich_softlabel", dest, mirrors=[file_server.url], entry=entry).is_file()
+
+
+def test_a_softlabel_file_with_another_git_blob_id_is_moved_aside(file_server, tmp_path):
+    good = pd.DataFrame({"id": ["a", "b"], **{f"p{j}": [0.2, 0.2] for j in range(5)}})
+    good.to_csv(file_server.root / "ICH_softlabel.csv", index=False)
+    blob = of.git_blob_sha1(file_server.root / "ICH_softlabel.csv")
+    entry = replace(of.official_file("fednoro_ich_softlabel"), rows=2)  # the real pin: the stand-in differs
+    dest = tmp_path / "raw"
+    with pytest.raises(ChecksumError, match="git blob id"):
+        of.fetch_official("fednoro_ich_softlabel", dest, mirrors=[file_server.url], entry=entry)
+    assert not (dest / "ICH_softlabel.csv").exists() and (dest / "ICH_softlabel.csv.corrupt").exists()
+    entry = replace(entry, git_blob=blob)
+    path = of.fetch_official("fednoro_ich_softlabel", dest, mirrors=[file_server.url], entry=entry)
+    np.testing.assert_allclose(of.read_fednoro_softlabels(path, expected_rows=2), 0.2)
 
 
 # ---- FedMLP index files ------------------------------------------------------------------

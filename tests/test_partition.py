@@ -345,3 +345,25 @@ def test_ownerless_class_error_names_p_and_clients():
         bernoulli_dirichlet([0, 1, 2], 1, 0.05, 1.0, 0)
     message = str(info.value)
     assert "p=0.05" in message and "num_clients=1" in message and "class " in message
+
+
+def test_iid_niidbench_array_split_gives_first_clients_the_remainder():
+    a = iid_niidbench(10, 3, seed=4, remainder="array_split")
+    perm = np.random.RandomState(4).permutation(10)
+    assert [c.tolist() for c in a.clients] == [perm[0:4].tolist(), perm[4:7].tolist(), perm[7:10].tolist()]
+    dropped = iid_niidbench(10, 3, seed=4)  # FedLab: the same draw, the last n mod K samples unassigned
+    assert dropped.sizes().tolist() == [3, 3, 3] and (dropped.client_of() < 0).sum() == 1
+
+
+def test_iid_niidbench_rejects_an_unknown_remainder_by_name():
+    with pytest.raises(ConfigError, match="remainder='floor'"):
+        iid_niidbench(10, 3, seed=0, remainder="floor")
+
+
+def test_dirichlet_niidbench_runs_where_classes_are_empty_and_clients_full():
+    # Labels 0-4 eight times each, C=10, K=2: after class 4 both clients hold n/K = 20, and the
+    # official loop still draws for the empty classes 5-9 (0/0 shares, empty split): two clients of 20.
+    y = np.repeat(np.arange(5), 8)
+    a = dirichlet_niidbench(y, 2, alpha=0.5, seed=2, num_classes=10, min_require_size=10)
+    assert a.sizes().tolist() == [20, 20]
+    assert sorted(np.concatenate(a.clients).tolist()) == list(range(40))

@@ -57,6 +57,8 @@ __all__ = [
     "fetch_official",
     "read_fednoro_ich_csv",
     "read_fednoro_softlabels",
+    "git_blob_sha1",
+    "check_git_blob",
     "read_client_index_npy",
     "client_index_export",
     "client_index_sha256",
@@ -77,11 +79,13 @@ __all__ = [
 # Pinned commits (full hashes): commits at which these files exist in the
 # repositories. The specs name later HEADs (FedNoRo 6719ad7, FedMLP 2ad28b8);
 # the FedNoRo CSVs at the pin have the size and content of the spec fixtures
-# taken at HEAD, and their sha256 pins the bytes whatever the commit. That
-# ICH_softlabel.csv exists at the FedNoRo pin is inferred (the maintainer
-# points to it since January 2024, FedNoRo issue #3), not verified here.
+# taken at HEAD, and their sha256 pins the bytes whatever the commit. The pin's
+# tree lists data/ICH_softlabel.csv with git blob id FEDNORO_SOFTLABEL_GIT_BLOB
+# (read from the repository's tree; the file itself is too large to mirror
+# here), so that id pins its bytes.
 FEDNORO_REPO = "wnn2000/FedNoRo"
 FEDNORO_COMMIT = "d658f4c3986198fa200933ef47d0290f00b6706e"
+FEDNORO_SOFTLABEL_GIT_BLOB = "6b79847e85f414b2e223e816b3f321feae060f1e"
 FEDMLP_REPO = "szbonaldo/FedMLP"
 FEDMLP_COMMIT = "0b7fbe7698fcb053e243ada8f850776f6bab725a"
 
@@ -103,6 +107,8 @@ class OfficialFile:
     ``content_sha256`` is the sha256 of the canonical export of the loaded
     content, for files whose byte checksum cannot be known here.
     ``rows`` is the expected number of data rows (CSV files).
+    ``git_blob`` is the git blob id (sha1 of ``blob <size>\\0<bytes>``) the
+    pinned commit's tree gives, for files known by that id only.
     """
 
     key: str
@@ -113,16 +119,19 @@ class OfficialFile:
     description: str
     rows: int | None = None
     content_sha256: str | None = None
+    git_blob: str | None = None
 
 
-def _fednoro(key: str, path: str, description: str, *, sha256: str | None, size: int | None, rows: int) -> OfficialFile:
+def _fednoro(
+    key: str, path: str, description: str, *, sha256: str | None, size: int | None, rows: int, git_blob: str | None = None
+) -> OfficialFile:
     remote = RemoteFile(
         filename=path.rsplit("/", 1)[-1],
         urls=(_raw_url(FEDNORO_REPO, FEDNORO_COMMIT, path),),
         sha256=sha256,
         size=size,
     )
-    return OfficialFile(key, remote, FEDNORO_REPO, FEDNORO_COMMIT, path, description, rows=rows)
+    return OfficialFile(key, remote, FEDNORO_REPO, FEDNORO_COMMIT, path, description, rows=rows, git_blob=git_blob)
 
 
 def _fedmlp(key: str, path: str, description: str, *, content_sha256: str) -> OfficialFile:
@@ -159,10 +168,11 @@ OFFICIAL_FILES: dict[str, OfficialFile] = {
             "fednoro_ich_softlabel",
             "data/ICH_softlabel.csv",
             "FedNoRo ICH soft labels for H-IDN noise (rows aligned with train_ICH.csv, columns 1..5 = "
-            "class probabilities); byte checksum unknown here, content is checked instead",
+            "class probabilities); pinned by the commit's git blob id, content checked too",
             sha256=None,
             size=None,
             rows=47_578,
+            git_blob=FEDNORO_SOFTLABEL_GIT_BLOB,
         ),
         _fedmlp(
             "fedmlp_ich_clients",
@@ -198,8 +208,8 @@ def fetch_official(
     """Download (or reuse) an official file into ``dest_dir`` and check it; return its path.
 
     Files with a pinned sha256 are checked by ``fetch``. Files without one get
-    their content checked here (soft labels: rows and probability columns;
-    index files: content hash); a file that fails is moved aside to
+    their git blob id (where pinned) and content checked here (soft labels:
+    rows and probability columns; index files: content hash); a file that fails is moved aside to
     ``<name>.corrupt`` (so the next run downloads it again and nothing placed
     by hand is lost) and ChecksumError/DataError is raised.
     ``entry`` overrides the table entry (tests serve small stand-ins this way).
@@ -209,14 +219,36 @@ def fetch_official(
     if entry.remote.sha256 or entry.remote.md5:
         return path
     check = _CONTENT_CHECKS.get(_kind(entry))
-    if check is not None:
-        try:
+    try:
+        if entry.git_blob:
+            check_git_blob(path, entry.git_blob, f"{entry.repo}@{entry.commit[:7]}:{entry.path}")
+        if check is not None:
             check(path, entry)
-        except DataError:
-            bad = path.with_name(path.name + ".corrupt")
-            os.replace(path, bad)
-            raise
+    except DataError:
+        bad = path.with_name(path.name + ".corrupt")
+        os.replace(path, bad)
+        raise
     return path
+
+
+def git_blob_sha1(path: str | os.PathLike) -> str:
+    """The git blob id of a file: sha1 of ``b"blob <size>\\0"`` followed by its bytes."""
+    p = Path(path)
+    h = hashlib.sha1(b"blob %d\0" % p.stat().st_size)
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_git_blob(path: str | os.PathLike, expected: str, source: str) -> None:
+    """Raise ChecksumError unless ``path`` has the git blob id ``expected`` (that of ``source``)."""
+    actual = git_blob_sha1(path)
+    if actual != expected:
+        raise ChecksumError(
+            f"{path}: git blob id {actual}, expected {expected} ({source}). The file is corrupted or "
+            "not the published version; delete it and fetch it again (or point a mirror at a good copy)."
+        )
 
 
 def _kind(entry: OfficialFile) -> str:
@@ -256,9 +288,9 @@ def read_fednoro_softlabels(path: str | os.PathLike, expected_rows: int = 47_578
     """Soft labels of ``ICH_softlabel.csv``: float64 (rows, 5), row i = train_ICH.csv row i.
 
     FedNoRo reads ``df.iloc[:, 1:n_classes+1]`` (column 0 is an identifier), so
-    that is what is returned. No checksum of this file is known here, so the
-    content is validated instead: the row count, at least ``1 + num_classes``
-    columns, finite values in [0, 1]. Raises DataError naming the file otherwise.
+    that is what is returned. Its bytes are pinned by a git blob id, checked by
+    :func:`fetch_official`; this checks the content: the row count, at least
+    ``1 + num_classes`` columns, finite values in [0, 1]. Raises DataError naming the file otherwise.
     """
     p = Path(path)
     try:

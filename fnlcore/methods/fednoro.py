@@ -12,7 +12,8 @@ the server aggregates with distance-aware weights (DaAgg).
 
 Official code behaviour by default; each documented difference is a switch:
 - ``detection_votes`` 9 (code: 9 GMM fits with random_state 0..8, majority vote
-  over exact sets, ties to the set that first reaches the top count) | 1 (paper);
+  over exact sets, ties to the tied set that first appears, i.e. at the smallest
+  seed) | 1 (paper);
 - ``detection_augment`` True (code: losses computed on the training dataset
   object, i.e. with training augmentation) | False;
 - ``distance`` "per_tensor_sum" (code: sum over state-dict float tensors of the
@@ -123,14 +124,15 @@ def gmm_noisy_clients(features: np.ndarray, random_state: int) -> frozenset[int]
 
 
 def vote(sets: list[frozenset[int]]) -> frozenset[int]:
-    """The most frequent exact set; ties go to the set that first reaches the top count."""
-    top = max(Counter(sets).values())
-    seen: Counter = Counter()
-    for s in sets:
-        seen[s] += 1
-        if seen[s] == top:
-            return s
-    raise AssertionError("unreachable")
+    """The most frequent exact set; ties go to the tied set that first appears (smallest seed).
+
+    The official code lists the distinct sets in order of first appearance and
+    takes ``index(max(counts))`` (fednoro.md §4.2 item 7): A,B,B,A,C,C,C,A,B -> A.
+    """
+    if not sets:
+        raise ValueError("vote needs at least one GMM result")
+    counts = Counter(sets)  # keys keep first-appearance order; max keeps the first of equal counts
+    return max(counts, key=counts.__getitem__)
 
 
 def detect_noisy_clients(matrix: np.ndarray, votes: int) -> frozenset[int]:

@@ -20,9 +20,6 @@ from .figures import plot_active_mask, plot_noise_rates, plot_transition_matrix
 from .result import NoiseResult
 from .summary import check_result_matches, noise_summary, row_normalise, transition_counts
 
-SINGLE_COLUMNS = ("sample_id", "client", "position", "label_true", "label_given", "is_noisy")
-
-
 def noise_frame(result: NoiseResult, labels: np.ndarray, assignment: ClientAssignment) -> pd.DataFrame:
     """Rows for every assigned sample, ordered by client then position.
 

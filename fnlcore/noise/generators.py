@@ -220,6 +220,19 @@ def fedgr_noise(
     return make_result("fedgr", y, given, sched.noisy, sched.level, sched.kind)
 
 
+def _every_client_exact(
+    name: str, labels, assignment: ClientAssignment, rate: float, seed: int, num_classes: int, kind: str, mapping
+) -> NoiseResult:
+    """Every client corrupted at the same ``rate`` (exact counts, clients in ascending id)."""
+    y = single_labels(labels, num_classes, assignment)
+    rng = legacy_rng(seed)
+    given = y.copy()
+    for idx in assignment.clients:
+        _exact_count_flips(rng, y, given, idx, rate, kind, num_classes, mapping)
+    noisy = np.full(assignment.num_clients, rate > 0)
+    return make_result(name, y, given, noisy, np.where(noisy, rate, 0.0), schedules.client_kinds(noisy, kind))
+
+
 def symmetric_noise(
     labels: np.ndarray,
     assignment: ClientAssignment,
@@ -234,15 +247,8 @@ def symmetric_noise(
     usual "sym" convention) or over all C classes (``include_true=True``).
     Draws per client in ascending id as in :func:`fedgr_noise`.
     """
-    y = single_labels(labels, num_classes, assignment)
-    rng = legacy_rng(seed)
     kind = SYM_INCL if include_true else SYM
-    given = y.copy()
-    for idx in assignment.clients:
-        _exact_count_flips(rng, y, given, idx, rate, kind, num_classes, None)
-    k = assignment.num_clients
-    noisy = np.full(k, rate > 0)
-    return make_result("symmetric", y, given, noisy, np.where(noisy, rate, 0.0), schedules.client_kinds(noisy, kind))
+    return _every_client_exact("symmetric", labels, assignment, rate, seed, num_classes, kind, None)
 
 
 def asymmetric_noise(
@@ -258,12 +264,5 @@ def asymmetric_noise(
     With the classic CIFAR-10 map, samples of self-mapped classes keep their
     label, so the realised rate is below ``rate``.
     """
-    y = single_labels(labels, num_classes, assignment)
     mapping = resolve_map(asym_map, num_classes)
-    rng = legacy_rng(seed)
-    given = y.copy()
-    for idx in assignment.clients:
-        _exact_count_flips(rng, y, given, idx, rate, ASYM, num_classes, mapping)
-    k = assignment.num_clients
-    noisy = np.full(k, rate > 0)
-    return make_result("asymmetric", y, given, noisy, np.where(noisy, rate, 0.0), schedules.client_kinds(noisy, ASYM))
+    return _every_client_exact("asymmetric", labels, assignment, rate, seed, num_classes, ASYM, mapping)

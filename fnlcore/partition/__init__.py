@@ -5,7 +5,7 @@ Public API
 Functions (each returns a :class:`fnlcore.assignment.ClientAssignment`):
     iid_fedcorr(num_samples, num_clients, seed, client_order="set")
     bernoulli_dirichlet(labels, num_clients, p, alpha, seed, num_classes=None)
-    iid_niidbench(num_samples, num_clients, seed)
+    iid_niidbench(num_samples, num_clients, seed, remainder="drop")
     dirichlet_niidbench(labels, num_clients, alpha, seed, min_require_size=10, num_classes=None, max_attempts=1000)
     quantity_skew_lognormal(num_samples, num_clients, sigma, seed)
     fedmlp_equal(num_samples, num_clients, seed, subsample=5000)

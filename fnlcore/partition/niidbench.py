@@ -1,5 +1,6 @@
 """NIID-Bench (Li et al. 2022) partitions as implemented by FedLab
-(``fedlab/utils/dataset/functional.py``), used by FedGR.
+(``fedlab/utils/dataset/functional.py``), used by FedGR, and by NIID-Bench's
+own ``partition_data`` where the two differ (the IID remainder).
 
 Seed convention: the official code never seeds inside; ``seed`` stands for
 ``np.random.seed(seed)`` right before the call.
@@ -15,18 +16,30 @@ from ..rng import legacy_rng
 from ._checks import check_clients, check_float, check_int, check_num_samples, check_seed, single_labels
 
 
-def iid_niidbench(num_samples: int, num_clients: int, seed: int) -> ClientAssignment:
-    """Balanced IID (FedLab ``balance_partition`` + ``homo_partition``), FedGR's IID setting.
+IID_REMAINDERS = ("drop", "array_split")
 
-    ``permutation(n)`` cut into K consecutive parts of ``int(n/K)``; the
-    remainder ``n - K*int(n/K)`` is unassigned. Client order = permutation order.
+
+def iid_niidbench(num_samples: int, num_clients: int, seed: int, remainder: str = "drop") -> ClientAssignment:
+    """Balanced IID: one ``permutation(n)`` cut into K consecutive parts, client order = permutation order.
+
+    The two official codes share the draw and differ in the n mod K left-over samples:
+    - ``remainder="drop"`` (FedLab ``balance_split`` + ``homo_partition``, which
+      FedGR's code calls): every client gets ``int(n/K)``; the last n mod K
+      samples of the permutation belong to no client.
+    - ``remainder="array_split"`` (NIID-Bench ``partition_data`` 'homo':
+      ``np.array_split(permutation, K)``): every sample is assigned, the first
+      n mod K clients get one more.
     """
     where = "iid_niidbench"
     n = check_num_samples(where, num_samples)
     k = check_clients(where, num_clients, n)
+    if remainder not in IID_REMAINDERS:
+        raise ConfigError(f"{where}: remainder={remainder!r}; choose one of {', '.join(map(repr, IID_REMAINDERS))}")
     rng = legacy_rng(check_seed(where, seed))
-    per_client = int(n / k)
     perm = rng.permutation(n)
+    if remainder == "array_split":
+        return ClientAssignment(num_samples=n, clients=tuple(np.array_split(perm, k)))
+    per_client = int(n / k)
     return ClientAssignment(num_samples=n, clients=tuple(np.split(perm[: per_client * k], k)))
 
 
@@ -46,7 +59,9 @@ def dirichlet_niidbench(
     class k: ``shuffle(idx_k)``; ``proportions = dirichlet(repeat(alpha, K))``;
     zero the share of clients already holding >= n/K samples; renormalise; split
     idx_k at ``(cumsum(proportions) * len(idx_k)).astype(int)[:-1]`` and append.
-    Then ``shuffle`` each client's list (clients 0..K-1).
+    Then ``shuffle`` each client's list (clients 0..K-1). A class with no
+    samples still takes its shuffle and Dirichlet draws and gives nothing (the
+    official code runs there too, even when every client already holds n/K).
 
     Parameters
     ----------
@@ -79,16 +94,27 @@ def dirichlet_niidbench(
     for _ in range(attempts):
         parts: list[list[np.ndarray]] = [[] for _ in range(k)]
         sizes = np.zeros(k, dtype=np.int64)
-        for idx_k in class_members:
+        for c, idx_k in enumerate(class_members):
             idx_k = idx_k.copy()
             rng.shuffle(idx_k)
             proportions = rng.dirichlet(np.repeat(alpha, k))
+            if len(idx_k) == 0:
+                # a class without samples gives nobody anything (once every client holds n/K
+                # the official code divides 0 by 0 here, then splits an empty array)
+                continue
             proportions = proportions * (sizes < cap)
             total = proportions.sum()
-            if not (np.isfinite(total) and total > 0):
+            if not np.isfinite(total):
                 raise ConfigError(
-                    f"{where}: the Dirichlet shares underflow to zero with alpha={alpha}, num_clients={k}; "
-                    "use a larger alpha"
+                    f"{where}: numpy's Dirichlet draw for class {c} is NaN with alpha={alpha}, num_clients={k} "
+                    "(every Gamma draw underflowed to 0); use a larger alpha"
+                )
+            if total == 0:
+                raise ConfigError(
+                    f"{where}: class {c} has {len(idx_k)} samples but the Dirichlet shares of the "
+                    f"{int((sizes < cap).sum())} client(s) still below n/K = {cap:g} samples are all exactly 0 "
+                    f"(alpha={alpha}, num_clients={k}); the official code's split points become NaN here (its int "
+                    "cast then hands the whole class to the last client); use a larger alpha"
                 )
             proportions = proportions / total
             cuts = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
@@ -112,4 +138,4 @@ def dirichlet_niidbench(
     return ClientAssignment(num_samples=n, clients=tuple(clients))
 
 
-__all__ = ["iid_niidbench", "dirichlet_niidbench"]
+__all__ = ["IID_REMAINDERS", "iid_niidbench", "dirichlet_niidbench"]

@@ -21,7 +21,7 @@ from ._checks import check_float, check_int, num_samples_of
 from .fedcorr import bernoulli_dirichlet, iid_fedcorr, iid_per_class_equal
 from .fedmlp import fedmlp_equal
 from .fedncl import quantity_skew_lognormal
-from .niidbench import dirichlet_niidbench, iid_niidbench
+from .niidbench import IID_REMAINDERS, dirichlet_niidbench, iid_niidbench
 
 
 @dataclass(frozen=True)
@@ -169,18 +169,34 @@ class BernoulliDirichletPartition(PartitionSpec):
 
 @dataclass(frozen=True)
 class IIDNiidBenchPartition(PartitionSpec):
-    """NIID-Bench / FedLab balanced IID: one permutation cut into equal parts."""
+    """NIID-Bench / FedLab balanced IID: one permutation cut into equal parts.
+
+    ``remainder`` names what happens to the n mod K left-over samples; the
+    default is FedLab's, the code FedGR calls (fedgr.md §2: "K equal parts of floor(n/K)").
+    """
 
     name: ClassVar[str] = "iid_niidbench"
     paper: ClassVar[str] = "NIID-Bench / FedLab balance_partition + homo_partition (FedGR IID)"
+    switches: ClassVar[dict[str, str]] = {
+        "remainder": "'drop' (FedLab balance_split, called by FedGR's code: the n mod K left-over samples belong "
+        "to no client) | 'array_split' (NIID-Bench partition_data 'homo': the first n mod K clients get one more)",
+    }
 
     num_clients: int = field(metadata=_K_DOC)
+    remainder: str = field(
+        default="drop",
+        metadata=_doc("n mod K left-over samples: 'drop' (FedLab, FedGR) or 'array_split' (NIID-Bench)"),
+    )
+
+    def _validate(self) -> None:
+        super()._validate()
+        self._choice("remainder", IID_REMAINDERS)
 
     def slug(self) -> str:
-        return f"iidperm-K{self.num_clients}"
+        return f"iidperm-K{self.num_clients}" + ("-arraysplit" if self.remainder == "array_split" else "")
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
-        return iid_niidbench(num_samples_of(self._where, labels), self.num_clients, seed)
+        return iid_niidbench(num_samples_of(self._where, labels), self.num_clients, seed, self.remainder)
 
 
 @dataclass(frozen=True)
