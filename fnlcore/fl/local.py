@@ -29,8 +29,13 @@ def train_epochs(
     batch_size: int | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     after_step: Callable[[], None] | None = None,
+    on_epoch_start: Callable[[int], None] | None = None,
 ) -> float:
-    """Train ``model`` on samples ``idx`` for E epochs; returns the mean of the per-batch losses."""
+    """Train ``model`` on samples ``idx`` for E epochs; returns the mean of the per-batch losses.
+
+    ``on_epoch_start(epoch)`` runs before each epoch's shuffle (DivideMix's evaluation
+    pass + GMM split; it may change labels or per-sample weights the loss reads).
+    """
     s = ctx.settings
     epochs = s.local_epochs if epochs is None else epochs
     bs = s.batch_size if batch_size is None else batch_size
@@ -38,7 +43,10 @@ def train_epochs(
     model.train()
     batches, augment, aug_gen = ctx.data.train.batches, ctx.pipeline.train, ctx.aug_gen
     losses = _LossSum()
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        if on_epoch_start is not None:
+            on_epoch_start(epoch)
+            model.train()  # the hook may have run an evaluation pass
         perm = torch.randperm(len(idx), generator=ctx.shuffle_gen)
         order = idx.index_select(0, perm) if idx.device == perm.device else idx[perm]  # same values
         for step, (xb, bidx) in enumerate(batches(order, bs, drop_last=s.drop_last)):
@@ -50,6 +58,71 @@ def train_epochs(
                 after_step()
             losses.append(loss.detach())
     return losses.mean()
+
+
+StreamLossFn = Callable[[torch.nn.Module, dict[str, tuple[torch.Tensor, torch.Tensor]], int], torch.Tensor]
+
+
+def train_streams(
+    ctx: RunContext,
+    model: torch.nn.Module,
+    streams: dict[str, tuple[torch.Tensor, int]],
+    loss_fn: StreamLossFn,
+    round_index: int,
+    epochs: int | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    on_epoch_start: Callable[[int], None] | None = None,
+) -> float:
+    """Local training on several batch streams per step (labelled + unlabelled, DivideMix/FixMatch).
+
+    ``streams``: name -> (sample indices, batch size), in order; the FIRST stream sets
+    the epoch length (its number of batches, last partial batch kept unless
+    ``drop_last``); every other stream is reshuffled and restarted whenever it runs
+    out (DivideMix's and FixMatch's loaders). ``loss_fn(model, batches, step)`` gets
+    ``{name: (uint8 images on the device, sample indices)}``: it makes the views it
+    needs with ``ctx.pipeline.views(x, ctx.aug_gen, names)``. A stream with no
+    samples is absent from ``batches``.
+    """
+    s = ctx.settings
+    epochs = s.local_epochs if epochs is None else epochs
+    opt = optimizer if optimizer is not None else ctx.optimizer(model.parameters(), round_index)
+    names = list(streams)
+    lead_idx, lead_bs = streams[names[0]]
+    cursors = {n: _Cycle(ctx, idx, bs) for n, (idx, bs) in list(streams.items())[1:] if len(idx)}
+    model.train()
+    losses = _LossSum()
+    for epoch in range(epochs):
+        if on_epoch_start is not None:
+            on_epoch_start(epoch)
+            model.train()
+        perm = torch.randperm(len(lead_idx), generator=ctx.shuffle_gen)
+        order = lead_idx[perm]
+        for step, lead in enumerate(ctx.data.train.batches(order, lead_bs, drop_last=s.drop_last)):
+            batches = {names[0]: lead}
+            batches.update((n, c.next()) for n, c in cursors.items())
+            loss = loss_fn(model, batches, step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return losses.mean()
+
+
+class _Cycle:
+    """An endless shuffled stream of batches over one index set."""
+
+    def __init__(self, ctx: RunContext, idx: torch.Tensor, batch_size: int):
+        self.ctx, self.idx, self.bs = ctx, idx, batch_size
+        self.it = iter(())
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        for _ in range(2):
+            try:
+                return next(self.it)
+            except StopIteration:
+                perm = torch.randperm(len(self.idx), generator=self.ctx.shuffle_gen)
+                self.it = iter(self.ctx.data.train.batches(self.idx[perm], self.bs))
+        raise AssertionError("a non-empty stream yielded nothing")
 
 
 class _LossSum:

@@ -9,6 +9,7 @@ import torch
 
 from .. import augment
 from ..errors import ConfigError
+from ..randaugment import RandAugmentSpec, rand_augment
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -17,6 +18,10 @@ IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 #   affine_flip RandomAffine(10, translate=(0.02, 0.02)) + RandomHorizontalFlip  (FedNoRo, FedMLP)
 #   none        (Fed-NCL, digits)
 AUGMENTATIONS = ("none", "crop_flip", "affine_flip")
+# Named views of one batch (methods ask for several at once: weak + strong for FixMatch/FedGR,
+# two weak draws for FedMLP/RSCFed): 'eval' (no augmentation), 'weak' (= train), 'strong' (weak
+# then RandAugment + Cutout with the pipeline's ``strong`` spec).
+VIEWS = ("eval", "weak", "strong")
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,7 @@ class InputPipeline:
     std: tuple[float, ...]
     augmentation: str = "none"
     crop_padding: int = 4
+    strong: RandAugmentSpec = RandAugmentSpec()
 
     def __post_init__(self) -> None:
         if self.augmentation not in AUGMENTATIONS:
@@ -40,14 +46,35 @@ class InputPipeline:
 
     def train(self, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         """Augment (batched, per-sample random parameters) then normalise."""
-        if self.augmentation == "crop_flip":
-            x = augment.random_hflip(augment.random_crop(x, self.crop_padding, gen), 0.5, gen)
-        elif self.augmentation == "affine_flip":
-            x = augment.random_hflip(augment.random_affine(x, 10.0, (0.02, 0.02), gen), 0.5, gen)
-        return self._norm(x)
+        return self._norm(self._geometric(x, gen))
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x)
+
+    def view(self, name: str, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        """One named view (see VIEWS) of a uint8 batch, normalised."""
+        if name == "eval":
+            return self.eval(x)
+        if name == "weak":
+            return self.train(x, gen)
+        if name == "strong":
+            return self._norm(rand_augment(self._geometric(x, gen), self.strong, gen))
+        raise ConfigError(f"view {name!r}; valid views: {', '.join(VIEWS)}")
+
+    def views(self, x: torch.Tensor, gen: torch.Generator | None, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Several views of the same batch, each drawn independently, batched on its device.
+
+        A name may repeat with a suffix ('weak:1', 'weak:2') for independent draws of one view.
+        """
+        return {n: self.view(n.split(":", 1)[0], x, gen) for n in names}
+
+    def _geometric(self, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        """The train augmentation without normalisation (uint8 in, uint8 out)."""
+        if self.augmentation == "crop_flip":
+            return augment.random_hflip(augment.random_crop(x, self.crop_padding, gen), 0.5, gen)
+        if self.augmentation == "affine_flip":
+            return augment.random_hflip(augment.random_affine(x, 10.0, (0.02, 0.02), gen), 0.5, gen)
+        return x
 
 
 @lru_cache(maxsize=64)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from ..errors import ConfigError
+
+
+LR_SCHEDULES = ("exponential", "step", "cosine")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,11 @@ class TrainSettings:
     beta1: float = 0.9
     beta2: float = 0.999
     lr_decay: float = 1.0  # multiplicative per round (Fed-NCL: 0.99)
+    # Per-round learning-rate schedule: exponential (lr * lr_decay^r; lr_decay 1 = constant),
+    # step (lr * lr_gamma^(milestones passed)), cosine (lr/2 (1 + cos(pi r / rounds))).
+    lr_schedule: str = "exponential"
+    lr_milestones: tuple[int, ...] = ()
+    lr_gamma: float = 0.1
     client_fraction: float = 1.0  # 1.0 = every client every round
     weighting: str = "size"  # FedAvg weights: size (n_k) | uniform
     augmentation: str = "auto"  # auto | none | crop_flip | affine_flip
@@ -53,6 +62,13 @@ class TrainSettings:
             bad("weighting", "valid: size, uniform")
         if self.augmentation not in ("auto", "none", "crop_flip", "affine_flip"):
             bad("augmentation", "valid: auto, none, crop_flip, affine_flip")
+        if self.lr_schedule not in LR_SCHEDULES:
+            bad("lr_schedule", f"valid: {', '.join(LR_SCHEDULES)}")
+        object.__setattr__(self, "lr_milestones", tuple(int(m) for m in self.lr_milestones))
+        if list(self.lr_milestones) != sorted(set(self.lr_milestones)) or any(m < 1 for m in self.lr_milestones):
+            bad("lr_milestones", "must be increasing round numbers >= 1")
+        if not self.lr_gamma > 0:
+            bad("lr_gamma", "must be > 0")
         if self.momentum < 0 or self.weight_decay < 0:
             bad("momentum" if self.momentum < 0 else "weight_decay", "must be >= 0")
 
@@ -65,6 +81,10 @@ class TrainSettings:
         return cls(**d)
 
     def lr_at(self, round_index: int) -> float:
+        if self.lr_schedule == "step":
+            return self.lr * self.lr_gamma ** sum(1 for m in self.lr_milestones if round_index >= m)
+        if self.lr_schedule == "cosine":
+            return 0.5 * self.lr * (1.0 + math.cos(math.pi * round_index / self.rounds))
         return self.lr * (self.lr_decay ** round_index)
 
 

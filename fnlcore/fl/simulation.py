@@ -86,12 +86,14 @@ class Simulation:
             m.aggregate(r)
             m.end_round(r)
             row = {"round": r, "stage": m.stage(r), "clients": len(clients)}
-            row.update(evaluate(ctx, m.eval_model()))
+            if m.should_evaluate(r):
+                row.update(evaluate(ctx, m.eval_model()))
             row.update(m.round_info)
             row["seconds"] = time.perf_counter() - t0
             self.rows.append(row)
             main = "bacc" if "bacc" in row else "acc"
-            self.progress(f"round {r + 1}/{total} [{row['stage']}] {main}={row[main]:.4f} ({row['seconds']:.1f}s)")
+            score = f"{main}={row[main]:.4f}" if main in row else "not evaluated"
+            self.progress(f"round {r + 1}/{total} [{row['stage']}] {score} ({row['seconds']:.1f}s)")
             done = r + 1
             if done % every == 0 or done == total:
                 self._save(done)

@@ -8,7 +8,7 @@ selected client.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -91,7 +91,3 @@ def per_tensor_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Ten
 def parameter_keys(model: torch.nn.Module) -> list[str]:
     """Names of trainable parameters (buffers excluded), e.g. for proximal terms."""
     return [k for k, p in model.named_parameters() if p.requires_grad]
-
-
-def total_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    return torch.sqrt(sum((t.double() ** 2).sum() for t in tensors))

@@ -133,8 +133,16 @@ class FLMethod:
     def local_update(self, r: int, k: int) -> ClientUpdate:
         load(self.worker, self.global_model.state_dict())
         idx = self.ctx.data.clients[k]
-        loss = train_epochs(self.ctx, self.worker, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r)
+        hook = None
+        if type(self).on_local_epoch_start is not FLMethod.on_local_epoch_start:  # costs nothing when unused
+            hook = lambda e: self.on_local_epoch_start(r, k, e, self.worker)  # noqa: E731
+        loss = train_epochs(
+            self.ctx, self.worker, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r, on_epoch_start=hook
+        )
         return ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss})
+
+    def on_local_epoch_start(self, r: int, k: int, epoch: int, model: torch.nn.Module) -> None:
+        """Runs before each local epoch of client k (DivideMix: evaluation pass + GMM split)."""
 
     def loss(self, model: torch.nn.Module, x: torch.Tensor, idx: torch.Tensor, step: int, k: int, r: int) -> torch.Tensor:
         """Local objective on one batch (default: cross-entropy on the given labels)."""
@@ -156,6 +164,14 @@ class FLMethod:
     def end_round(self, r: int) -> None:
         pass
 
+    def should_evaluate(self, r: int) -> bool:
+        """Score the test set after round r? (FedCorr's one-client pre-processing rounds: no.)
+
+        Rounds not evaluated keep their row in the metrics with NaN test metrics, so
+        round numbers and checkpoints stay aligned; summaries skip NaN.
+        """
+        return True
+
     # -- outputs -------------------------------------------------------------------------
     def eval_model(self) -> torch.nn.Module:
         return self.global_model
@@ -169,6 +185,70 @@ class FLMethod:
 
     def load_state_dict(self, d: dict) -> None:
         load(self.global_model, d["global"])
+
+
+class MultiNetwork(FLMethod):
+    """Several networks per client, each with its own optimiser, aggregated by name.
+
+    Co-teaching, DivideMix and FedFixer keep two (or more) global networks; a client
+    trains a copy of each. ``network_names`` lists them; ``optimizer_for(name, params, r)``
+    builds each network's optimiser (default: the run's, so a subclass changes only the
+    one that differs); ``local_networks(r, k, nets, optimizers)`` trains the copies in
+    whatever interleaving the method needs. Uploads are ``{name: state}``; the server
+    averages each name separately with the client's aggregation weight. ``eval_model``
+    is the first network unless overridden.
+    """
+
+    network_names: ClassVar[tuple[str, ...]] = ("net1", "net2")
+
+    def __init__(self, params: MethodParams, ctx: RunContext):
+        super().__init__(params, ctx)
+        self.globals = {n: ctx.new_model() for n in self.network_names}
+        self.workers = {n: ctx.new_model() for n in self.network_names}
+        self.global_model = self.globals[self.network_names[0]]
+        self._avgs: dict[str, RunningAverage] = {}
+
+    def optimizer_for(self, name: str, params, r: int) -> torch.optim.Optimizer:
+        return self.ctx.optimizer(params, r)
+
+    def local_networks(self, r: int, k: int, nets: dict, optimizers: dict) -> dict[str, Any]:
+        """Train the client's copies; returns uploads (default: each network on its own, plain CE)."""
+        idx = self.ctx.data.clients[k]
+        out = {}
+        for n, net in nets.items():
+            out[f"train_loss_{n}"] = train_epochs(
+                self.ctx, net, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r, optimizer=optimizers[n]
+            )
+        return out
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self._avgs = {n: RunningAverage() for n in self.network_names}
+
+    def local_update(self, r: int, k: int) -> ClientUpdate:
+        for n in self.network_names:
+            load(self.workers[n], self.globals[n].state_dict())
+        opts = {n: self.optimizer_for(n, self.workers[n].parameters(), r) for n in self.network_names}
+        uploads = self.local_networks(r, k, self.workers, opts)
+        states = {n: snapshot(self.workers[n]) for n in self.network_names}
+        return ClientUpdate(k, len(self.ctx.data.clients[k]), states, uploads)
+
+    def accumulate(self, r: int, upd: ClientUpdate) -> None:
+        w = self.aggregation_weight(upd)
+        for n in self.network_names:
+            self._avgs[n].add(upd.state[n], w)
+
+    def aggregate(self, r: int) -> None:
+        for n in self.network_names:
+            load(self.globals[n], self._avgs[n].result(self.globals[n].state_dict()))
+        self._avgs = {}
+
+    def state_dict(self) -> dict:
+        return {"globals": {n: snapshot(m) for n, m in self.globals.items()}}
+
+    def load_state_dict(self, d: dict) -> None:
+        for n, st in d["globals"].items():
+            load(self.globals[n], st)
 
 
 METHODS: dict[str, type[FLMethod]] = {}

@@ -26,6 +26,11 @@ class Classifier(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(x))
 
+    def forward_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, penultimate features) from one pass (prototype methods: FedMLP, FedGR)."""
+        f = self.backbone(x)
+        return self.head(f), f
+
 
 def _mlp(num_classes, in_channels, image_size, pretrained, hidden=128):
     d = in_channels * image_size[0] * image_size[1]
