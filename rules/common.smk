@@ -64,7 +64,7 @@ wildcard_constraints:
 
 def annotator_settings(slug):
     """The annotator settings behind an annotator slug (from any H-IDN noise spec using it)."""
-    from fnlcore.annotators import AnnotatorSettings
+    from fnlcore.app.annotate import AnnotatorSettings
 
     for spec in PLAN.noises.values():
         if getattr(spec, "needs_soft_labels", False) and spec.annotator_slug() == slug:

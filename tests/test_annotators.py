@@ -3,7 +3,8 @@
 import numpy as np
 from sklearn.datasets import load_digits
 
-from fnlcore.annotators import AnnotatorSettings, assemble_soft_labels, save_annotator, train_annotator
+from fnlcore.app.annotate import AnnotatorSettings, save_annotator, train_annotator
+from fnlcore.noise.hidn import assemble_soft_labels
 
 
 def _client():
@@ -44,3 +45,25 @@ def test_soft_labels_assembled_by_sample_id(tmp_path):
     assert np.isnan(soft[50:120]).all()
     np.testing.assert_allclose(soft[:50].sum(1), 1.0)
     np.testing.assert_allclose(soft[120:].sum(1), 1.0)
+
+
+def test_annotator_streams_images_from_disk(tmp_path):
+    from PIL import Image
+
+    x, y = _client()
+    paths = []
+    for i in range(40):
+        p = tmp_path / f"{i}.png"
+        Image.fromarray(np.repeat(x[i], 4, 0).repeat(4, 1)[..., 0]).save(p)  # 32x32 grey
+        paths.append(str(p))
+    s = AnnotatorSettings(model="tiny", epochs=1, batch_size=8)
+    state, probs, name = train_annotator(y[:40], 10, s, (32, 32), 1, paths=paths, device="cpu")
+    assert name == "tiny" and probs.shape == (40, 10)
+    np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-9)
+
+
+def test_annotator_defaults_come_from_the_noise_spec():
+    from fnlcore.noise import noise_spec_from_dict
+
+    spec = noise_spec_from_dict({"name": "fednoro_hidn", "rho": 0.4, "eta_l": 0.3, "eta_u": 0.5})
+    assert AnnotatorSettings.from_noise_spec(spec) == AnnotatorSettings()

@@ -277,7 +277,7 @@ class FedNoRoHIDN(NoiseSpec):
             f"ann-{self.annotator_model}-e{self.annotator_epochs}-lr{fmt_float(self.annotator_lr)}"
             f"-bs{self.annotator_batch_size}-s{self.annotator_seed}"
         )
-        if self.annotator_weight_decay != 5e-4:
+        if self.annotator_weight_decay != type(self).__dataclass_fields__["annotator_weight_decay"].default:
             s += f"-wd{fmt_float(self.annotator_weight_decay)}"
         return s
 
