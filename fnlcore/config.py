@@ -22,8 +22,8 @@ import yaml
 
 from . import paths
 from .errors import ConfigError, FNLError
+from .errors import located as _at
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "config" / "schema" / "config.schema.yaml"
 
 
 @dataclass(frozen=True)
@@ -102,21 +102,15 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def validate_schema(config: dict, set_default: bool = True) -> dict:
-    """Apply the JSON Schema (with defaults), as Snakemake's ``validate`` does."""
-    import jsonschema
+    """Apply the JSON Schema (filling defaults, as Snakemake's ``validate`` does); one-line errors.
 
-    schema = load_yaml(SCHEMA_PATH)
-    validator_cls = jsonschema.validators.validator_for(schema)
-    if set_default:
-        validator_cls = _with_defaults(validator_cls)
-    errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        msgs = []
-        for e in errors:
-            loc = _location(e.absolute_path) or "<top level>"
-            msgs.append(f"{loc}: {e.message}")
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(msgs))
-    return config
+    ``--config`` values that should be lists or mappings arrive from the command line as
+    strings; they are parsed as YAML first.
+    """
+    from . import schemas
+
+    schemas.coerce_cli_strings(config)
+    return schemas.check(config, "config", "configuration", set_defaults=set_default)
 
 
 def build_plan(config: dict) -> Plan:
@@ -143,6 +137,10 @@ def build_plan(config: dict) -> Plan:
                 mirrors=tuple(d.get("mirrors", ())),
                 options={**(default_options or {}), **(d.get("options", {}) or {})},
             )
+        elif default_options and not set(default_options) <= set(datasets[name].options):
+            # a table's dataset options for a dataset the data grid already uses (the user's still win)
+            old = datasets[name]
+            datasets[name] = DatasetSettings(old.name, old.raw_dir, old.mirrors, {**default_options, **old.options})
         return datasets[name]
 
     partitions: dict[str, Any] = {}
@@ -204,11 +202,12 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
         for t in chosen:
             if t not in plan.tables:
                 plan.tables.append(t)
+    table_options = _table_dataset_options(plan.tables)
     for t in plan.tables:
         for tr in t.runs:
             r = tr.run
             info = _at(f"table {t.name}: dataset", get_dataset, r.dataset)
-            settings(info.name, scale.dataset_options.get(info.name))
+            settings(info.name, {**scale.dataset_options.get(info.name, {}), **table_options.get(info.name, {})})
             where = f"table {t.name}, row {tr.row!r}, column {tr.column!r}"
             _check_partition_fits(where, r.partition, info)
             _check_noise_fits(where, r.noise, info)
@@ -216,6 +215,28 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
             _register(plan.noises, r.noise, where)
             _register_slug(plan.trainings, train_slug(r.training), r.training, where)
             _register_slug(plan.methods, r.method.slug(), r.method, where)
+
+
+def _table_dataset_options(tables: list) -> dict[str, dict]:
+    """Dataset options the selected tables set (``dataset_options`` in a paper YAML).
+
+    The user's ``data.datasets.<name>.options`` still win; two tables asking for
+    different values of one option of one dataset cannot share its prepared data.
+    """
+    out: dict[str, dict] = {}
+    source: dict[tuple[str, str], str] = {}
+    for t in tables:
+        for ds, opts in t.dataset_options.items():
+            for k, v in opts.items():
+                have = out.setdefault(ds, {})
+                if k in have and have[k] != v:
+                    raise ConfigError(
+                        f"tables {source[(ds, k)]} and {t.name} set dataset option {ds}.{k} to "
+                        f"{have[k]!r} and {v!r}; build them in separate result folders (results_dir)"
+                    )
+                have[k] = v
+                source.setdefault((ds, k), t.name)
+    return out
 
 
 def _register_slug(table: dict[str, Any], slug: str, spec: Any, where: str) -> None:
@@ -231,16 +252,6 @@ def load_plan(path: str | Path) -> Plan:
 
 
 # -- helpers -----------------------------------------------------------------
-
-
-def _at(where: str, fn, *args):
-    """Call ``fn`` and prefix any ConfigError with the config location."""
-    try:
-        return fn(*args)
-    except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    except (TypeError, ValueError) as e:  # a spec constructor rejecting a value
-        raise ConfigError(f"{where}: {e}") from None
 
 
 def _register(table: dict[str, Any], spec: Any, where: str) -> None:
@@ -270,35 +281,6 @@ def _check_noise_fits(where: str, spec: Any, info: Any) -> None:
             f"{where}: noise model {spec.name!r} is for {kind} data, but dataset {info.name!r} is "
             f"{'multi' if info.multi_label else 'single'}-label"
         )
-
-
-def _location(path) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
-
-
-def _with_defaults(validator_cls):
-    """A validator that fills ``default`` values while validating (as Snakemake does)."""
-    import jsonschema
-
-    validate_props = validator_cls.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for prop, sub in properties.items():
-                if "default" in sub and prop not in instance:
-                    instance[prop] = _copy(sub["default"])
-        yield from validate_props(validator, properties, instance, schema)
-
-    return jsonschema.validators.extend(validator_cls, {"properties": set_defaults})
-
-
-def _copy(v):
-    import copy
-
-    return copy.deepcopy(v)
 
 
 __all__ = ["Plan", "NoisyLabelSet", "DatasetSettings", "build_plan", "validate_schema", "load_plan", "FNLError"]

@@ -19,3 +19,11 @@ class ChecksumError(DataError):
 
 class MissingManualDataError(DataError):
     """A dataset that needs an account or a request is not where it must be placed."""
+
+
+def located(where: str, fn, *args):
+    """Call ``fn(*args)``; a ConfigError (or a constructor's TypeError/ValueError) gets ``where: `` in front."""
+    try:
+        return fn(*args)
+    except (ConfigError, TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import paths
+from . import paths, schemas
 from .errors import ConfigError
+from .errors import located as _wrap
 from .fl.settings import TrainSettings
 from .metrics import SummaryRule
 from .slugs import fmt_float, short_hash
@@ -110,6 +111,7 @@ class PaperTable:
     reported: Path | None
     scale: str
     compare: list[dict] = field(default_factory=list)
+    dataset_options: dict[str, dict] = field(default_factory=dict)  # dataset -> options the table sets
 
     @property
     def name(self) -> str:
@@ -129,7 +131,6 @@ class Scale:
     dataset_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     num_clients: int | None = None
     training: Mapping[str, Any] = field(default_factory=dict)  # overrides for every run
-    methods: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-method overrides
     noises: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-noise-model overrides
     seeds: tuple[int, ...] | None = None
     note: str = ""
@@ -145,31 +146,10 @@ class Scale:
         if not path.exists():
             valid = sorted(p.stem for p in SCALES_DIR.glob("*.yaml"))
             raise ConfigError(f"scale {name!r}: no file {path.name} in config/scales; valid scales: {', '.join(valid)}")
-        d = load_yaml(path)
-        allowed = {f.name for f in dataclasses.fields(cls)} - {"name"}
-        unknown = sorted(set(d) - allowed)
-        if unknown:
-            raise ConfigError(f"{path.name}: unknown key(s) {unknown}; valid: {', '.join(sorted(allowed))}")
+        d = schemas.check(load_yaml(path), "scale", str(name if name.endswith((".yaml", ".yml")) else f"config/scales/{path.name}"))
         if "seeds" in d and d["seeds"] is not None:
             d["seeds"] = tuple(int(s) for s in d["seeds"])
         return cls(name=path.stem, **d)
-
-
-_TABLE_KEYS = {
-    "id", "title", "reported", "dataset", "partition", "partition_seed", "noise_seed", "seeds", "training",
-    "rows", "columns", "metrics", "row_fields", "column_fields", "tolerance", "std_ddof", "note", "compare",
-}
-_COLUMN_KEYS = {"label", "key", "note", "noise", "dataset", "partition", "training", "methods"}
-_ROW_KEYS = {"label", "key", "note", "status", "method", "training"}
-_METRIC_KEYS = {"name", "label", "source", "summary", "scale", "decimals", "tolerance", "reported_name"}
-
-
-def _check_keys(where: str, d: Mapping, allowed: set[str]) -> None:
-    if not isinstance(d, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {type(d).__name__}")
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(sorted(allowed))}")
 
 
 def _seed(value: Any, train_seed: int, where: str) -> int:
@@ -180,15 +160,6 @@ def _seed(value: Any, train_seed: int, where: str) -> int:
     raise ConfigError(f"{where}: must be a non-negative integer or 'same', got {value!r}")
 
 
-def _wrap(where: str, fn, *args):
-    try:
-        return fn(*args)
-    except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from None
-
-
 def load_paper(paper: str, scale: Scale) -> list[PaperTable]:
     """Read config/papers/<paper>.yaml and expand every table at the given scale."""
     from .config import load_yaml
@@ -197,14 +168,11 @@ def load_paper(paper: str, scale: Scale) -> list[PaperTable]:
     if not path.exists():
         valid = sorted(p.stem for p in PAPERS_DIR.glob("*.yaml"))
         raise ConfigError(f"paper {paper!r}: no file config/papers/{paper}.yaml; valid papers: {', '.join(valid)}")
-    doc = load_yaml(path)
-    _check_keys(f"config/papers/{paper}.yaml", doc, {"paper", "title", "defaults", "tables"})
+    doc = schemas.check(load_yaml(path), "paper", f"config/papers/{paper}.yaml")
     defaults = doc.get("defaults", {}) or {}
-    _check_keys(f"config/papers/{paper}.yaml: defaults", defaults, _TABLE_KEYS - {"id", "rows", "columns", "metrics"})
     out = []
     for i, t in enumerate(doc.get("tables", [])):
         where = f"config/papers/{paper}.yaml: tables[{i}]"
-        _check_keys(where, t, _TABLE_KEYS)
         merged = {**copy.deepcopy(defaults), **t}
         out.append(_expand_table(paper, merged, scale, f"{where} ({t.get('id', '?')})"))
     return out
@@ -225,17 +193,12 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
     metric_specs = []
     for j, m in enumerate(t["metrics"]):
         mw = f"{where}.metrics[{j}]"
-        _check_keys(mw, m, _METRIC_KEYS)
-        if "source" not in m or "summary" not in m:
-            raise ConfigError(f"{mw}: needs 'source' (per-round metric, e.g. bacc) and 'summary' ({{kind: best|last_mean|final}})")
         metrics[m["name"]] = MetricRule(m["source"], _wrap(mw, lambda s: SummaryRule(**s), m["summary"]))
         metric_specs.append({k: v for k, v in m.items() if k not in ("source", "summary")})
     rows, cols, runs = [], [], []
     for j, c in enumerate(t["columns"]):
-        _check_keys(f"{where}.columns[{j}]", c, _COLUMN_KEYS)
         cols.append({k: v for k, v in c.items() if k in ("label", "key", "note")})
     for j, r in enumerate(t["rows"]):
-        _check_keys(f"{where}.rows[{j}]", r, _ROW_KEYS)
         rows.append({k: v for k, v in r.items() if k in ("label", "key", "note", "status")})
         if r.get("status", "implemented") == "implemented" and "method" not in r:
             raise ConfigError(f"{where}.rows[{j}] ({r.get('label')}): an implemented row needs 'method'")
@@ -249,10 +212,15 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
             "expected_seeds": len(seeds), "note": t.get("note", ""),
         },
     )
+    dataset_options: dict[str, dict] = {}
     for j, c in enumerate(t["columns"]):
         cw = f"{where}.columns[{j}] ({c.get('label')})"
         real = c.get("dataset", t["dataset"])
         dataset = scale.datasets.get(real, real)
+        if dataset == real:  # a stand-in is its own dataset: the real one's options do not apply
+            opts = {**(t.get("dataset_options") or {}).get(real, {}), **(c.get("dataset_options") or {}).get(real, {})}
+            if dataset_options.setdefault(real, opts) != opts:
+                raise ConfigError(f"{cw}: dataset_options for {real!r} differ between the columns of one table")
         pdict = dict(c.get("partition", t["partition"]))
         if scale.num_clients is not None:
             pdict["num_clients"] = min(int(pdict.get("num_clients", scale.num_clients)), scale.num_clients)
@@ -264,13 +232,14 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
             if r.get("status", "implemented") != "implemented":
                 continue
             rw = f"{where}.rows[{k}] ({r.get('label')})"
-            tdict = {**t["training"], **c.get("training", {}), **r.get("training", {}), **scale.training}
-            training = _wrap(f"{rw}.training", TrainSettings.from_dict, tdict)
+            tdict = {**t["training"], **c.get("training", {}), **r.get("training", {})}
+            table_rounds = _wrap(f"{rw}.training", TrainSettings.from_dict, tdict).rounds
+            training = _wrap(f"{rw}.training", TrainSettings.from_dict, {**tdict, **scale.training})
             mdict = dict(r["method"])
             # a column may set method hyper-parameters that depend on its dataset (FedNoRo's warm-up)
             mdict.update((c.get("methods") or {}).get(mdict.get("name"), {}))
-            mdict.update(scale.methods.get(mdict.get("name"), {}))
             method = _wrap(f"{rw}.method", method_from_dict, mdict)
+            method = _wrap(f"{rw}.method", rescale_rounds, method, table_rounds, training.rounds)
             _wrap(f"{rw}.method", method.check_training, training)
             for s in seeds:
                 runs.append(
@@ -299,14 +268,31 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
         reported=(REPORTED_DIR / reported) if reported else None,
         scale=scale.name,
         compare=list(t.get("compare", [])),
+        dataset_options={k: v for k, v in dataset_options.items() if v},
     )
 
 
-def table_targets(tables: list[PaperTable], results: str) -> list[str]:
-    out: list[str] = []
-    for t in tables:
-        out += t.outputs(results).values()
-    return out
+def round_fields(cls) -> tuple[str, ...]:
+    """Fields of a hyper-parameter dataclass that count rounds (metadata ``rounds: True``)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("rounds") is True)
+
+
+def rescale_rounds(params, from_rounds: int, to_rounds: int):
+    """Round-valued hyper-parameters follow a scale's change of ``training.rounds``.
+
+    Rule: v -> min(max(1, round(v * R'/R)), R' - 1) for each round-valued field v that
+    is set (None = the method's own default, derived from the rounds at run time), so
+    every stage keeps at least one round: FedNoRo's 10-round warm-up of 100 rounds
+    becomes 1 of 4 at smoke scale. Unchanged when R' = R.
+    """
+    if from_rounds == to_rounds:
+        return params
+    changes = {}
+    for name in round_fields(type(params)):
+        v = getattr(params, name)
+        if v is not None:
+            changes[name] = min(max(1, round(v * to_rounds / from_rounds)), max(to_rounds - 1, 1))
+    return dataclasses.replace(params, **changes) if changes else params
 
 
 __all__ = ["RunSpec", "PaperTable", "Scale", "load_paper", "train_slug", "RUN", "CHECKPOINT", "paths"]

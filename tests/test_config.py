@@ -81,8 +81,78 @@ def test_bad_values_are_named(mutate, needles):
 
 
 def test_method_settings_incompatible_with_training_fail_at_config_time(tmp_path):
+    # one round leaves FedNoRo no stage 2, whatever the rescaled warm-up
     scale = tmp_path / "s.yaml"
-    scale.write_text("training: {rounds: 2}\n")
+    scale.write_text("training: {rounds: 1}\n")
     with pytest.raises(ConfigError) as e:
         build_plan(validate_schema({"tables": ["demo"], "scale": str(scale), "data_grid": []}))
-    assert "warmup_rounds=10" in str(e.value) and "training.rounds=2" in str(e.value) and "FedNoRo" in str(e.value)
+    assert "warmup_rounds=1" in str(e.value) and "training.rounds=1" in str(e.value) and "FedNoRo" in str(e.value)
+
+
+def test_scales_rescale_round_valued_hyper_parameters(tmp_path):
+    from fnlcore.experiments import rescale_rounds, round_fields
+    from fnlcore.methods import method_from_dict
+
+    fednoro = method_from_dict({"name": "fednoro", "warmup_rounds": 10, "ramp_end": 49})
+    assert set(round_fields(type(fednoro))) >= {"warmup_rounds", "ramp_begin", "ramp_end"}
+    assert rescale_rounds(fednoro, 100, 100) is fednoro
+    small = rescale_rounds(fednoro, 100, 4)  # 0.4 -> 1 (at least one round); 1.96 -> 2; None stays
+    assert (small.warmup_rounds, small.ramp_begin, small.ramp_end) == (1, None, 2)
+    big = rescale_rounds(fednoro, 100, 300)
+    assert (big.warmup_rounds, big.ramp_end) == (30, 147)
+    assert rescale_rounds(fednoro, 100, 10).warmup_rounds == 1
+    assert rescale_rounds(method_from_dict({"name": "fednoro", "warmup_rounds": 99}), 100, 4).warmup_rounds == 3
+    # through a scale file: the demo's FedNoRo (10 of 30 rounds) at 6 rounds warms up for 2
+    scale = tmp_path / "s.yaml"
+    scale.write_text("training: {rounds: 6}\n")
+    plan = build_plan(validate_schema({"tables": ["demo"], "scale": str(scale), "data_grid": []}))
+    warm = {r.method.warmup_rounds for r in plan.runs() if r.method.name == "fednoro"}
+    assert warm == {2}
+
+
+def test_schema_errors_are_one_line_naming_the_key_and_the_choices():
+    with pytest.raises(ConfigError) as e:
+        validate_schema({"tabels": ["demo"]})
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and "unknown key 'tabels'" in msg and "tables" in msg and "$schema" not in msg
+    with pytest.raises(ConfigError, match=r"device: 'gpu' does not match"):
+        validate_schema({"device": "gpu"})
+
+
+def test_nested_values_from_the_command_line_are_parsed():
+    cfg = validate_schema({"tables": "[demo/demo]", "data": {"datasets": "{digits: {options: {}}}"}})
+    assert cfg["tables"] == ["demo/demo"] and cfg["data"]["datasets"] == {"digits": {"options": {}}}
+    with pytest.raises(ConfigError, match="tables"):
+        validate_schema({"tables": "[demo"})
+
+
+def test_scale_and_paper_files_are_schema_checked_with_file_and_key(tmp_path):
+    scale = tmp_path / "s.yaml"
+    scale.write_text("training: {rounds: 2}\nmethods: {fednoro: {warmup_rounds: 1}}\n")
+    with pytest.raises(ConfigError) as e:
+        build_plan(validate_schema({"tables": ["demo"], "scale": str(scale), "data_grid": []}))
+    assert "s.yaml" in str(e.value) and "unknown key 'methods'" in str(e.value) and "valid keys" in str(e.value)
+    from fnlcore import schemas
+
+    doc = {"paper": "x", "tables": [{"id": 1, "rows": [{"label": "A", "methd": {}}], "columns": [{"label": "c"}],
+                                      "metrics": [{"name": "m", "source": "acc", "summary": {"kind": "best"}}]}]}
+    with pytest.raises(ConfigError) as e:
+        schemas.check(doc, "paper", "config/papers/x.yaml")
+    assert str(e.value).startswith("config/papers/x.yaml: tables[0].rows[0]: unknown key 'methd'; valid keys: key, label")
+
+
+def test_paper_dataset_options_reach_the_dataset_and_the_user_wins(monkeypatch):
+    from fnlcore import experiments
+
+    real = experiments.load_paper
+
+    def with_options(paper, scale):
+        tables = real(paper, scale)
+        for t in tables:
+            t.dataset_options = {"digits": {"flag": 1, "other": "paper"}}
+        return tables
+
+    monkeypatch.setattr(experiments, "load_paper", with_options)
+    cfg = {"tables": ["demo"], "data_grid": [], "data": {"datasets": {"digits": {"options": {"other": "user"}}}}}
+    plan = build_plan(validate_schema(cfg))
+    assert dict(plan.datasets["digits"].options) == {"flag": 1, "other": "user"}

@@ -15,7 +15,7 @@ def test_report_contains_tables_and_figures(tmp_path):
     scale = tmp_path / "tiny.yaml"
     scale.write_text(
         "note: tiny\nnum_clients: 3\ntraining: {rounds: 2, local_epochs: 1}\n"
-        "methods: {fednoro: {warmup_rounds: 1}}\nnoises: {fednoro_hidn: {annotator_epochs: 1}}\n"
+        "noises: {fednoro_hidn: {annotator_epochs: 1}}\n"
     )
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"results_dir: results\ntables: [demo]\nscale: {scale}\ndata_grid: []\n")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -48,12 +48,12 @@ class FedNoRoParams(MethodParams):
         "detection_augment": "true (code: detection losses on augmented training images) | false",
         "distance": "'per_tensor_sum' (code: sum of per-tensor L2 norms incl. BN buffers) | 'global_l2' (paper)",
     }
-    warmup_rounds: int = 10
+    warmup_rounds: int = field(default=10, metadata={"rounds": True})
     tau: float = 1.0  # logit adjustment strength
     kd_temperature: float = 0.8
     lambda_max: float = 0.8
-    ramp_begin: int | None = None  # default: warmup_rounds (fednoro.md A4)
-    ramp_end: int | None = None  # default: rounds // 2 - 1 (49 for ICH's 100 rounds)
+    ramp_begin: int | None = field(default=None, metadata={"rounds": True})  # default: warmup_rounds (fednoro.md A4)
+    ramp_end: int | None = field(default=None, metadata={"rounds": True})  # default: rounds // 2 - 1 (49 for ICH's 100 rounds)
     detection_votes: int = 9
     detection_augment: bool = True
     distance: str = "per_tensor_sum"
