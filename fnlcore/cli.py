@@ -100,12 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(targets))
     if args.dry:
         return 0
-    cmd = [
-        sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-        "--config", f"tables=[\"{pt.paper}/{pt.table}\"]", f"scale={args.scale}", "data_grid=[]", f"results_dir={args.results}",
-        *(extra or ["--cores", "1"]), *targets,
+    return subprocess.call(cell_command(pt, args.scale, args.results, targets, extra))
+
+
+# Options that say how many jobs run; without one, a cell runs on one core.
+_PARALLELISM = ("--cores", "-c", "--jobs", "-j", "--profile", "--executor", "-e")
+
+
+def cell_command(pt, scale: str, results: str, targets: list[str], extra: list[str]) -> list[str]:
+    """The Snakemake command of one cell: targets right after ``--snakefile`` (a single-valued
+    option), so no option of the user's, however many values it takes (``--forcerun train``,
+    ``--configfile f.yaml``), can swallow them; the cell's ``--config`` comes after the
+    targets and before the user's arguments, which come last."""
+    cores = [] if any(a == p or a.startswith(p + "=") for a in extra for p in _PARALLELISM) else ["--cores", "1"]
+    return [
+        sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *targets,
+        "--config", f"tables=[\"{pt.paper}/{pt.table}\"]", f"scale={scale}", "data_grid=[]", f"results_dir={results}",
+        *cores, *extra,
     ]
-    return subprocess.call(cmd)
 
 
 def run_status(run, results: str) -> str:
