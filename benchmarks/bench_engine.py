@@ -25,7 +25,7 @@ Bare loop: pre-made uint8 batches and labels on the device (one shuffle, made
 before timing), one model and one optimiser, then per batch
 ``[augment with fnlcore.augment] -> (x/255 - mean)/std -> CE(model(x), y) ->
 zero_grad, backward, step``. Engine: FedAvg rounds on a ``RunContext`` built by
-``fnlcore.fl.run.build_context``, driven exactly as ``Simulation.run`` drives
+``fnlcore.app.train.build_context``, driven exactly as ``Simulation.run`` drives
 them (``begin_round``, ``local_update`` for every client, ``accumulate``,
 ``aggregate``, ``end_round``); "local" counts the ``local_update`` calls only,
 "round" the whole round including aggregation; test evaluation is timed on its own.
@@ -104,6 +104,10 @@ CASES = {
 def engine_api(package: str = "fnlcore") -> SimpleNamespace:
     """The engine entry points of ``package`` (the working tree, or a baseline copy)."""
     mod = lambda name: importlib.import_module(f"{package}.{name}")  # noqa: E731
+    try:  # the training job moved from the engine (fl.run) to the application layer (app.train)
+        build_context = mod("app.train").build_context
+    except ImportError:
+        build_context = mod("fl.run").build_context
     return SimpleNamespace(
         label="working tree" if package == "fnlcore" else package,
         augment=mod("augment"),
@@ -111,7 +115,7 @@ def engine_api(package: str = "fnlcore") -> SimpleNamespace:
         ImageSource=mod("fl.data").ImageSource,
         evaluate=mod("fl.local").evaluate,
         train_epochs=mod("fl.local").train_epochs,
-        build_context=mod("fl.run").build_context,
+        build_context=build_context,
         METHODS=mod("methods").METHODS,
         method_from_dict=mod("methods").method_from_dict,
         fednoro=mod("methods.fednoro"),

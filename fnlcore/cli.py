@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _tables(scale: str, paper: str | None = None):
     """Tables of one paper (or of all papers) at a scale; a cell needs only its own paper."""
-    from .experiments import PAPERS_DIR, Scale, load_paper
+    from .app.papers import Scale, load_paper
+    from .app.runs import PAPERS_DIR
 
     sc = Scale.load(scale)
     papers = [paper] if paper else [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
@@ -134,7 +135,7 @@ def run_status(run, results: str) -> str:
 
 
 def _status(configfile: str) -> int:
-    from .config import load_plan
+    from .app.plan import load_plan
 
     plan = load_plan(configfile)
     groups: dict[str, list] = {"done": [], "running": [], "failed": [], "pending": []}

@@ -29,6 +29,15 @@ def load_schema(name: str) -> dict:
         return yaml.safe_load(fh)
 
 
+def load_yaml(path: str | Path) -> dict:
+    """A YAML file that must hold a mapping (config, paper, scale)."""
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the file must be a mapping of keys to values")
+    return data
+
+
 def check(doc: Any, schema_name: str, where: str, set_defaults: bool = False) -> Any:
     """Validate ``doc`` against a schema; raise ConfigError naming ``where`` and the key."""
     import jsonschema

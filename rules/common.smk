@@ -2,7 +2,7 @@
 import sys
 
 from fnlcore import paths
-from fnlcore.config import build_plan
+from fnlcore.app.plan import build_plan
 from fnlcore.errors import ConfigError
 
 try:
@@ -26,7 +26,7 @@ def pattern(template, **fixed):
 
 
 def dataset_settings(name):
-    from fnlcore.config import DatasetSettings
+    from fnlcore.app.plan import DatasetSettings
 
     return PLAN.datasets.get(name) or DatasetSettings(name=name, raw_dir=f"resources/raw/{name}")
 

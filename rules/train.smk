@@ -1,6 +1,6 @@
 # Training runs: results/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}/
 # Each run checkpoints to results/checkpoints/... (not a declared output) and resumes from it when rerun.
-from fnlcore.experiments import CHECKPOINT, RUN, RUN_FILES
+from fnlcore.app.runs import CHECKPOINT, RUN, RUN_FILES
 
 
 def _noise_parquet(w):

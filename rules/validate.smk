@@ -1,7 +1,7 @@
 # Schema validation of the configuration, before anything else: one line naming the key.
 import sys
 
-from fnlcore.config import validate_schema
+from fnlcore.app.plan import validate_schema
 from fnlcore.errors import ConfigError
 
 try:

@@ -8,7 +8,7 @@ from sklearn.datasets import load_digits
 
 from fnlcore.assignment import ClientAssignment
 from fnlcore.fl.data import FederatedData, ImageSource
-from fnlcore.fl.run import build_context
+from fnlcore.app.train import build_context
 from fnlcore.fl.settings import TrainSettings
 
 

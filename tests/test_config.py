@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from fnlcore.config import build_plan, load_plan, validate_schema
+from fnlcore.app.plan import build_plan, load_plan, validate_schema
 from fnlcore.errors import ConfigError
 
 GOOD = {
@@ -90,7 +90,7 @@ def test_method_settings_incompatible_with_training_fail_at_config_time(tmp_path
 
 
 def test_scales_rescale_round_valued_hyper_parameters(tmp_path):
-    from fnlcore.experiments import rescale_rounds, round_fields
+    from fnlcore.app.papers import rescale_rounds, round_fields
     from fnlcore.methods import method_from_dict
 
     fednoro = method_from_dict({"name": "fednoro", "warmup_rounds": 10, "ramp_end": 49})
@@ -142,7 +142,7 @@ def test_scale_and_paper_files_are_schema_checked_with_file_and_key(tmp_path):
 
 
 def test_paper_dataset_options_reach_the_dataset_and_the_user_wins(monkeypatch):
-    from fnlcore import experiments
+    from fnlcore.app import papers as experiments
 
     real = experiments.load_paper
 

@@ -37,7 +37,8 @@ import yaml
 
 from fnlcore.datasets import DATASETS
 from fnlcore.errors import ConfigError
-from fnlcore.experiments import PAPERS_DIR, Scale, load_paper
+from fnlcore.app.papers import Scale, load_paper
+from fnlcore.app.runs import PAPERS_DIR
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
@@ -307,7 +308,7 @@ def test_every_reported_line_is_placed_in_its_table(paper):
 @pytest.mark.parametrize("scale", ["paper", "smoke"])
 @pytest.mark.parametrize("paper", PAPERS)
 def test_every_implemented_cell_has_runs(paper, scale):
-    from fnlcore.config import build_plan, validate_schema
+    from fnlcore.app.plan import build_plan, validate_schema
 
     tables = _tables(paper, scale)
     assert tables, f"{paper}: no tables"

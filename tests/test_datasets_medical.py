@@ -150,6 +150,14 @@ def test_ich_fednoro_prepares_with_all_images_and_soft_labels(fednoro_server, sp
     pd.DataFrame({"id": train_ids, **{str(j): probs[:, j] for j in range(5)}}).to_csv(
         fednoro_server.root / "ICH_softlabel.csv", index=False
     )
+    # the stand-in is pinned by its own git blob id, as the official file is by the pinned tree's
+    from dataclasses import replace
+
+    from fnlcore.datasets import official_files
+
+    key = "fednoro_ich_softlabel"
+    stand_in = replace(official_files.OFFICIAL_FILES[key], git_blob=official_files.git_blob_sha1(fednoro_server.root / "ICH_softlabel.csv"))
+    monkeypatch.setitem(official_files.OFFICIAL_FILES, key, stand_in)
     data = prepare("ich_fednoro", raw, out, {"soft_labels": True}, mirrors=[fednoro_server.url])
     assert (data.meta["n_train"], data.meta["n_test"]) == (47_578, 20_391)
     assert np.bincount(data.labels("train"), minlength=5).tolist() == [1046, 9776, 6198, 10275, 20283]

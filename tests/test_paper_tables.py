@@ -21,7 +21,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fnlcore.experiments import REPORTED_DIR, Scale, load_paper
+from fnlcore.app.papers import Scale, load_paper
+from fnlcore.app.runs import REPORTED_DIR
 from fnlcore.methods import METHODS
 from fnlcore.tables import load_reported, place_reported
 
@@ -36,8 +37,8 @@ REPORTED_FILES = {
 
 def _declared():
     """The YAML as written (no expansion code): the rows still marked not implemented."""
-    from fnlcore.config import load_yaml
-    from fnlcore.experiments import PAPERS_DIR
+    from fnlcore.schemas import load_yaml
+    from fnlcore.app.runs import PAPERS_DIR
 
     return load_yaml(PAPERS_DIR / "fednoro.yaml")
 

@@ -305,7 +305,7 @@ BAD_CONFIGS = {
 
 # Snakemake reports a bad config on two paths: its own JSON-Schema ``validate`` and fnlcore's
 # ConfigError printed by rules/common.smk. One case of each runs through Snakemake; every case
-# (the same two paths, as fnlcore.config.validate_schema and build_plan) is checked in-process.
+# (the same two paths, as fnlcore.app.plan.validate_schema and build_plan) is checked in-process.
 SNAKEMAKE_CASES = ("unknown_top_level_key", "unknown_partition_key")
 
 

@@ -82,7 +82,7 @@ def effective_config(configfile: Path) -> dict:
 
 def expected_plan(configfile: Path):
     """fnlcore's plan for the merged config (schema defaults applied), as the Snakefile builds it."""
-    from fnlcore.config import build_plan, validate_schema
+    from fnlcore.app.plan import build_plan, validate_schema
 
     return build_plan(validate_schema(effective_config(configfile)))
 

@@ -1,5 +1,5 @@
 """Rule table: summarise the runs of one paper table and render it beside the reported numbers."""
-from fnlcore.experiments import build_table
+from fnlcore.app.build_table import build_table
 from fnlcore.io import read_parquet
 from fnlcore.logs import job_log
 

@@ -1,5 +1,5 @@
 """Rule train: one federated run; resumes from its checkpoint after a kill."""
-from fnlcore.fl.run import train_run
+from fnlcore.app.train import train_run
 from fnlcore.logs import job_log
 from fnlcore.progress import round_reporter
 

@@ -35,7 +35,7 @@ from ..fl.context import RunContext
 from ..fl.data import FederatedData, ImageSource
 from ..fl.local import predict, train_epochs
 from ..fl.pipeline import make_pipeline
-from ..fl.run import resolve_device
+from ..fl.device import resolve_device
 from ..fl.settings import TrainSettings
 from ..models.builder import default_model_for
 from ..noise.specs import FedNoRoHIDN

@@ -75,6 +75,8 @@ class DatasetInfo:
     papers: tuple[str, ...]
     prepare: Callable[["PrepareContext"], None]
     manual: bool = False
+    # Training augmentation its papers use ('' = by image size: affine+flip above 32 px, else none)
+    augmentation: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "class_names", tuple(str(c) for c in self.class_names))

@@ -449,6 +449,7 @@ def _stand_in_info(base: str) -> DatasetInfo:
         source=f"synthetic stand-in for {base} (smoke scale)",
         papers=real.papers,
         prepare=_make_prepare(base),
+        augmentation=real.augmentation,
     )
 
 

@@ -86,16 +86,3 @@ class TrainSettings:
         if self.lr_schedule == "cosine":
             return 0.5 * self.lr * (1.0 + math.cos(math.pi * round_index / self.rounds))
         return self.lr * (self.lr_decay ** round_index)
-
-
-def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
-    """The papers' training augmentation for a dataset (fedcorr.md §1, fednoro.md §1, fedncl.md §4)."""
-    if dataset in ("cifar10", "cifar100") or dataset.startswith("synthetic_cifar"):
-        return "crop_flip"
-    if image_size[0] > 32:
-        return "affine_flip"
-    return "none"
-
-
-def auto_normalize(channels: int, pretrained: bool) -> str:
-    return "imagenet" if channels == 3 else "data"

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import html
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .render import RenderedTable
+# The functions here take a fnlcore.tables.render.RenderedTable; render imports this module
+# (not the other way round), so the type is named in annotations only.
+RenderedTable = Any
 
 FLAG = "⚠"
 DASH = "–"

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..errors import ConfigError, DataError
 from ..io import atomic_path
-from .spec import TableSpec
+from .spec import TableSpec, check_fields
 
 REQUIRED_COLUMNS = (
     "paper",
@@ -83,14 +83,6 @@ def copy_reported(src: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
     with atomic_path(dest) as tmp:
         shutil.copyfile(src, tmp)
     return dest
-
-
-def check_fields(df: pd.DataFrame, flds: Sequence[str], where: str) -> None:
-    missing = [f for f in flds if f not in df.columns]
-    if missing:
-        raise ConfigError(
-            f"{where}: key field(s) {missing} are not columns of the reported table; columns: {list(df.columns)}"
-        )
 
 
 def _lookup(keys: list[tuple[str, ...]], labels: list[str], flds: tuple[str, ...], out: str) -> pd.DataFrame:

@@ -280,8 +280,6 @@ class TableSpec:
         ``config/papers`` entry and to check that a reported table's keys are
         unique. ``options`` are further TableSpec fields (tolerance, std_ddof, ...).
         """
-        from .reported import check_fields
-
         row_fields, column_fields = tuple(row_fields), tuple(column_fields)
         check_fields(reported, row_fields + column_fields + ("metric",), "TableSpec.from_reported")
         rkeys = _ordered_keys(reported, row_fields)
@@ -363,3 +361,11 @@ def _first(df: pd.DataFrame, col: str, name: str) -> str:
     if col not in df.columns or df.empty:
         raise ConfigError(f"TableSpec.from_reported: give {name}=...; the reported table has no {col!r} value")
     return str(df[col].iloc[0])
+
+
+def check_fields(df: pd.DataFrame, flds: Sequence[str], where: str) -> None:
+    missing = [f for f in flds if f not in df.columns]
+    if missing:
+        raise ConfigError(
+            f"{where}: key field(s) {missing} are not columns of the reported table; columns: {list(df.columns)}"
+        )

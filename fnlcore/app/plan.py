@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
-from . import paths
-from .errors import ConfigError, FNLError
-from .errors import located as _at
+from .. import paths
+from ..errors import ConfigError, FNLError
+from ..errors import located as _at
+from ..schemas import load_yaml
 
 
 
@@ -62,7 +61,7 @@ class Plan:
     noises: dict[str, Any]  # slug -> NoiseSpec
     label_sets: list[NoisyLabelSet]
     scale: str = "paper"
-    tables: list = field(default_factory=list)  # fnlcore.experiments.PaperTable
+    tables: list = field(default_factory=list)  # fnlcore.app.papers.PaperTable
     trainings: dict[str, Any] = field(default_factory=dict)  # slug -> TrainSettings
     methods: dict[str, Any] = field(default_factory=dict)  # slug -> MethodParams
 
@@ -93,21 +92,13 @@ class Plan:
         return list(dict.fromkeys(out))  # de-duplicated, order kept
 
 
-def load_yaml(path: str | Path) -> dict:
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the configuration must be a mapping of keys to values")
-    return data
-
-
 def validate_schema(config: dict, set_default: bool = True) -> dict:
     """Apply the JSON Schema (filling defaults, as Snakemake's ``validate`` does); one-line errors.
 
     ``--config`` values that should be lists or mappings arrive from the command line as
     strings; they are parsed as YAML first.
     """
-    from . import schemas
+    from .. import schemas
 
     schemas.coerce_cli_strings(config)
     return schemas.check(config, "config", "configuration", set_defaults=set_default)
@@ -115,9 +106,9 @@ def validate_schema(config: dict, set_default: bool = True) -> dict:
 
 def build_plan(config: dict) -> Plan:
     """Validate the semantic content of a (schema-valid) config and expand the data grid."""
-    from .datasets import get_dataset
-    from .noise import noise_spec_from_dict
-    from .partition import partition_spec_from_dict
+    from ..datasets import get_dataset
+    from ..noise import noise_spec_from_dict
+    from ..partition import partition_spec_from_dict
 
     results = str(config.get("results_dir", "results"))
     data_cfg = config.get("data", {}) or {}
@@ -184,8 +175,9 @@ def build_plan(config: dict) -> Plan:
 
 def _add_tables(plan: Plan, selected: list[str], settings) -> None:
     """Expand the selected paper tables at the plan's scale and register their specs by slug."""
-    from .datasets import get_dataset
-    from .experiments import Scale, load_paper, train_slug
+    from ..datasets import get_dataset
+    from .papers import Scale, load_paper
+    from .runs import train_slug
 
     scale = _at("scale", Scale.load, plan.scale)  # validated even when no table is selected
     if not selected:

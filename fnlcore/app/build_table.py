@@ -1,0 +1,122 @@
+"""Build a paper table from its finished runs: summaries per cell, the rendered table
+beside the reported numbers, plain-language comparison notes and the curve figure."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .papers import PaperTable, TableRun
+
+def summarise_run(pt: PaperTable, tr: TableRun, metrics_df) -> list[dict]:
+    """One value per table metric for one finished run (rounds limited to the method's reported stages)."""
+    from dataclasses import replace
+
+    from ..methods import METHODS
+    from ..metrics import summarise
+
+    stages = getattr(METHODS[tr.run.method.name], "reported_stages", None)
+    out = []
+    for name, mr in pt.metrics.items():
+        rule = mr.rule if mr.rule.stages is not None or stages is None else replace(mr.rule, stages=tuple(stages))
+        out.append({"row": tr.row, "column": tr.column, "metric": name, "seed": tr.run.seed,
+                    "value": summarise(metrics_df, mr.source, rule)})
+    return out
+
+
+def build_table(pt: PaperTable, results: str, read_metrics) -> Any:
+    """Render a table from its runs' metrics files; ``read_metrics(path) -> DataFrame``.
+
+    Writes csv, md, html (reproduced beside reported, delta, tolerance flags,
+    "n.i." rows) and a figure of the test-metric curves (one panel per column).
+    """
+    import pandas as pd
+
+    from ..tables import load_reported, render
+
+    rows, curves = [], {}
+    for tr in pt.runs:
+        df = read_metrics(tr.run.files(results)["metrics"])
+        rows += summarise_run(pt, tr, df)
+        curves.setdefault(tr.column, {}).setdefault(tr.row, []).append(df.assign(seed=tr.run.seed))
+    runs = pd.DataFrame(rows, columns=["row", "column", "metric", "seed", "value"])
+    reported = load_reported(pt.reported) if pt.reported is not None else None
+    rendered = render(pt.spec, runs, reported)
+    out = pt.outputs(results)
+    notes = comparison_notes(pt, runs)
+    rendered.to_csv(out["csv"])
+    _write_with_notes(rendered.markdown(), notes, out["md"], markdown=True)
+    _write_with_notes(rendered.html(), notes, out["html"], markdown=False)
+    source = next(iter(pt.metrics.values())).source if pt.metrics else "acc"
+    plot_curve_grid({c: {r: pd.concat(v) for r, v in rows_.items()} for c, rows_ in curves.items()}, source, out["curves"],
+                    title=f"{pt.paper} table {pt.table}: test {source} per round ({pt.scale} scale)")
+    return rendered
+
+
+def comparison_notes(pt: PaperTable, runs) -> list[str]:
+    """Plain statements for the table's ``compare`` entries, true whatever the outcome.
+
+    Each entry: {row: A, against: B, metric: name, columns: [...] (default all)}.
+    """
+    notes = []
+    for c in pt.compare:
+        metric, a, b = c["metric"], c["row"], c["against"]
+        label = next((m.label for m in pt.spec.metrics if m.name == metric), metric)
+        for col in c.get("columns") or [x.label for x in pt.spec.columns]:
+            sel = runs[(runs.metric == metric) & (runs.column == col)]
+            va = sel[sel.row == a].value.mean()
+            vb = sel[sel.row == b].value.mean()
+            if sel.empty or va != va or vb != vb:
+                notes.append(f"{col}: {a} vs {b} ({label}) — not computed yet.")
+                continue
+            verdict = "beats" if va > vb else ("ties with" if va == vb else "does NOT beat")
+            notes.append(f"{col}: {a} {verdict} {b} on {label} ({100 * va:.2f} vs {100 * vb:.2f}).")
+    return notes
+
+
+def _write_with_notes(text: str, notes: list[str], path: str, markdown: bool) -> None:
+    from ..io import atomic_path
+
+    if notes:
+        if markdown:
+            text = text.rstrip("\n") + "\n\n**Observations**\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+        else:
+            import html
+
+            items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+            block = f'<div class="fnl-observations"><strong>Observations</strong><ul>{items}</ul></div>'
+            text = text.replace("</body>", block + "</body>") if "</body>" in text else text + block
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def plot_curve_grid(curves: Mapping[str, Mapping[str, Any]], metric: str, path: str, title: str = "") -> None:
+    """One panel per table column, one line (mean over seeds) per row."""
+    import math
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from ..io import atomic_path
+    from ..tables.curves import curve_stats
+
+    cols = list(curves)
+    n = max(len(cols), 1)
+    ncol = min(n, 3)
+    nrow = math.ceil(n / ncol)
+    fig = Figure(figsize=(4.2 * ncol, 3.2 * nrow), dpi=100)
+    FigureCanvasAgg(fig)
+    for i, col in enumerate(cols):
+        ax = fig.add_subplot(nrow, ncol, i + 1)
+        for row, df in curves[col].items():
+            st = curve_stats(df, metric, f"{col}/{row}")
+            ax.plot(st["round"], 100 * st["mean"], label=row, linewidth=1.3)
+        ax.set_title(col, fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"{metric} (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", metadata={"Software": None})

@@ -1,0 +1,137 @@
+"""One training job from artifacts to outputs (what the workflow's train rule calls):
+read the prepared data and noisy labels, build the engine's context, run the method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import numpy as np
+
+from ..io import atomic_path, write_parquet
+from ..fl.context import RunContext, resolve_model_name
+from ..fl.data import FederatedData, ImageSource
+from ..fl.device import resolve_device
+from ..fl.pipeline import make_pipeline
+from ..fl.settings import TrainSettings
+from ..fl.simulation import Simulation
+
+
+
+def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
+    """The papers' training augmentation for a dataset (fedcorr.md §1, fednoro.md §1, fedncl.md §4):
+    the dataset's own (``DatasetInfo.augmentation``: CIFAR's crop+flip), else by size."""
+    from ..datasets import DATASETS
+
+    info = DATASETS.get(dataset)
+    if info is not None and info.augmentation:
+        return info.augmentation
+    if image_size[0] > 32:
+        return "affine_flip"
+    return "none"
+
+
+def auto_normalize(channels: int, pretrained: bool) -> str:
+    return "imagenet" if channels == 3 else "data"
+
+
+def load_federated_data(
+    data_dir: str, noise_parquet: str, num_clients: int, device: torch.device, workers: int = 4
+) -> FederatedData:
+    """Assemble a run's data from the prepared dataset and a noisy-label artifact."""
+    from ..datasets import load_prepared
+    from ..noise import read_noise
+
+    ds = load_prepared(data_dir)
+    info = ds.info
+    y_true = ds.labels("train")
+    n = len(y_true)
+    table = read_noise(noise_parquet)
+    assignment = table.assignment(n, num_clients)
+    given = table.given_by_sample(n)
+    unassigned = assignment.client_of() < 0
+    given = np.where(unassigned if given.ndim == 1 else unassigned[:, None], y_true, given)
+    if info.in_memory:
+        train = ImageSource(device, images=ds.images("train"))
+        test = ImageSource(device, images=ds.images("test"))
+    else:
+        train = ImageSource(device, paths=list(ds.paths("train")), image_size=info.image_size, channels=info.channels, workers=workers)
+        test = ImageSource(device, paths=list(ds.paths("test")), image_size=info.image_size, channels=info.channels, workers=workers)
+    as_t = (lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)) if info.multi_label else (
+        lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
+    )
+    active = None
+    if table.active is not None:
+        active = np.ones((n, info.num_classes), dtype=np.float32)
+        active[table.sample_id] = table.active
+    return FederatedData(
+        train=train,
+        test=test,
+        y_true=as_t(y_true),
+        given=as_t(given),
+        y_test=as_t(ds.labels("test")),
+        clients=[torch.as_tensor(c, dtype=torch.int64) for c in assignment.clients],
+        num_classes=info.num_classes,
+        multi_label=info.multi_label,
+        active=None if active is None else torch.as_tensor(active, device=device),
+        class_names=tuple(info.class_names),
+    )
+
+
+def build_context(
+    data: FederatedData,
+    dataset_name: str,
+    image_size: tuple[int, int],
+    channels: int,
+    settings: TrainSettings,
+    seed: int,
+    device: torch.device,
+    log=print,
+) -> RunContext:
+    model_name = resolve_model_name(settings.model, channels, tuple(image_size))
+    aug = auto_augmentation(dataset_name, tuple(image_size)) if settings.augmentation == "auto" else settings.augmentation
+    norm = auto_normalize(channels, settings.pretrained) if settings.normalize == "auto" else settings.normalize
+    sample = data.train.images if data.train.in_memory else None
+    pipeline = make_pipeline(norm, aug, channels, dataset_name, sample)
+    torch.manual_seed(seed)  # model initialisation
+    return RunContext(settings, data, pipeline, device, model_name, tuple(image_size), channels, seed, log=log)
+
+
+def train_run(
+    data_dir: str,
+    noise_parquet: str,
+    num_clients: int,
+    settings: TrainSettings,
+    method_params,
+    seed: int,
+    device: str,
+    metrics_path: str,
+    clients_path: str,
+    model_path: str,
+    checkpoint_path: str,
+    progress=None,
+    stop_after: int | None = None,
+) -> pd.DataFrame:
+    """Train one (dataset, partition, noise, method, seed) run; resumable through ``checkpoint_path``."""
+    from ..datasets import load_prepared
+    from ..methods import METHODS
+
+    dev = resolve_device(device)
+    ds = load_prepared(data_dir)
+    data = load_federated_data(data_dir, noise_parquet, num_clients, dev)
+    log = progress or print
+    ctx = build_context(data, ds.info.name, ds.info.image_size, ds.info.channels, settings, seed, dev, log=log)
+    method = METHODS[method_params.name](method_params, ctx)
+    sim = Simulation(method, ctx, checkpoint_path, progress=progress, stop_after=stop_after)
+    metrics = sim.run()
+    if len(metrics) < method.num_rounds():
+        return metrics  # stopped early on purpose (tests)
+    write_parquet(metrics, metrics_path)
+    clients = method.client_results()
+    write_parquet(clients if clients is not None else pd.DataFrame({"client": pd.Series(dtype="int64")}), clients_path)
+    with atomic_path(model_path, suffix=".pt") as tmp:
+        torch.save({"state_dict": method.eval_model().state_dict(), "model": ctx.model_name, "method": method_params.to_dict()}, tmp)
+    sim.remove_checkpoint()  # outputs are complete; the checkpoint is no longer needed
+    return metrics
