@@ -21,7 +21,8 @@ def methods_markdown() -> str:
     from .methods import METHODS
     from .registry import markdown_table
 
-    rows = [(name, METHODS[name].Params, METHODS[name].paper, METHODS[name].Params.switches) for name in sorted(METHODS)]
+    own = METHODS.builtin()
+    rows = [(name, own[name].Params, own[name].paper, own[name].Params.switches) for name in sorted(own)]
     return markdown_table(("name", "hyper-parameters (defaults)", "from", "code≠paper switches"), rows).rstrip("\n")
 
 
@@ -32,8 +33,9 @@ def training_markdown() -> str:
 
 
 def datasets_markdown() -> str:
-    from .datasets import DATASETS
+    from .datasets import DATASETS as REGISTRY
 
+    DATASETS = REGISTRY.builtin()
     lines = ["| name | classes | labels | input | storage | papers | source |", "|---|---|---|---|---|---|---|"]
     for name in sorted(DATASETS):
         i = DATASETS[name]

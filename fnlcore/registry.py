@@ -1,18 +1,159 @@
-"""Shared plumbing of the typed registries (partitioners, noise models, methods).
+"""One registry mechanism for every kind of plug-in: methods, noise models, partitioners,
+datasets and models.
 
-Each registry maps a config name to a frozen dataclass. A config entry
-``{"name": ..., **params}`` becomes an instance through :func:`spec_from_dict`,
-which names what is wrong: an unknown name (listing the valid ones), an
-unknown key (listing the valid keys), a missing required key. Value checks
-live in each dataclass's ``__post_init__``.
+A :class:`Registry` maps a config name to an entry (a spec class, a DatasetInfo, a model
+builder). Entries register themselves where they are defined (``@METHODS.register`` or
+``REGISTRY.register(obj)``), and the registry *discovers* its package: the first time it
+is read, it imports every module of that package, so a new plug-in is one new file and no
+import line anywhere. Modules named in the environment variable ``FNL_PLUGINS``
+(comma-separated importable names) are imported too, so research code outside the
+package adds entries the same way.
+
+A config entry ``{"name": ..., **params}`` becomes a typed spec through
+:func:`spec_from_dict`, which names what is wrong: an unknown name (listing the valid
+ones), an unknown key (listing the valid keys), a missing required key. Value checks
+are declarative (:func:`param` metadata, checked by :func:`check_params`) or live in the
+spec's ``__post_init__``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+import importlib
+import os
+import pkgutil
+import sys
+from collections.abc import Mapping
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from .errors import ConfigError
+
+T = TypeVar("T")
+PLUGINS_ENV = "FNL_PLUGINS"
+
+
+def import_plugins() -> None:
+    """Import the modules named in ``FNL_PLUGINS`` (once each; Python caches modules)."""
+    for name in filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"{PLUGINS_ENV}: cannot import plug-in module {name!r} ({e}); fix the name or PYTHONPATH") from None
+
+
+class Registry(Mapping, Generic[T]):
+    """name -> entry, filled by ``register`` and by discovering ``package``'s modules.
+
+    It is a read-only Mapping (``REG[name]``, ``name in REG``, ``sorted(REG)``); reading it
+    triggers discovery once. ``key(entry)`` gives an entry's name (default: ``entry.name``).
+    """
+
+    def __init__(self, kind: str, package: str | None, key: Callable[[Any], str] | None = None):
+        self.kind = kind
+        self.package = package
+        self._key = key or (lambda e: e.name)
+        self._entries: dict[str, T] = {}
+        self._discovered = package is None
+        self._discovering = False
+
+    # -- filling --------------------------------------------------------------------------
+    def register(self, entry: T, name: str | None = None) -> T:
+        """Add ``entry`` (usable as a decorator); a second, different entry of one name is an error.
+
+        The same object re-registered by re-importing its module (importlib.reload) replaces it.
+        """
+        name = name or self._key(entry)
+        if not name:
+            raise ValueError(f"{self.kind} {entry!r} has no name")
+        old = self._entries.get(name)
+        if old is not None and old is not entry and _origin(old) != _origin(entry):
+            raise ValueError(f"{self.kind} name {name!r} is registered twice ({_origin(old)} and {_origin(entry)})")
+        self._entries[name] = entry
+        return entry
+
+    def discover(self) -> "Registry[T]":
+        """Import every module of the package (and FNL_PLUGINS), once."""
+        if self._discovered or self._discovering:
+            return self
+        self._discovering = True
+        try:
+            pkg = sys.modules.get(self.package) or importlib.import_module(self.package)
+            for info in pkgutil.iter_modules(pkg.__path__, self.package + "."):
+                importlib.import_module(info.name)
+            import_plugins()
+            self._discovered = True
+        finally:
+            self._discovering = False
+        return self
+
+    # -- Mapping --------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> T:
+        return self.discover()._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.discover()._entries)
+
+    def __len__(self) -> int:
+        return len(self.discover()._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {sorted(self._entries)})"
+
+    def builtin(self) -> dict[str, T]:
+        """The entries defined inside fnlcore (README's reference tables leave FNL_PLUGINS out)."""
+        return {n: e for n, e in self.items() if _origin(e)[0].startswith("fnlcore.")}
+
+    def lookup(self, name: Any) -> T:
+        """The entry ``name``; an unknown name is a ConfigError listing the valid ones."""
+        if isinstance(name, str) and name in self:
+            return self[name]
+        raise ConfigError(f"unknown {self.kind} name {name!r}; valid names: {', '.join(sorted(self))}")
+
+
+def _origin(entry: Any) -> tuple[str, str]:
+    obj = getattr(entry, "prepare", entry)  # a DatasetInfo is known by its prepare function
+    return (getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", repr(obj)))
+
+
+# -- typed specs ------------------------------------------------------------------------------
+
+
+def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None,
+          doc: str = "", rounds: bool = False, slug: bool = True) -> Any:
+    """A spec field with declarative checks (bounds, choices), a doc line and flags.
+
+    ``rounds=True``: the value counts communication rounds (a warm-up, a ramp, a stage
+    boundary); scales rescale it with ``training.rounds``. ``slug=False``: the field never
+    changes the numbers (e.g. a retry limit) and stays out of the slug.
+    """
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None}
+    if rounds:
+        meta["rounds"] = True
+    if not slug:
+        meta["slug"] = False
+    return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, "")})
+
+
+def check_params(spec: Any, where: str) -> None:
+    """Apply the :func:`param` checks of every field; the error names the key and the valid values."""
+    for f in dataclasses.fields(spec):
+        m, v = f.metadata, getattr(spec, f.name)
+        if v is None or not m:
+            continue
+        if "choices" in m and v not in m["choices"]:
+            raise ConfigError(f"{where}: {f.name}={v!r} is not valid; valid: {', '.join(map(repr, m['choices']))}")
+        for op, ok, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
+                             ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")):
+            if op in m:
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ConfigError(f"{where}: {f.name}={v!r} must be a number")
+                if not ok(v, m[op]):
+                    raise ConfigError(f"{where}: {f.name}={v!r} must be {word} {m[op]}")
+
+
+def round_fields(cls: type) -> tuple[str, ...]:
+    """Fields of a spec class that count rounds (``param(..., rounds=True)``)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("rounds") is True)
 
 
 def spec_from_dict(kind: str, registry: Mapping[str, type], d: Any) -> Any:

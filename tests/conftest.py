@@ -8,6 +8,10 @@ points). Tests read them in place; they are never copied into the repository.
 from __future__ import annotations
 
 import os
+
+# The test-only plug-ins (one method, noise model, partitioner and dataset) join the
+# registries the way a user's own module would; set before fnlcore is imported.
+os.environ.setdefault("FNL_PLUGINS", "tests.support.plugins")
 from pathlib import Path
 
 import pytest

@@ -71,7 +71,7 @@ def _options(message: str) -> list:
         except (ValueError, SyntaxError):
             pass
     m = re.search(r"valid:\s*([^;\n]+)", message)
-    return [v.strip() for v in m.group(1).split(",")] if m else []
+    return [v.strip().strip("'\"") for v in m.group(1).split(",")] if m else []
 
 
 def _required(cls) -> list[dataclasses.Field]:

@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..errors import located as _wrap
 from ..fl.settings import TrainSettings
 from ..metrics import SummaryRule
+from ..registry import round_fields
 from .runs import PAPERS_DIR, REPORTED_DIR, SCALES_DIR, TABLE, TABLE_FILES, RunSpec
 
 @dataclass(frozen=True)
@@ -213,11 +214,6 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
         compare=list(t.get("compare", [])),
         dataset_options={k: v for k, v in dataset_options.items() if v},
     )
-
-
-def round_fields(cls) -> tuple[str, ...]:
-    """Fields of a hyper-parameter dataclass that count rounds (metadata ``rounds: True``)."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("rounds") is True)
 
 
 def rescale_rounds(params, from_rounds: int, to_rounds: int):

@@ -1,7 +1,7 @@
 """Datasets: a registry of named datasets, checksummed downloads and prepared artifacts.
 
-Importing this package imports every dataset module, so ``DATASETS`` is
-complete. Typical use::
+Every module of this package is imported the first time ``DATASETS`` is read
+(a new dataset is one file calling ``register``). Typical use::
 
     from fnlcore.datasets import prepare_dataset, load_prepared
     prepare_dataset("cifar10", raw_dir="data/raw/cifar10", out_dir="results/data/cifar10")
@@ -25,8 +25,6 @@ from .base import (
 )
 from .download import RemoteFile, fetch, verify_file
 
-# Dataset modules register themselves on import.
-from . import digits, mnist, cifar  # noqa: E402,F401  (core datasets)
 
 __all__ = [
     "DATASETS",
@@ -45,7 +43,3 @@ __all__ = [
     "verify_file",
     "write_prepared",
 ]
-
-# --- Medical datasets (owned by the "medical" engineer): their import line goes below. ---
-from . import ich, isic, chestxray, clothing1m  # noqa: E402,F401
-from . import synthetic  # noqa: E402,F401

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from ..registry import Registry
 from ..errors import ConfigError, DataError
 from ..io import read_parquet, write_json, write_npz, write_parquet
 from . import download
@@ -120,22 +121,14 @@ class PrepareContext:
         return download.fetch(remote, self.raw_dir, self.mirrors, timeout=timeout, progress=progress)
 
 
-DATASETS: dict[str, DatasetInfo] = {}
+#: name -> DatasetInfo; every module of fnlcore.datasets is imported on first use, so a
+#: new dataset is one file that calls ``register(DatasetInfo(...))``.
+DATASETS: Registry[DatasetInfo] = Registry("dataset", "fnlcore.datasets")
 
 
 def register(info: DatasetInfo) -> DatasetInfo:
     """Add a dataset to the registry (called once by each dataset module at import time)."""
-    old = DATASETS.get(info.name)
-    if old is not None and old is not info and not _same_origin(old.prepare, info.prepare):
-        raise ValueError(f"dataset name {info.name!r} is registered twice (by {old.prepare!r} and {info.prepare!r})")
-    DATASETS[info.name] = info
-    return info
-
-
-def _same_origin(a: Callable, b: Callable) -> bool:
-    """True when ``b`` is ``a`` redefined by re-importing its module (e.g. importlib.reload)."""
-    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", repr(f)))  # noqa: E731
-    return key(a) == key(b)
+    return DATASETS.register(info)
 
 
 def get_dataset(name: str) -> DatasetInfo:

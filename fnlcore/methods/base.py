@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..registry import spec_from_dict
+from ..registry import Registry, check_params, spec_from_dict
 from ..fl import sampling
 from ..fl.context import RunContext
 from ..fl.local import train_epochs
@@ -65,6 +65,9 @@ class MethodParams:
     switches: ClassVar[dict[str, str]] = {}
     # fields shown readably in the slug, in this order; other non-default fields go into a short hash
     slug_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        check_params(self, f"method {self.name!r}")
 
     def slug(self) -> str:
         parts = [self.name]
@@ -251,17 +254,14 @@ class MultiNetwork(FLMethod):
             load(self.globals[n], st)
 
 
-METHODS: dict[str, type[FLMethod]] = {}
+#: config name -> method class; every module of fnlcore.methods is imported on first use,
+#: so a new method is one file with ``@register`` on its class.
+METHODS: Registry[type[FLMethod]] = Registry("method", "fnlcore.methods", key=lambda cls: cls.Params.name)
 
 
 def register(cls: type[FLMethod]) -> type[FLMethod]:
-    name = cls.Params.name
-    if not name:
-        raise ValueError(f"{cls.__name__}.Params has no name")
-    if name in METHODS and METHODS[name] is not cls:
-        raise ValueError(f"method {name!r} registered twice")
-    METHODS[name] = cls
-    return cls
+    """Class decorator: make ``cls`` the method named ``cls.Params.name``."""
+    return METHODS.register(cls)
 
 
 def method_from_dict(d: dict) -> MethodParams:

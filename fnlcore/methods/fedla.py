@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
+from ..registry import param
 from .base import FLMethod, MethodParams, register
 
 
@@ -20,11 +20,7 @@ from .base import FLMethod, MethodParams, register
 class FedLAParams(MethodParams):
     name = "fedla"
     slug_fields = ("tau",)
-    tau: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.tau < 0:
-            raise ConfigError(f"method 'fedla': tau={self.tau} must be >= 0")
+    tau: float = param(1.0, ge=0, doc="logit-adjustment strength")
 
 
 def log_priors(counts: torch.Tensor) -> torch.Tensor:

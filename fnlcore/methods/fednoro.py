@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..fl.local import predict
 from ..fl.state import load, per_tensor_distance, snapshot, weighted_average
+from ..registry import param
 from .base import ClientUpdate, FLMethod, MethodParams, register
 from .fedla import LogitAdjusted, la_cross_entropy
 
@@ -48,33 +49,18 @@ class FedNoRoParams(MethodParams):
         "detection_augment": "true (code: detection losses on augmented training images) | false",
         "distance": "'per_tensor_sum' (code: sum of per-tensor L2 norms incl. BN buffers) | 'global_l2' (paper)",
     }
-    warmup_rounds: int = field(default=10, metadata={"rounds": True})
-    tau: float = 1.0  # logit adjustment strength
-    kd_temperature: float = 0.8
-    lambda_max: float = 0.8
-    ramp_begin: int | None = field(default=None, metadata={"rounds": True})  # default: warmup_rounds (fednoro.md A4)
-    ramp_end: int | None = field(default=None, metadata={"rounds": True})  # default: rounds // 2 - 1 (49 for ICH's 100 rounds)
-    detection_votes: int = 9
+    warmup_rounds: int = param(10, ge=1, rounds=True, doc="stage-1 rounds (FedAvg + logit adjustment)")
+    tau: float = param(1.0, ge=0, doc="logit adjustment strength")
+    kd_temperature: float = param(0.8, gt=0)
+    lambda_max: float = param(0.8, ge=0, le=1)
+    ramp_begin: int | None = param(None, ge=0, rounds=True, doc="default: warmup_rounds (fednoro.md A4)")
+    ramp_end: int | None = param(None, ge=0, rounds=True, doc="default: rounds // 2 - 1 (49 for ICH's 100 rounds)")
+    detection_votes: int = param(9, ge=1)
     detection_augment: bool = True
-    distance: str = "per_tensor_sum"
+    distance: str = param("per_tensor_sum", choices=("per_tensor_sum", "global_l2"))
     use_noisy_clients: bool = True
     use_kd: bool = True
     use_daagg: bool = True
-
-    def __post_init__(self) -> None:
-        def bad(key, why):
-            raise ConfigError(f"method 'fednoro': {key}={getattr(self, key)!r} {why}")
-
-        if self.warmup_rounds < 1:
-            bad("warmup_rounds", "must be >= 1")
-        if self.detection_votes < 1:
-            bad("detection_votes", "must be >= 1")
-        if not 0 <= self.lambda_max <= 1:
-            bad("lambda_max", "must be in [0, 1]")
-        if not self.kd_temperature > 0:
-            bad("kd_temperature", "must be > 0")
-        if self.distance not in ("per_tensor_sum", "global_l2"):
-            bad("distance", "valid: per_tensor_sum, global_l2")
 
     def check_training(self, settings) -> None:
         _check_warmup(self, settings.rounds)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
 from ..fl.state import parameter_keys, snapshot
+from ..registry import param
 from .base import FLMethod, MethodParams, register
 
 
@@ -28,15 +28,9 @@ class FedProxParams(MethodParams):
         "form": "'squared_half' (paper: mu/2 ||w - w_g||^2) | 'fedcorr_unsquared' (FedCorr code: mu ||w - w_g||, behind FedDiv's copied numbers)",
         "skip_first_batch": "false | true (Fed-NCL and FedCorr code skip the term on batch 0 of every epoch)",
     }
-    mu: float = 0.01
-    form: str = "squared_half"  # squared_half | fedcorr_unsquared
+    mu: float = param(0.01, ge=0, doc="proximal weight")
+    form: str = param("squared_half", choices=("squared_half", "fedcorr_unsquared"))
     skip_first_batch: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mu < 0:
-            raise ConfigError(f"method 'fedprox': mu={self.mu} must be >= 0")
-        if self.form not in ("squared_half", "fedcorr_unsquared"):
-            raise ConfigError(f"method 'fedprox': form={self.form!r}; valid: squared_half, fedcorr_unsquared")
 
 
 def proximal_term(model: torch.nn.Module, ref: dict[str, torch.Tensor], keys: list[str], mu: float, form: str) -> torch.Tensor:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..registry import Registry
 from . import cifar_resnet, small
 
 
@@ -32,29 +34,29 @@ class Classifier(nn.Module):
         return self.head(f), f
 
 
-def _mlp(num_classes, in_channels, image_size, pretrained, hidden=128):
+def _mlp(num_classes, in_channels, image_size, hidden=128):
     d = in_channels * image_size[0] * image_size[1]
     backbone = nn.Sequential(nn.Flatten(), nn.Linear(d, hidden), nn.ReLU())
     return Classifier(backbone, nn.Linear(hidden, num_classes), hidden)
 
 
-def _lenet5(num_classes, in_channels, image_size, pretrained):
+def _lenet5(num_classes, in_channels, image_size):
     backbone, dim = small.lenet5_backbone(in_channels, image_size)
     # Fed-NCL's LeNet applies a ReLU to the logits (kept for fidelity).
     return Classifier(backbone, nn.Sequential(nn.Linear(dim, num_classes), nn.ReLU()), dim)
 
 
-def _cnn(num_classes, in_channels, image_size, pretrained):
+def _cnn(num_classes, in_channels, image_size):
     backbone, dim = small.cnn_backbone(in_channels, image_size)
     return Classifier(backbone, nn.Linear(dim, num_classes), dim)
 
 
-def _tiny(num_classes, in_channels, image_size, pretrained):
+def _tiny(num_classes, in_channels, image_size):
     backbone, dim = small.tiny_backbone(in_channels)
     return Classifier(backbone, nn.Linear(dim, num_classes), dim)
 
 
-def _vgg16(num_classes, in_channels, image_size, pretrained):
+def _vgg16(num_classes, in_channels, image_size):
     backbone, dim = small.vgg16_backbone(in_channels)
     head = nn.Sequential(
         nn.Linear(dim, 4096), nn.ReLU(True), nn.Dropout(0.5),
@@ -65,7 +67,7 @@ def _vgg16(num_classes, in_channels, image_size, pretrained):
 
 
 def _resnet_cifar(depth):
-    def build(num_classes, in_channels, image_size, pretrained):
+    def build(num_classes, in_channels, image_size):
         backbone = cifar_resnet.CifarResNet(depth, in_channels)
         return Classifier(backbone, nn.Linear(512, num_classes), 512)
 
@@ -88,17 +90,29 @@ def _resnet_tv(arch):
     return build
 
 
-MODELS: dict[str, Callable[..., Classifier]] = {
-    "mlp": _mlp,
-    "lenet5": _lenet5,
-    "cnn": _cnn,
-    "tiny": _tiny,
-    "vgg16": _vgg16,
-    "resnet18_cifar": _resnet_cifar(18),
-    "resnet34_cifar": _resnet_cifar(34),
-    "resnet18": _resnet_tv("resnet18"),
-    "resnet50": _resnet_tv("resnet50"),
-}
+@dataclass(frozen=True)
+class ModelEntry:
+    """A registered architecture: ``build(num_classes, in_channels, image_size[, pretrained])``."""
+
+    name: str
+    build: Callable[..., Classifier]
+    pretrained_weights: bool = False  # ImageNet weights available (build takes ``pretrained``)
+
+
+#: name -> ModelEntry; every module of fnlcore.models is imported on first use, so a new
+#: architecture is one file calling ``register_model``.
+MODELS: Registry[ModelEntry] = Registry("model", "fnlcore.models")
+
+
+def register_model(name: str, build: Callable[..., Classifier], pretrained_weights: bool = False) -> ModelEntry:
+    return MODELS.register(ModelEntry(name, build, pretrained_weights))
+
+
+for _name, _build in (("mlp", _mlp), ("lenet5", _lenet5), ("cnn", _cnn), ("tiny", _tiny), ("vgg16", _vgg16),
+                      ("resnet18_cifar", _resnet_cifar(18)), ("resnet34_cifar", _resnet_cifar(34))):
+    register_model(_name, _build)
+register_model("resnet18", _resnet_tv("resnet18"), pretrained_weights=True)
+register_model("resnet50", _resnet_tv("resnet50"), pretrained_weights=True)
 
 
 def build_model(
@@ -111,9 +125,13 @@ def build_model(
     """Build a registered architecture (see the table in :mod:`fnlcore.models`)."""
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(sorted(MODELS))}")
-    if pretrained and name not in ("resnet18", "resnet50"):
-        raise ConfigError(f"model {name!r} has no pretrained weights; only resnet18 and resnet50 do")
-    return MODELS[name](num_classes, in_channels, tuple(image_size), pretrained)
+    entry = MODELS[name]
+    if pretrained and not entry.pretrained_weights:
+        with_weights = sorted(n for n, e in MODELS.items() if e.pretrained_weights)
+        raise ConfigError(f"model {name!r} has no pretrained weights; only {', '.join(with_weights)} do")
+    if entry.pretrained_weights:
+        return entry.build(num_classes, in_channels, tuple(image_size), pretrained)
+    return entry.build(num_classes, in_channels, tuple(image_size))
 
 
 def default_model_for(in_channels: int, image_size: tuple[int, int]) -> str:

@@ -7,33 +7,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 from ..registry import markdown_table, spec_from_dict
-from .specs import (
-    AsymmetricNoise,
-    CleanNoise,
-    FedCorrNoise,
-    FedGRNoise,
-    FedMLPPartial,
-    FedNCLBernoulli,
-    FedNCLGaussian,
-    FedNoRoHIDN,
-    NoiseSpec,
-    SymmetricNoise,
-)
-
-NOISE_MODELS: dict[str, type[NoiseSpec]] = {
-    cls.name: cls
-    for cls in (
-        CleanNoise,
-        FedCorrNoise,
-        FedNoRoHIDN,
-        FedNCLBernoulli,
-        FedNCLGaussian,
-        FedGRNoise,
-        SymmetricNoise,
-        AsymmetricNoise,
-        FedMLPPartial,
-    )
-}
+from .specs import NOISE_MODELS, NoiseSpec
 
 
 def noise_spec_from_dict(
@@ -53,5 +27,5 @@ def noise_spec_from_dict(
 
 def noise_models_markdown() -> str:
     """A markdown table of every registered noise model for the README."""
-    rows = [(name, cls, cls.paper, cls.switches) for name, cls in NOISE_MODELS.items()]
+    rows = [(name, cls, cls.paper, cls.switches) for name, cls in NOISE_MODELS.builtin().items()]
     return markdown_table(("name", "parameters (defaults)", "paper", "code≠paper switches"), rows)

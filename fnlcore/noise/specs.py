@@ -22,6 +22,7 @@ import numpy as np
 
 from ..assignment import ClientAssignment
 from ..errors import ConfigError, DataError
+from ..registry import Registry
 from ..rng import legacy_rng
 from . import generators, schedules
 from .checks import check_num_classes
@@ -32,6 +33,11 @@ from .result import NoiseResult
 from ..slugs import fmt_float, short_hash
 
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.]+$")
+
+
+#: config name -> noise-model spec class; every subclass with a ``name`` registers itself,
+#: and every module of fnlcore.noise is imported on first use (a new noise model is one file).
+NOISE_MODELS: Registry[type] = Registry("noise model", "fnlcore.noise")
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,11 @@ class NoiseSpec:
     _slug_fields: ClassVar[tuple[str, ...]] = ()
 
     # -- validation helpers (run from __post_init__) --------------------------
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if cls.__dict__.get("name"):
+            NOISE_MODELS.register(cls)
 
     def _err(self, key: str, problem: str) -> ConfigError:
         return ConfigError(f"noise model {self.name!r}: {key} {problem}")

@@ -7,27 +7,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 from ..registry import markdown_table, spec_from_dict
-from .specs import (
-    BernoulliDirichletPartition,
-    DirichletNiidBenchPartition,
-    FedMLPEqualPartition,
-    IIDNiidBenchPartition,
-    IIDPartition,
-    PartitionSpec,
-    QuantitySkewPartition,
-)
-
-PARTITIONERS: dict[str, type[PartitionSpec]] = {
-    cls.name: cls
-    for cls in (
-        IIDPartition,
-        BernoulliDirichletPartition,
-        IIDNiidBenchPartition,
-        DirichletNiidBenchPartition,
-        QuantitySkewPartition,
-        FedMLPEqualPartition,
-    )
-}
+from .specs import PARTITIONERS, PartitionSpec
 
 
 def partition_spec_from_dict(d: Mapping[str, Any]) -> PartitionSpec:
@@ -69,7 +49,7 @@ def describe_partitioners() -> list[dict[str, Any]]:
 
 def partitioners_markdown() -> str:
     """A markdown table of every registered partitioner, for the README/docs."""
-    rows = [(name, cls, cls.paper, cls.switches) for name, cls in PARTITIONERS.items()]
+    rows = [(name, cls, cls.paper, cls.switches) for name, cls in PARTITIONERS.builtin().items()]
     return markdown_table(("name", "parameters (defaults)", "from", "code≠paper switches"), rows)
 
 

@@ -16,12 +16,18 @@ import numpy as np
 
 from ..assignment import ClientAssignment
 from ..errors import ConfigError
+from ..registry import Registry
 from ..slugs import fmt_float
 from ._checks import check_float, check_int, num_samples_of
 from .fedcorr import bernoulli_dirichlet, iid_fedcorr, iid_per_class_equal
 from .fedmlp import fedmlp_equal
 from .fedncl import quantity_skew_lognormal
 from .niidbench import IID_REMAINDERS, dirichlet_niidbench, iid_niidbench
+
+
+#: config name -> partitioner spec class; every subclass with a ``name`` registers itself,
+#: and every module of fnlcore.partition is imported on first use (a new partitioner is one file).
+PARTITIONERS: Registry[type] = Registry("partition", "fnlcore.partition")
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,11 @@ class PartitionSpec:
     paper: ClassVar[str] = ""
     uses_labels: ClassVar[bool] = False
     switches: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if cls.__dict__.get("name"):
+            PARTITIONERS.register(cls)
 
     def __post_init__(self) -> None:
         self._validate()

@@ -1,0 +1,96 @@
+"""Test-only plug-ins, one of each kind, each in the one-file form a researcher would write.
+
+tests/conftest.py names this module in FNL_PLUGINS, so the registries discover it as
+they would a module of theirs: the contract tests (tests/test_contracts.py) then cover
+these entries with no other edit anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+import torch.nn.functional as F
+
+from fnlcore.assignment import ClientAssignment
+from fnlcore.datasets import DatasetInfo, PrepareContext, register, write_prepared
+from fnlcore.methods import FLMethod, MethodParams, register as register_method
+from fnlcore.noise.generators import symmetric_noise
+from fnlcore.noise.specs import NoiseSpec
+from fnlcore.partition.specs import PartitionSpec
+from fnlcore.registry import param
+from fnlcore.rng import legacy_rng
+
+
+# -- a method: FedAvg with label smoothing switched on after a warm-up ---------------------------
+@dataclass(frozen=True)
+class SmoothParams(MethodParams):
+    name = "test_smooth"
+    slug_fields = ("smoothing",)
+    smoothing: float = param(0.1, ge=0, lt=1, doc="label-smoothing strength")
+    start_round: int = param(2, ge=0, rounds=True, doc="rounds of plain CE first")
+
+
+@register_method
+class Smooth(FLMethod):
+    Params = SmoothParams
+    paper = "test plug-in"
+
+    def stage(self, r: int) -> str:
+        return "plain" if r < self.params.start_round else "smooth"
+
+    def loss(self, model, x, idx, step, k, r):
+        eps = self.params.smoothing if r >= self.params.start_round else 0.0
+        return F.cross_entropy(model(x), self.labels(idx), label_smoothing=eps)
+
+
+# -- a noise model: symmetric noise at half the given rate on every client --------------------------
+@dataclass(frozen=True)
+class HalfSymmetricNoise(NoiseSpec):
+    name: ClassVar[str] = "test_half_symmetric"
+    paper: ClassVar[str] = "test plug-in"
+    rate: float = 0.5
+
+    def __post_init__(self) -> None:
+        self._number("rate", 0.0, 1.0)
+
+    def slug(self) -> str:
+        return f"halfsym-r{self.rate}"
+
+    def run(self, labels, assignment, num_classes, seed, soft_labels=None):
+        return symmetric_noise(labels, assignment, self.rate / 2, seed, num_classes)
+
+
+# -- a partitioner: contiguous blocks of a seeded permutation --------------------------------------
+@dataclass(frozen=True)
+class BlocksPartition(PartitionSpec):
+    name: ClassVar[str] = "test_blocks"
+    paper: ClassVar[str] = "test plug-in"
+    num_clients: int = param(2, ge=1, doc="number of clients K")
+
+    def slug(self) -> str:
+        return f"blocks-K{self.num_clients}"
+
+    def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
+        perm = legacy_rng(seed).permutation(len(labels))
+        return ClientAssignment(len(labels), tuple(np.array_split(perm, self.num_clients)))
+
+
+# -- a dataset: 60 random 8x8 grey images of 3 classes, made in memory ----------------------------
+def _prepare(ctx: PrepareContext) -> None:
+    rs = np.random.RandomState(0)
+    x = rs.randint(0, 256, (60, 8, 8, 1)).astype(np.uint8)
+    y = np.arange(60) % 3
+    index = pd.DataFrame({"sample_id": np.r_[np.arange(40), np.arange(20)], "split": ["train"] * 40 + ["test"] * 20,
+                          "label": y})
+    write_prepared(ctx.out_dir, INFO, index, {"x_train": x[:40], "x_test": x[40:]}, raw_dir=ctx.raw_dir)
+
+
+INFO = register(
+    DatasetInfo(
+        name="test_blobs", num_classes=3, class_names=("a", "b", "c"), multi_label=False, channels=1,
+        image_size=(8, 8), in_memory=True, source="test plug-in (random images)", papers=(), prepare=_prepare,
+    )
+)
