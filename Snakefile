@@ -8,6 +8,7 @@
 # before any job runs; errors name the offending key.
 
 import os
+import sys
 
 from snakemake.utils import min_version
 
@@ -37,3 +38,10 @@ rule all:
     default_target: True
     input:
         PLAN.targets(),
+
+
+onsuccess:
+    # Say where the results are: the tables of this configuration and the report command.
+    from fnlcore.app.summary import finished_message
+
+    print(finished_message(PLAN), file=sys.stderr)

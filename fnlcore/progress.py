@@ -6,6 +6,7 @@ import re
 import sys
 from typing import Callable, TextIO
 
+# "round r/last ...": rounds count from 0 (as in metrics and curves), so r = last is the final one
 ROUND_LINE = re.compile(r"^round (\d+)/(\d+) (.*)$")
 
 
@@ -36,6 +37,6 @@ def round_reporter(log_line: Callable[[str], None], bar: ProgressBar | None = No
         log_line(msg)
         m = ROUND_LINE.match(msg)
         if m:
-            bar.update(int(m.group(1)), int(m.group(2)), m.group(3))
+            bar.update(int(m.group(1)) + 1, int(m.group(2)) + 1, m.group(3))
 
     return report

@@ -130,3 +130,17 @@ def test_mismatched_inputs_raise(tmp_path):
     pd.DataFrame({"x": [1]}).to_parquet(bad)
     with pytest.raises(DataError, match="not a noise parquet"):
         read_noise(bad)
+
+
+def test_noise_figures_carry_a_title(tmp_path, monkeypatch):
+    from fnlcore.noise import artifacts
+
+    titles = []
+    monkeypatch.setattr(artifacts, "save_figure", lambda fig, path, dpi: titles.append(fig._suptitle.get_text()))
+    y, a = _setup()
+    res = FedCorrNoise(rho=1.0, tau=0.5).run(y, a, 10, seed=3)
+    write_noise_artifacts(res, y, a, 10, tmp_path / "p.parquet", tmp_path / "s.csv", tmp_path / "r.png",
+                          tmp_path / "m.png", title="cifar10 · iid · fedcorr")
+    write_noise_artifacts(res, y, a, 10, tmp_path / "p.parquet", tmp_path / "s.csv", tmp_path / "r.png",
+                          tmp_path / "m.png")
+    assert titles == ["cifar10 · iid · fedcorr"] * 2 + ["noise model fedcorr"] * 2

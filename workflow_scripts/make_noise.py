@@ -26,4 +26,6 @@ with job_log(sm.log[0]) as log:
         result, labels, assignment, C,
         sm.output.parquet, sm.output.summary, sm.output.rates, sm.output.matrix,
         class_names=ds.info.class_names,
+        title=f"{ds.info.name} · {sm.wildcards.partition} (partition seed {sm.wildcards.pseed}) · "
+        f"{sm.wildcards.noise} (noise seed {sm.wildcards.nseed})",
     )

@@ -93,7 +93,8 @@ class Simulation:
             self.rows.append(row)
             main = "bacc" if "bacc" in row else "acc"
             score = f"{main}={row[main]:.4f}" if main in row else "not evaluated"
-            self.progress(f"round {r + 1}/{total} [{row['stage']}] {score} ({row['seconds']:.1f}s)")
+            # rounds count from 0, as in metrics.parquet and the curves: "round 0/29" is the first of 30
+            self.progress(f"round {r}/{total - 1} [{row['stage']}] {score} ({row['seconds']:.1f}s)")
             done = r + 1
             if done % every == 0 or done == total:
                 self._save(done)

@@ -56,8 +56,12 @@ def write_noise_artifacts(
     rates_figure_path: str | os.PathLike,
     matrix_figure_path: str | os.PathLike,
     class_names: Sequence[str] | None = None,
+    title: str | None = None,
 ) -> pd.DataFrame:
     """Write the parquet, the summary CSV, the rates figure and the matrix figure; return the summary.
+
+    Both figures carry ``title`` (default: the noise model's name) so that a figure
+    found on its own says which label set it shows.
 
     The matrix figure is the row-normalised true -> given heatmap (single-label)
     or the clients x classes annotated-class mask (partial labels; an all-ones
@@ -67,7 +71,9 @@ def write_noise_artifacts(
         raise DataError(f"class_names has {len(class_names)} entries but num_classes is {num_classes}")
     frame = noise_frame(result, labels, assignment)
     summary = noise_summary(result, labels, assignment)
+    title = title or f"noise model {result.model}"
     rates_fig = plot_noise_rates(summary)
+    rates_fig.suptitle(title, fontsize=9)
     if result.multi_label:
         mask = result.active_mask
         if mask is None:
@@ -76,6 +82,7 @@ def write_noise_artifacts(
     else:
         counts = transition_counts(result, labels, assignment, num_classes)
         matrix_fig = plot_transition_matrix(row_normalise(counts), class_names)
+    matrix_fig.suptitle(title, fontsize=9)
     write_parquet(frame, parquet_path)
     write_csv(summary, summary_path)
     save_figure(rates_fig, rates_figure_path, dpi=120)
