@@ -121,12 +121,17 @@ def cell_command(pt, scale: str, results: str, targets: list[str], extra: list[s
     ]
 
 
+def run_log(run, results: str) -> Path:
+    """The job log of a training run (results/logs/runs/...)."""
+    metrics = run.files(results)["metrics"]
+    return Path(metrics.replace(f"{results}/runs/", f"{results}/logs/runs/", 1).rsplit("/", 1)[0] + ".log")
+
+
 def run_status(run, results: str) -> str:
     """done | running (a checkpoint, no outputs yet: running or interrupted) | failed | pending."""
-    files = run.files(results)
-    if Path(files["metrics"]).exists():
+    if Path(run.files(results)["metrics"]).exists():
         return "done"
-    log = Path(files["metrics"].replace(f"{results}/runs/", f"{results}/logs/runs/", 1).rsplit("/", 1)[0] + ".log")
+    log = run_log(run, results)
     if log.exists() and " ERROR " in log.read_text(errors="replace"):
         return "failed"
     if Path(run.checkpoint(results)).exists() or log.exists():
@@ -134,17 +139,23 @@ def run_status(run, results: str) -> str:
     return "pending"
 
 
+STATUS_ORDER = ("failed", "running", "pending", "done")
+
+
 def _status(configfile: str) -> int:
+    """Every run of the configured tables, failed and running first, each with its log."""
     from .app.plan import load_plan
 
     plan = load_plan(configfile)
-    groups: dict[str, list] = {"done": [], "running": [], "failed": [], "pending": []}
+    groups: dict[str, list] = {k: [] for k in ("done", "running", "failed", "pending")}
     for run in plan.runs():
         groups[run_status(run, plan.results_dir)].append(run)
     print("  ".join(f"{k} {len(v)}" for k, v in groups.items()))
-    for kind in ("running", "failed"):
+    for kind in STATUS_ORDER:
         for run in groups[kind]:
-            print(f"{kind:8s} {run.files(plan.results_dir)['metrics'].rsplit('/', 1)[0]}")
+            log = run_log(run, plan.results_dir)
+            where = f"  log: {log}" if log.exists() else ""
+            print(f"{kind:8s} {run.files(plan.results_dir)['metrics'].rsplit('/', 1)[0]}{where}")
     return 1 if groups["failed"] else 0
 
 
