@@ -309,7 +309,9 @@ def test_render_not_reported_cells(reported_csv):
     assert new["status"] == "not_reported" and new["reproduced_mean"] == pytest.approx(50.0)
     assert math.isnan(new["delta"])
     md = rt.markdown()
-    assert "| FedX | – |" in md and "| FedNew | 50.00 (rep –) |" in md
+    assert "| FedX | – |" in md and "| FedNew | 50.00 |" in md  # nothing to compare with: no "rep" part
+    assert "Δ" not in md and "tolerance" not in md  # the legend says only what applies
+    assert "1 of 2 cells reproduced, 1 pending" in md and "2 cells have no reported number" in md
 
 
 def test_render_without_runs_or_reported(spec):
@@ -342,7 +344,8 @@ def test_markdown_content(rendered):
     fedx_cells = [c.strip() for c in fedx.strip("|").split("|")][1:]
     assert fedx_cells == ["n.i.", "n.i.", "n.i. (rep 55.00 ± 0.50)", "n.i. (rep 54.00)"]
     assert "**Legend.**" in md and "Best 1.00, Last 0.50" in md
-    assert "5 done (2 outside tolerance), 3 pending, 4 not implemented, 0 not reported" in md
+    # cells (row x column) as `fnl tables` counts them: none has all 3 seeds yet
+    assert "0 of 6 cells reproduced, 4 pending, 2 not implemented; 5 numbers compared with the paper, 2 outside tolerance." in md
     assert "1 reported number(s) match no cell" in md
     assert "- Row FedNoRo: ours" in md and "- Column ρ=0.4: H-IDN" in md
 

@@ -86,8 +86,8 @@ def _cell_parts(rt: "RenderedTable", line: Any) -> dict[str, str]:
         main, sub = "pending", f"rep {rep}"
     elif line.status == "not_implemented":
         main, sub = "n.i.", (f"rep {rep}" if rep != DASH else "")
-    else:  # not_reported
-        main, sub = (repro, f"rep {DASH}") if repro else (DASH, "")
+    else:  # not_reported: nothing to compare with, so no 'rep' part
+        main, sub = (repro, "") if repro else (DASH, "")
     return {"main": main, "sub": sub, "flag": flag, "partial": partial}
 
 
@@ -107,26 +107,38 @@ def _grid(rt: "RenderedTable") -> dict[tuple[str, str, str], Any]:
 
 
 def _legend_text(rt: "RenderedTable") -> str:
+    """Only what applies to this table: tolerances only where a number is compared, etc."""
     spec = rt.spec
+    status = set(rt.long["status"])
     std_kind = "sample std, ddof=1" if spec.std_ddof == 1 else "population std, ddof=0"
-    tols = ", ".join(f"{m.label} {_num(spec.tolerance_of(m), m.decimals)}" for m in spec.metrics)
-    parts = [
-        f"Each cell: reproduced mean ± std over seeds ({std_kind}), in table units; "
-        f"rep = reported value (± reported std); Δ = reproduced − reported.",
-        f"{FLAG} = |Δ| above the tolerance ({tols}).",
-        f"n.i. = method not implemented; pending = no runs yet; {DASH} = no reported number ('-' in the paper).",
-    ]
-    if spec.expected_seeds is not None:
+    parts = [f"Each cell: reproduced mean ± std over seeds ({std_kind}), in table units."]
+    if status & {"done", "pending"} or ("not_implemented" in status and rt.long["reported"].notna().any()):
+        parts.append("rep = reported value (± reported std); Δ = reproduced − reported.")
+    if "done" in status:
+        tols = ", ".join(f"{m.label} {_num(spec.tolerance_of(m), m.decimals)}" for m in spec.metrics)
+        parts.append(f"{FLAG} = |Δ| above the tolerance ({tols}).")
+    words = []
+    if "not_implemented" in status:
+        words.append("n.i. = method not implemented")
+    if (rt.long["n_seeds"] == 0).any() and status & {"pending"}:
+        words.append("pending = no runs yet")
+    if (rt.long["status"].eq("not_reported") & rt.long["n_seeds"].eq(0)).any():
+        words.append(f"{DASH} = no run and no reported number")
+    if words:
+        parts.append("; ".join(words) + ".")
+    if spec.expected_seeds is not None and (rt.long["n_seeds"].between(1, spec.expected_seeds - 1)).any():
         parts.append(f"[k/{spec.expected_seeds} seeds] = only k of the {spec.expected_seeds} seeds are done.")
     return " ".join(parts)
 
 
 def _status_text(rt: "RenderedTable") -> str:
-    c = rt.status_counts()
-    text = (
-        f"{c['done']} done ({rt.n_flagged()} outside tolerance), {c['pending']} pending, "
-        f"{c['not_implemented']} not implemented, {c['not_reported']} not reported."
-    )
+    c = rt.cell_counts()
+    text = f"{c['done']} of {c['cells']} cells reproduced, {c['pending']} pending, {c['not_implemented']} not implemented"
+    if c["compared"]:
+        text += f"; {c['compared']} numbers compared with the paper, {rt.n_flagged()} outside tolerance"
+    if c["no_reported"]:
+        text += f"; {c['no_reported']} cells have no reported number"
+    text += "."
     if len(rt.unmatched_reported):
         text += f" {len(rt.unmatched_reported)} reported number(s) match no cell of this table."
     return text

@@ -59,6 +59,22 @@ class RenderedTable:
         counts = self.long["status"].value_counts()
         return {s: int(counts.get(s, 0)) for s in STATUSES}
 
+    def cell_counts(self) -> dict[str, int]:
+        """Counts per table cell (row x column, all metrics together), as ``fnl tables`` counts:
+        done = every expected seed reproduced; pending = implemented, not done;
+        not_implemented; plus compared (numbers with a reported value and a reproduction)
+        and no_reported (implemented cells without any reported number)."""
+        g = self.long.groupby(["row", "column"], sort=False)
+        need = self.spec.expected_seeds or 1
+        ni = g["status"].first().eq("not_implemented")
+        done = g["n_seeds"].min().ge(need) & ~ni
+        norep = g["reported"].apply(lambda v: v.isna().all()) & ~ni
+        return {
+            "cells": int(len(ni)), "done": int(done.sum()), "pending": int((~done & ~ni).sum()),
+            "not_implemented": int(ni.sum()), "compared": int((self.long["status"] == "done").sum()),
+            "no_reported": int(norep.sum()),
+        }
+
     def n_flagged(self) -> int:
         return int((self.long["within_tolerance"] == False).sum())  # noqa: E712 (nullable boolean)
 
