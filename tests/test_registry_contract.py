@@ -139,3 +139,18 @@ def test_slugs_of_the_papers_settings_are_pinned():
     build = {"partition": partition_spec_from_dict, "noise": noise_spec_from_dict, "method": method_from_dict}
     for (kind, name, params), slug in pins.items():
         assert build[kind]({"name": name, **dict(params)}).slug() == slug
+
+
+def test_prepared_labels_are_writable_so_torch_does_not_warn(tmp_path):
+    import warnings
+
+    import torch
+
+    prepare_dataset("test_blobs", raw_dir=str(tmp_path / "raw"), out_dir=str(tmp_path / "out"))
+    ds = load_prepared(str(tmp_path / "out"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for split in ("train", "test"):
+            assert ds.labels(split).flags.writeable
+            torch.as_tensor(ds.labels(split))
+            torch.as_tensor(ds.images(split))

@@ -376,9 +376,11 @@ class PreparedDataset:
     def labels(self, split: str) -> np.ndarray:
         """int64 (n,) for single-label sets, uint8 (n, C) for multi-label sets, in sample_id order."""
         rows = self.split_frame(split)
+        # copy=True: pandas' copy-on-write hands out read-only views, which torch warns about
+        # (once per job) when it wraps them; labels are small, a copy costs nothing
         if self.meta["multi_label"]:
-            return rows[label_columns(self.meta)].to_numpy(np.uint8)
-        return rows["label"].to_numpy(np.int64)
+            return rows[label_columns(self.meta)].to_numpy(np.uint8, copy=True)
+        return rows["label"].to_numpy(np.int64, copy=True)
 
     def images(self, split: str) -> np.ndarray:
         """uint8 (n, H, W, C) images of an in-memory set, in sample_id order."""
