@@ -11,7 +11,11 @@ import os
 
 # The test-only plug-ins (one method, noise model, partitioner and dataset) join the
 # registries the way a user's own module would; set before fnlcore is imported.
+# Subprocesses (Snakemake and its jobs, the fnl command) inherit FNL_PLUGINS, so they must
+# find the module too: the checkout goes on their PYTHONPATH.
 os.environ.setdefault("FNL_PLUGINS", "tests.support.plugins")
+_checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_checkout, os.environ.get("PYTHONPATH", "")) if p)
 from pathlib import Path
 
 import pytest
