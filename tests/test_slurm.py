@@ -136,8 +136,6 @@ TINY_DEMO = """\
 num_clients: 3
 seeds: [0]
 training: {rounds: 3, eval_batch_size: 512}
-methods:
-  fednoro: {warmup_rounds: 1, ramp_begin: 1, ramp_end: 2}
 noises:
   fednoro_hidn: {annotator_epochs: 1}
 """

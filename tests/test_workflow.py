@@ -287,7 +287,7 @@ def _scale_file(text):
 
 # id -> (base config, mutation, strings the error must contain)
 BAD_CONFIGS = {
-    "unknown_top_level_key": ("data_side", _set(["data_gird"], []), ["'data_gird' was unexpected"]),
+    "unknown_top_level_key": ("data_side", _set(["data_gird"], []), ["unknown key 'data_gird'", "valid keys: data, data_grid"]),
     "unknown_partition_key": (
         "data_side",
         _set(["data_grid", 0, "partitions", 1, "alpah"], 2.0),
@@ -346,6 +346,7 @@ def test_bad_configuration_is_rejected_before_any_job(case, bad_config_runs):
     assert message, output[-3000:]
     for needle in BAD_CONFIGS[case][2]:
         assert needle in message, (needle, message)
+    assert len(message.splitlines()) <= 2 and "$schema" not in output  # one line, never the schema
     assert "Building DAG of jobs" not in output
     assert not (workdir / "results").exists()
 
