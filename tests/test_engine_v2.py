@@ -17,7 +17,7 @@ from fnlcore.fl.pipeline import InputPipeline
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.state import snapshot
-from fnlcore.methods.base import FLMethod, MethodParams, MultiNetwork
+from fnlcore.methods.base import MethodParams, MultiNetwork
 from fnlcore.methods.fedavg import FedAvg, FedAvgParams
 from fnlcore.models import build_model
 from fnlcore.randaugment import OP_NAMES, RandAugmentSpec, cutout, equalize, mixup, rand_augment, _colour_op

@@ -1,5 +1,5 @@
 """Rule annotator: train one client's H-IDN annotator on its clean labels, save checkpoint + probabilities."""
-from fnlcore.app.annotate import AnnotatorSettings, save_annotator, train_annotator
+from fnlcore.app.annotate import save_annotator, train_annotator
 from fnlcore.datasets import load_prepared
 from fnlcore.logs import job_log
 from fnlcore.partition import read_partition

@@ -3,7 +3,6 @@ read the prepared data and noisy labels, build the engine's context, run the met
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pandas as pd
 import torch

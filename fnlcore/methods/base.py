@@ -47,7 +47,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
 from ..registry import Registry, check_params, spec_from_dict
 from ..fl import sampling
 from ..fl.context import RunContext

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from ..errors import ConfigError
 from ..registry import markdown_table, spec_from_dict
 from .specs import PARTITIONERS, PartitionSpec
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError, DataError
+from ..errors import DataError
 from ..io import atomic_path
 from .spec import TableSpec, check_fields
 
