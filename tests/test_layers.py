@@ -157,3 +157,11 @@ def test_the_checker_finds_two_way_parts_and_engine_back_edges(tmp_path):
     src = tmp_path / "settings.py"
     src.write_text("def aug(name):\n    return 'crop_flip' if name == 'cifar10' else f'{name}-mnist'\n")
     assert _names_in(src, {"cifar10", "mnist", "isic2019"}) == ["cifar10"]
+
+
+def test_every_folder_of_modules_is_a_package_that_an_install_ships():
+    # pyproject.toml's packages.find skips a folder without __init__.py (a namespace
+    # package): its modules import from a checkout but are missing from a built wheel.
+    folders = {p.parent for p in PKG.rglob("*.py") if "__pycache__" not in p.parts}
+    bare = sorted(str(f.relative_to(PKG.parent)) for f in folders if not (f / "__init__.py").is_file())
+    assert not bare, f"folders without __init__.py (left out of an install): {bare}"
