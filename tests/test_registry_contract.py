@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from fnlcore.datasets import DATASETS, load_prepared, prepare_dataset
@@ -17,7 +18,7 @@ from fnlcore.methods import METHODS, method_from_dict
 from fnlcore.models import MODELS, build_model
 from fnlcore.noise import NOISE_MODELS, noise_spec_from_dict
 from fnlcore.partition import PARTITIONERS, partition_spec_from_dict
-from fnlcore.registry import Registry, check_params, param, round_fields
+from fnlcore.registry import Registry, Spec, check_params, param, round_fields
 
 
 def test_test_only_plugins_join_every_registry_with_no_other_edit():
@@ -87,7 +88,7 @@ def test_a_name_registered_twice_is_refused():
         (method_from_dict, {"name": "fedprx"}, ["unknown method name 'fedprx'", "fedprox"]),
         (method_from_dict, {"name": "fedprox", "nu": 1}, ["unknown key(s) ['nu']", "mu"]),
         (method_from_dict, {"name": "fedprox", "mu": -1}, ["method 'fedprox': mu=-1 must be >= 0"]),
-        (method_from_dict, {"name": "fedprox", "form": "sq"}, ["form='sq' is not valid", "'squared_half'"]),
+        (method_from_dict, {"name": "fedprox", "form": "sq"}, ["method 'fedprox': form='sq' must be one of 'squared_half', 'fedcorr_unsquared'"]),
         (partition_spec_from_dict, {"name": "bernoulli_dirichlet"}, ["missing required key(s) ['num_clients']"]),
         (noise_spec_from_dict, {"name": "sym"}, ["unknown noise model name 'sym'", "symmetric"]),
     ],
@@ -98,21 +99,60 @@ def test_errors_name_the_key_and_the_valid_choices(build, entry, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
-def test_declarative_checks():
+def test_declarative_checks_name_the_key_and_coerce_to_the_declared_type():
     @dataclass(frozen=True)
     class S:
         a: float = param(0.5, ge=0, lt=1)
         b: str = param("x", choices=("x", "y"))
         c: int = param(3, gt=2, rounds=True)
         d: int | None = param(None, ge=0)
+        e: bool = True
 
     check_params(S(), "spec 's'")
-    for bad, msg in (({"a": 1.0}, "a=1.0 must be < 1"), ({"b": "z"}, "b='z' is not valid; valid: 'x', 'y'"),
-                     ({"c": 2}, "c=2 must be > 2"), ({"a": "1"}, "a='1' must be a number")):
-        with pytest.raises(ConfigError, match="spec 's': " + msg.replace("(", r"\(").replace(")", r"\)")):
+    for bad, msg in (
+        ({"a": 1}, "a=1 must be in [0, 1)"),
+        ({"b": "z"}, "b='z' must be one of 'x', 'y'"),
+        ({"c": 2}, "c=2 must be > 2"),
+        ({"a": "1"}, "a='1' must be a number"),
+        ({"a": float("nan")}, "a=nan must be a finite number"),
+        ({"c": 3.0}, "c=3.0 must be an integer"),
+        ({"c": True}, "c=True must be an integer"),
+        ({"d": -1}, "d=-1 must be >= 0"),
+        ({"e": "yes"}, "e='yes' must be true or false"),
+    ):
+        with pytest.raises(ConfigError) as err:
             check_params(S(**bad), "spec 's'")
+        assert str(err.value) == "spec 's': " + msg
+    s = S(a=0, c=np.int64(4), e=np.bool_(False))
+    check_params(s, "spec 's'")
+    assert (type(s.a), type(s.c), type(s.e)) == (float, int, bool)  # one value, one slug
     assert round_fields(S) == ("c",)
     assert dataclasses.fields(S)[0].metadata["ge"] == 0
+
+
+def test_one_slug_scheme_for_every_kind():
+    @dataclass(frozen=True)
+    class W(Spec):
+        kind = "widget"
+        name = "w"
+        slug_fields = ("alpha_beta", ("k", "K"), ("mode", {"fast": "fast"}), ("sub", lambda s: f"sub{s.sub or 'all'}"))
+        k: int = param(ge=1)
+        alpha_beta: float = param(0.5, ge=0)
+        mode: str = param("slow", choices=("slow", "fast"))
+        sub: int | None = None
+        extra: int = 0
+        retries: int = param(3, slug=False)
+
+    assert W(k=2).slug() == "w-alphabeta0.5-K2-suball"
+    assert W(alpha_beta=1, k=2, mode="fast", sub=5).slug() == "w-alphabeta1.0-K2-fast-sub5"
+    assert W(k=2, retries=9).slug() == W(k=2).slug()  # a slug=False field never changes it
+    hashed = W(k=2, extra=1).slug()
+    assert hashed.startswith("w-alphabeta0.5-K2-suball-h") and len(hashed.rsplit("-", 1)[1]) == 7
+    assert W(k=2, extra=2).slug() != hashed
+    with pytest.raises(ConfigError, match=r"^widget 'w': k=0 must be >= 1$"):
+        W(k=0)
+    assert W(k=2).to_dict() == {"name": "w", "k": 2, "alpha_beta": 0.5, "mode": "slow", "sub": None, "extra": 0,
+                                "retries": 3}
 
 
 def test_fednoro_marks_its_round_valued_fields():
