@@ -168,9 +168,9 @@ def spec_from_dict(kind: str, registry: Mapping[str, type], d: Any) -> Any:
 
 
 def param_text(f: dataclasses.Field) -> str:
-    if f.default is dataclasses.MISSING:
-        return f"`{f.name}` (required)"
-    return f"`{f.name}={f.default!r}`"
+    """`key=default` or `key` (required); ``(rounds)`` marks a round count that scales rescale."""
+    text = f"`{f.name}` (required)" if f.default is dataclasses.MISSING else f"`{f.name}={f.default!r}`"
+    return text + (" (rounds)" if f.metadata.get("rounds") is True else "")
 
 
 def markdown_table(header: tuple[str, str, str, str], rows: list[tuple[str, type, str, Mapping[str, str]]]) -> str:
