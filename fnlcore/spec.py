@@ -132,7 +132,7 @@ def check_params(spec: Any, where: str) -> None:
             continue
         raw, v = v, _coerce(where, f.name, v, base)  # errors show the value as given
         if "choices" in m and v not in m["choices"]:
-            raise ConfigError(f"{where}: {f.name}={raw!r} must be one of {', '.join(map(repr, m['choices']))}")
+            raise ConfigError(f"{where}: {f.name}={raw!r} must be one of {list(m['choices'])}")
         _check_bounds(where, f.name, v, m, raw)
         if v is not raw:
             object.__setattr__(spec, f.name, v)

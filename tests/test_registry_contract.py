@@ -89,7 +89,7 @@ def test_a_name_registered_twice_is_refused():
         (method_from_dict, {"name": "fedprx"}, ["unknown method name 'fedprx'", "fedprox"]),
         (method_from_dict, {"name": "fedprox", "nu": 1}, ["unknown key(s) ['nu']", "mu"]),
         (method_from_dict, {"name": "fedprox", "mu": -1}, ["method 'fedprox': mu=-1 must be >= 0"]),
-        (method_from_dict, {"name": "fedprox", "form": "sq"}, ["method 'fedprox': form='sq' must be one of 'squared_half', 'fedcorr_unsquared'"]),
+        (method_from_dict, {"name": "fedprox", "form": "sq"}, ["method 'fedprox': form='sq' must be one of ['squared_half', 'fedcorr_unsquared']"]),
         (partition_spec_from_dict, {"name": "bernoulli_dirichlet"}, ["missing required key(s) ['num_clients']"]),
         (noise_spec_from_dict, {"name": "sym"}, ["unknown noise model name 'sym'", "symmetric"]),
     ],
@@ -112,7 +112,7 @@ def test_declarative_checks_name_the_key_and_coerce_to_the_declared_type():
     check_params(S(), "spec 's'")
     for bad, msg in (
         ({"a": 1}, "a=1 must be in [0, 1)"),
-        ({"b": "z"}, "b='z' must be one of 'x', 'y'"),
+        ({"b": "z"}, "b='z' must be one of ['x', 'y']"),
         ({"c": 2}, "c=2 must be > 2"),
         ({"a": "1"}, "a='1' must be a number"),
         ({"a": float("nan")}, "a=nan must be a finite number"),
