@@ -19,11 +19,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def methods_markdown() -> str:
     from .methods import METHODS
-    from .registry import markdown_table
 
-    own = METHODS.builtin()
-    rows = [(name, own[name].Params, own[name].paper, own[name].Params.switches) for name in sorted(own)]
-    return markdown_table(("name", "hyper-parameters (defaults)", "from", "code≠paper switches"), rows).rstrip("\n")
+    return METHODS.markdown(("name", "hyper-parameters (defaults)", "from", "code≠paper switches")).rstrip("\n")
 
 
 def training_markdown() -> str:

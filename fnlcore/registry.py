@@ -12,8 +12,8 @@ package adds entries the same way.
 A config entry ``{"name": ..., **params}`` becomes a typed spec through
 :func:`spec_from_dict`, which names what is wrong: an unknown name (listing the valid
 ones), an unknown key (listing the valid keys), a missing required key. Value checks
-are declarative (:func:`param` metadata, checked by :func:`check_params`) or live in the
-spec's ``__post_init__``.
+are declarative (:func:`param` metadata, checked by :class:`fnlcore.spec.Spec`) or live in
+the spec's ``validate``; :mod:`fnlcore.spec` also makes every slug.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from .errors import ConfigError
+from .spec import Spec, check_params, param, round_fields  # noqa: F401  (the spec half of the contract)
 
 T = TypeVar("T")
 PLUGINS_ENV = "FNL_PLUGINS"
@@ -48,10 +49,12 @@ class Registry(Mapping, Generic[T]):
     triggers discovery once. ``key(entry)`` gives an entry's name (default: ``entry.name``).
     """
 
-    def __init__(self, kind: str, package: str | None, key: Callable[[Any], str] | None = None):
+    def __init__(self, kind: str, package: str | None, key: Callable[[Any], str] | None = None,
+                 spec: Callable[[Any], type] | None = None):
         self.kind = kind
         self.package = package
         self._key = key or (lambda e: e.name)
+        self._spec = spec or (lambda e: e)
         self._entries: dict[str, T] = {}
         self._discovered = package is None
         self._discovering = False
@@ -109,6 +112,26 @@ class Registry(Mapping, Generic[T]):
             return self[name]
         raise ConfigError(f"unknown {self.kind} name {name!r}; valid names: {', '.join(sorted(self))}")
 
+    # -- typed specs ----------------------------------------------------------------------
+    def spec_class(self, name: str) -> type:
+        """The spec dataclass of entry ``name`` (the entry itself, or e.g. a method's ``Params``)."""
+        return self._spec(self.lookup(name))
+
+    def specs(self) -> dict[str, type]:
+        return {n: self._spec(e) for n, e in self.items()}
+
+    def from_dict(self, d: Any) -> Any:
+        """The typed spec of a config entry ``{"name": ..., **params}`` (errors name the key)."""
+        return spec_from_dict(self.kind, self.specs(), d)
+
+    def markdown(self, header: tuple[str, str, str, str]) -> str:
+        """README's table of the built-in entries: name, parameters (defaults), source, switches."""
+        rows = []
+        for name in sorted(self.builtin()):
+            entry, cls = self[name], self._spec(self[name])
+            rows.append((name, cls, getattr(entry, "paper", "") or cls.paper, cls.switches))
+        return markdown_table(header, rows)
+
 
 def _origin(entry: Any) -> tuple[str, str]:
     obj = getattr(entry, "prepare", entry)  # a DatasetInfo is known by its prepare function
@@ -116,44 +139,6 @@ def _origin(entry: Any) -> tuple[str, str]:
 
 
 # -- typed specs ------------------------------------------------------------------------------
-
-
-def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None,
-          doc: str = "", rounds: bool = False, slug: bool = True) -> Any:
-    """A spec field with declarative checks (bounds, choices), a doc line and flags.
-
-    ``rounds=True``: the value counts communication rounds (a warm-up, a ramp, a stage
-    boundary); scales rescale it with ``training.rounds``. ``slug=False``: the field never
-    changes the numbers (e.g. a retry limit) and stays out of the slug.
-    """
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None}
-    if rounds:
-        meta["rounds"] = True
-    if not slug:
-        meta["slug"] = False
-    return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, "")})
-
-
-def check_params(spec: Any, where: str) -> None:
-    """Apply the :func:`param` checks of every field; the error names the key and the valid values."""
-    for f in dataclasses.fields(spec):
-        m, v = f.metadata, getattr(spec, f.name)
-        if v is None or not m:
-            continue
-        if "choices" in m and v not in m["choices"]:
-            raise ConfigError(f"{where}: {f.name}={v!r} is not valid; valid: {', '.join(map(repr, m['choices']))}")
-        for op, ok, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
-                             ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")):
-            if op in m:
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise ConfigError(f"{where}: {f.name}={v!r} must be a number")
-                if not ok(v, m[op]):
-                    raise ConfigError(f"{where}: {f.name}={v!r} must be {word} {m[op]}")
-
-
-def round_fields(cls: type) -> tuple[str, ...]:
-    """Fields of a spec class that count rounds (``param(..., rounds=True)``)."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("rounds") is True)
 
 
 def spec_from_dict(kind: str, registry: Mapping[str, type], d: Any) -> Any:
@@ -183,9 +168,9 @@ def spec_from_dict(kind: str, registry: Mapping[str, type], d: Any) -> Any:
 
 
 def param_text(f: dataclasses.Field) -> str:
-    if f.default is dataclasses.MISSING:
-        return f"`{f.name}` (required)"
-    return f"`{f.name}={f.default!r}`"
+    """`key=default` or `key` (required); ``(rounds)`` marks a round count that scales rescale."""
+    text = f"`{f.name}` (required)" if f.default is dataclasses.MISSING else f"`{f.name}={f.default!r}`"
+    return text + (" (rounds)" if f.metadata.get("rounds") is True else "")
 
 
 def markdown_table(header: tuple[str, str, str, str], rows: list[tuple[str, type, str, Mapping[str, str]]]) -> str:

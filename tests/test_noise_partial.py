@@ -97,5 +97,5 @@ def test_partial_spec_seed_and_errors():
     assert FedMLPPartial(3, class_seed=None).active_classes(5, 5, seed=1037) == FIXTURES[("ICH", 3)]
     with pytest.raises(DataError, match="multi-label|0/1 matrix"):
         FedMLPPartial(1).run(np.zeros(10, np.int64), a, 5, 0)
-    with pytest.raises(ConfigError, match="missing = 5"):
+    with pytest.raises(ConfigError, match="missing=5 must be < num_classes=5"):
         FedMLPPartial(5).run(y, a, 5, 0)

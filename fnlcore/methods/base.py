@@ -40,57 +40,34 @@ Co-teaching = two global models, the local loss exchanges small-loss samples.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from ..registry import Registry, check_params, spec_from_dict
+from ..registry import Registry
 from ..fl import sampling
 from ..fl.context import RunContext
 from ..fl.local import train_epochs
 from ..fl.state import RunningAverage, State, load, snapshot
-from ..slugs import fmt_float, short_hash
+from ..spec import Spec
 
 
 @dataclass(frozen=True)
-class MethodParams:
-    """Base of every method's hyper-parameter dataclass (frozen, typed, validated)."""
+class MethodParams(Spec):
+    """Base of every method's hyper-parameter dataclass (frozen, typed, validated).
 
-    name: ClassVar[str] = ""
-    # code≠paper switches: field -> "value (code) | value (paper)" explanation, for the README
-    switches: ClassVar[dict[str, str]] = {}
-    # fields shown readably in the slug, in this order; other non-default fields go into a short hash
-    slug_fields: ClassVar[tuple[str, ...]] = ()
+    Declare fields with :func:`fnlcore.registry.param` (bounds, choices, ``rounds=True``);
+    ``name`` is the config name and the slug's head, ``slug_fields`` the fields shown
+    readably in the slug (the others hash), ``switches`` the code≠paper switches. The
+    method class (not this dataclass) joins METHODS, through :func:`register`.
+    """
 
-    def __post_init__(self) -> None:
-        check_params(self, f"method {self.name!r}")
-
-    def slug(self) -> str:
-        parts = [self.name]
-        for f in self.slug_fields:
-            v = getattr(self, f)
-            parts.append(f"{_abbrev(f)}{fmt_float(v) if isinstance(v, float) else v}")
-        rest = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in self.slug_fields and getattr(self, f.name) != f.default
-        }
-        if rest:
-            parts.append(short_hash(rest))
-        return "-".join(str(p) for p in parts)
+    kind: ClassVar[str] = "method"
 
     def check_training(self, settings) -> None:
         """Reject hyper-parameters that cannot work with these training settings (before any job runs)."""
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, **dataclasses.asdict(self)}
-
-
-def _abbrev(field_name: str) -> str:
-    return field_name.replace("_", "")
 
 
 @dataclass
@@ -255,7 +232,9 @@ class MultiNetwork(FLMethod):
 
 #: config name -> method class; every module of fnlcore.methods is imported on first use,
 #: so a new method is one file with ``@register`` on its class.
-METHODS: Registry[type[FLMethod]] = Registry("method", "fnlcore.methods", key=lambda cls: cls.Params.name)
+METHODS: Registry[type[FLMethod]] = Registry(
+    "method", "fnlcore.methods", key=lambda cls: cls.Params.name, spec=lambda cls: cls.Params
+)
 
 
 def register(cls: type[FLMethod]) -> type[FLMethod]:
@@ -265,4 +244,4 @@ def register(cls: type[FLMethod]) -> type[FLMethod]:
 
 def method_from_dict(d: dict) -> MethodParams:
     """Build a method's typed hyper-parameters from a config entry {name: ..., **params}."""
-    return spec_from_dict("method", {k: c.Params for k, c in METHODS.items()}, d)
+    return METHODS.from_dict(d)

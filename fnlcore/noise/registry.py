@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import markdown_table, spec_from_dict
 from .specs import NOISE_MODELS, NoiseSpec
 
 
@@ -17,7 +16,7 @@ def noise_spec_from_dict(
     ConfigError naming them. With ``num_classes`` (and ``num_clients``) the
     dataset-dependent checks run too (map length, num_missing < C, ...).
     """
-    spec = spec_from_dict("noise model", NOISE_MODELS, d)
+    spec = NOISE_MODELS.from_dict(d)
     if num_classes is not None:
         spec.check_dataset(num_classes, num_clients)
     return spec
@@ -25,5 +24,4 @@ def noise_spec_from_dict(
 
 def noise_models_markdown() -> str:
     """A markdown table of every registered noise model for the README."""
-    rows = [(name, cls, cls.paper, cls.switches) for name, cls in NOISE_MODELS.builtin().items()]
-    return markdown_table(("name", "parameters (defaults)", "paper", "code≠paper switches"), rows)
+    return NOISE_MODELS.markdown(("name", "parameters (defaults)", "paper", "code≠paper switches"))

@@ -1,19 +1,16 @@
 """Typed, validated parameters of every noise model (one frozen dataclass each).
 
 A spec is what a config entry ``{"name": ..., **params}`` becomes. It checks
-its values on construction (ConfigError naming the key), makes a slug that is a
-pure function of its parameters, runs the model, and (where cheap) tells which
-clients will be noisy without touching any labels.
-
-Slugs: readable primary parameters with canonical float formatting, readable
-suffixes for code≠paper switches, and ``-h<6 hex>`` (a hash of the remaining
-non-default fields) so that different settings never share a slug.
+its values on construction from the :func:`~fnlcore.spec.param` declarations
+(ConfigError naming the key), makes its slug with the one scheme of
+:class:`fnlcore.spec.Spec` (readable primary parameters, readable tokens for
+code≠paper switches, ``-h<6 hex>`` for the other non-default fields), runs the
+model, and (where cheap) tells which clients will be noisy without touching any
+labels. A new noise model is one file in this package with a subclass of :class:`NoiseSpec`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -23,6 +20,8 @@ import numpy as np
 from ..assignment import ClientAssignment
 from ..errors import ConfigError, DataError
 from ..registry import Registry
+from ..slugs import fmt_float
+from ..spec import Spec, param
 from ..rng import legacy_rng
 from . import generators, schedules
 from .checks import check_num_classes
@@ -30,7 +29,6 @@ from .hidn import fednoro_noisy_clients, hidn_noise
 from .maps import canonical_map, map_slug, resolve_map
 from .partial import FEDMLP_CLASS_SEED, fedmlp_active_classes, fedmlp_partial_noise
 from .result import NoiseResult
-from ..slugs import fmt_float, short_hash
 
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.]+$")
 
@@ -41,95 +39,18 @@ NOISE_MODELS: Registry[type] = Registry("noise model", "fnlcore.noise")
 
 
 @dataclass(frozen=True)
-class NoiseSpec:
-    """Base class of the noise-model parameter dataclasses.
+class NoiseSpec(Spec):
+    """Base class of the noise-model parameter dataclasses; a subclass with a ``name`` registers itself.
 
     ClassVars: ``name`` (config name), ``paper``, ``needs_soft_labels`` (H-IDN),
     ``multi_label`` (works on (n, C) 0/1 labels), ``switches`` (code≠paper
-    switches: field -> explanation, for the README table).
+    switches: field -> explanation, for the README table), ``slug_head``/``slug_fields``.
     """
 
-    name: ClassVar[str] = ""
-    paper: ClassVar[str] = ""
+    kind: ClassVar[str] = "noise model"
+    registry: ClassVar[Registry] = NOISE_MODELS
     needs_soft_labels: ClassVar[bool] = False
     multi_label: ClassVar[bool] = False
-    switches: ClassVar[dict[str, str]] = {}
-    # Fields shown readably in the slug; every other non-default field goes into the hash.
-    _slug_fields: ClassVar[tuple[str, ...]] = ()
-
-    # -- validation helpers (run from __post_init__) --------------------------
-
-    def __init_subclass__(cls, **kw) -> None:
-        super().__init_subclass__(**kw)
-        if cls.__dict__.get("name"):
-            NOISE_MODELS.register(cls)
-
-    def _err(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(f"noise model {self.name!r}: {key} {problem}")
-
-    def _number(self, key: str, lo: float | None = None, hi: float | None = None, what: str = "") -> float:
-        v = getattr(self, key)
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise self._err(key, f"must be a number, got {v!r}")
-        v = float(v)
-        if not math.isfinite(v):
-            raise self._err(key, f"must be finite, got {v}")
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            rng = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-            raise self._err(key, f"= {v} is outside {rng}{'; ' + what if what else ''}")
-        object.__setattr__(self, key, v)
-        return v
-
-    def _integer(self, key: str, lo: int | None = None, what: str = "") -> int:
-        v = getattr(self, key)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise self._err(key, f"must be an integer, got {v!r}")
-        if lo is not None and v < lo:
-            raise self._err(key, f"= {v} must be >= {lo}{'; ' + what if what else ''}")
-        object.__setattr__(self, key, int(v))
-        return int(v)
-
-    def _choice(self, key: str, options: tuple[str, ...]) -> str:
-        v = getattr(self, key)
-        if v not in options:
-            raise self._err(key, f"= {v!r} is not one of {list(options)}")
-        return v
-
-    def _flag(self, key: str) -> bool:
-        v = getattr(self, key)
-        if not isinstance(v, (bool, np.bool_)):
-            raise self._err(key, f"must be true or false, got {v!r}")
-        object.__setattr__(self, key, bool(v))
-        return bool(v)
-
-    # -- interface --------------------------------------------------------------
-
-    def params(self) -> dict[str, Any]:
-        """Field values as plain JSON-able Python (tuples become lists)."""
-        out = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = list(v) if isinstance(v, tuple) else v
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config entry that rebuilds this spec: ``{"name": ..., **params}``."""
-        return {"name": self.name, **self.params()}
-
-    def _hash_suffix(self, also_shown: tuple[str, ...] = ()) -> str:
-        """``-h<hash>`` of the non-default fields not shown readably, or ''."""
-        extra = {}
-        for f in dataclasses.fields(self):
-            if f.name in self._slug_fields or f.name in also_shown or f.default is dataclasses.MISSING:
-                continue
-            v = getattr(self, f.name)
-            if v != f.default:
-                extra[f.name] = list(v) if isinstance(v, tuple) else v
-        return "-" + short_hash(extra) if extra else ""
-
-    def slug(self) -> str:
-        """Readable, filesystem-safe, a pure function of the parameters."""
-        raise NotImplementedError
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         """Raise ConfigError if these settings cannot run on C classes / K clients."""
@@ -172,9 +93,6 @@ class CleanNoise(NoiseSpec):
     name: ClassVar[str] = "clean"
     paper: ClassVar[str] = "all (rho = 0 baselines)"
 
-    def slug(self) -> str:
-        return "clean"
-
     def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
         _check_seed(seed)
         _no_soft(self, soft_labels)
@@ -199,20 +117,11 @@ class FedCorrNoise(NoiseSpec):
         "label_space": "'first10' (code: new label randint(0, 10) on every dataset, the CIFAR-100 bug) "
         "| 'all' (paper text: uniform over all C classes)"
     }
-    _slug_fields: ClassVar[tuple[str, ...]] = ("rho", "tau", "label_space")
+    slug_fields: ClassVar[tuple] = ("rho", "tau", ("label_space", {"all": "all"}))
 
-    rho: float
-    tau: float
-    label_space: str = "first10"
-
-    def __post_init__(self) -> None:
-        self._number("rho", 0.0, 1.0, "it is the probability that a client is noisy")
-        self._number("tau", 0.0, 1.0, "it is the lower bound of the per-client noise level")
-        self._choice("label_space", ("first10", "all"))
-
-    def slug(self) -> str:
-        s = f"fedcorr-rho{fmt_float(self.rho)}-tau{fmt_float(self.tau)}"
-        return s + ("-all" if self.label_space == "all" else "") + self._hash_suffix()
+    rho: float = param(ge=0, le=1, doc="probability that a client is noisy")
+    tau: float = param(ge=0, le=1, doc="lower bound of the per-client noise level")
+    label_space: str = param("first10", choices=("first10", "all"))
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         generators.label_space_size(self.label_space, check_num_classes(num_classes))
@@ -246,37 +155,25 @@ class FedNoRoHIDN(NoiseSpec):
         "soft_labels": "'annotator' (paper Alg. 1: an annotator network per noisy client) "
         "| 'official_csv' (code: one precomputed soft-label table, ICH only)"
     }
-    _slug_fields: ClassVar[tuple[str, ...]] = ("rho", "eta_l", "eta_u")
+    slug_head: ClassVar[str] = "hidn"
+    slug_fields: ClassVar[tuple] = ("rho", ("eta_l", "eta"), ("eta_u", ""))
 
-    rho: float
-    eta_l: float
-    eta_u: float
-    soft_labels: str = "annotator"
-    annotator_model: str = "auto"
-    annotator_epochs: int = 5
-    annotator_lr: float = 3e-4
-    annotator_weight_decay: float = 5e-4
-    annotator_batch_size: int = 16
-    annotator_seed: int = 0
+    rho: float = param(ge=0, le=1, doc="fraction of noisy clients")
+    eta_l: float = param(ge=0, le=1, doc="lower bound of the per-client noise rate")
+    eta_u: float = param(ge=0, le=1, doc="upper bound of the per-client noise rate")
+    soft_labels: str = param("annotator", choices=("annotator", "official_csv"))
+    annotator_model: str = param("auto", doc="'auto' or a model name")
+    annotator_epochs: int = param(5, ge=1)
+    annotator_lr: float = param(3e-4, gt=0)
+    annotator_weight_decay: float = param(5e-4, ge=0)
+    annotator_batch_size: int = param(16, ge=1)
+    annotator_seed: int = param(0, ge=0)
 
-    def __post_init__(self) -> None:
-        self._number("rho", 0.0, 1.0, "it is the fraction of noisy clients")
-        self._number("eta_l", 0.0, 1.0, "it is the lower bound of the per-client noise rate")
-        self._number("eta_u", 0.0, 1.0, "it is the upper bound of the per-client noise rate")
+    def validate(self) -> None:
         if self.eta_l > self.eta_u:
-            raise self._err("eta_l", f"= {self.eta_l} is larger than eta_u = {self.eta_u}; swap them")
-        self._choice("soft_labels", ("annotator", "official_csv"))
-        if not isinstance(self.annotator_model, str) or not _SAFE_TOKEN.match(self.annotator_model):
-            raise self._err(
-                "annotator_model", f"= {self.annotator_model!r} must be a name of letters, digits, '_' or '.'"
-            )
-        self._integer("annotator_epochs", 1)
-        self._number("annotator_lr", 0.0, None)
-        if self.annotator_lr == 0:
-            raise self._err("annotator_lr", "must be > 0")
-        self._number("annotator_weight_decay", 0.0, None)
-        self._integer("annotator_batch_size", 1)
-        self._integer("annotator_seed", 0)
+            raise self.error("eta_l", f"is larger than eta_u={self.eta_u}; swap them")
+        if not _SAFE_TOKEN.match(self.annotator_model):
+            raise self.error("annotator_model", "must be a name of letters, digits, '_' or '.'")
 
     def annotator_slug(self) -> str:
         """Names the annotator networks; a pure function of the annotator_* fields only.
@@ -291,12 +188,6 @@ class FedNoRoHIDN(NoiseSpec):
         if self.annotator_weight_decay != type(self).__dataclass_fields__["annotator_weight_decay"].default:
             s += f"-wd{fmt_float(self.annotator_weight_decay)}"
         return s
-
-    def slug(self) -> str:
-        return (
-            f"hidn-rho{fmt_float(self.rho)}-eta{fmt_float(self.eta_l)}-{fmt_float(self.eta_u)}"
-            + self._hash_suffix()
-        )
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=2)
@@ -330,17 +221,11 @@ class FedNCLBernoulli(NoiseSpec):
         "include_true": "true (code: random.randint(0, K-1), ~1/C of the labels stay correct) "
         "| false (paper: every label of a noisy client is corrupted)"
     }
-    _slug_fields: ClassVar[tuple[str, ...]] = ("p", "include_true")
+    slug_head: ClassVar[str] = "nclbern"
+    slug_fields: ClassVar[tuple] = ("p", ("include_true", {False: "excl"}))
 
-    p: float
+    p: float = param(ge=0, le=1, doc="probability that a client is clean")
     include_true: bool = True
-
-    def __post_init__(self) -> None:
-        self._number("p", 0.0, 1.0, "it is the probability that a client is clean")
-        self._flag("include_true")
-
-    def slug(self) -> str:
-        return f"nclbern-p{fmt_float(self.p)}" + ("" if self.include_true else "-excl") + self._hash_suffix()
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
@@ -372,24 +257,15 @@ class FedNCLGaussian(NoiseSpec):
         "truncation": "'clip' (code: N(mu, sigma) clipped to [0, 1]) | 'truncnorm' (paper: truncated normal)",
         "include_true": "true (code) | false (paper), as for fedncl_bernoulli",
     }
-    _slug_fields: ClassVar[tuple[str, ...]] = ("mu", "sigma", "truncation", "include_true")
+    slug_head: ClassVar[str] = "nclgauss"
+    slug_fields: ClassVar[tuple] = (
+        "mu", ("sigma", "sd"), ("truncation", {"truncnorm": "truncnorm"}), ("include_true", {False: "excl"}),
+    )
 
-    mu: float
-    sigma: float
-    truncation: str = "clip"
+    mu: float = param(ge=0, le=1, doc="mean per-client noise degree")
+    sigma: float = param(ge=0, doc="standard deviation of the per-client noise degree")
+    truncation: str = param("clip", choices=("clip", "truncnorm"))
     include_true: bool = True
-
-    def __post_init__(self) -> None:
-        self._number("mu", 0.0, 1.0, "it is the mean per-client noise degree")
-        self._number("sigma", 0.0, None, "it is a standard deviation")
-        self._choice("truncation", ("clip", "truncnorm"))
-        self._flag("include_true")
-
-    def slug(self) -> str:
-        s = f"nclgauss-mu{fmt_float(self.mu)}-sd{fmt_float(self.sigma)}"
-        s += "-truncnorm" if self.truncation == "truncnorm" else ""
-        s += "" if self.include_true else "-excl"
-        return s + self._hash_suffix()
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
@@ -430,33 +306,27 @@ class FedGRNoise(NoiseSpec):
         "asym_map": "'auto' (dev code: cyclic c->c+1 on CIFAR-10, next_in_group on CIFAR-100) "
         "| 'cifar10_classic' (field convention 9->1, 2->0, 4->7, 3<->5)"
     }
-    _slug_fields: ClassVar[tuple[str, ...]] = ("noise_type", "phi", "rho_min", "rho_max")
+    slug_fields: ClassVar[tuple] = (
+        ("noise_type", ""), "phi", ("rho_min", "r"), ("rho_max", ""), ("asym_map", lambda s: s._shown_map()),
+    )
 
-    noise_type: str
-    phi: float
-    rho_min: float
-    rho_max: float
+    noise_type: str = param(choices=("sym", "asym", "mixed"))
+    phi: float = param(ge=0, le=1, doc="fraction of noisy clients")
+    rho_min: float = param(ge=0, le=1, doc="lower bound of the per-client noise ratio")
+    rho_max: float = param(ge=0, le=1, doc="upper bound of the per-client noise ratio")
     asym_map: Any = "auto"
 
-    def __post_init__(self) -> None:
-        self._choice("noise_type", ("sym", "asym", "mixed"))
-        self._number("phi", 0.0, 1.0, "it is the fraction of noisy clients")
-        self._number("rho_min", 0.0, 1.0, "it is the lower bound of the per-client noise ratio")
-        self._number("rho_max", 0.0, 1.0, "it is the upper bound of the per-client noise ratio")
+    def validate(self) -> None:
         if self.rho_min > self.rho_max:
-            raise self._err("rho_min", f"= {self.rho_min} is larger than rho_max = {self.rho_max}; swap them")
+            raise self.error("rho_min", f"is larger than rho_max={self.rho_max}; swap them")
         if self.asym_map != "auto":
             object.__setattr__(self, "asym_map", canonical_map(self.asym_map, "asym_map"))
 
-    def slug(self) -> str:
-        s = (
-            f"fedgr-{self.noise_type}-phi{fmt_float(self.phi)}"
-            f"-r{fmt_float(self.rho_min)}-{fmt_float(self.rho_max)}"
-        )
-        if self.noise_type != "sym":
-            shown = "auto" if self.asym_map == "auto" else map_slug(self.asym_map)
-            return s + "-" + shown + self._hash_suffix(also_shown=("asym_map",))
-        return s + self._hash_suffix()
+    def _shown_map(self) -> str | None:
+        """The class map in the slug; symmetric noise does not use it (a non-default one is hashed)."""
+        if self.noise_type == "sym":
+            return None
+        return "auto" if self.asym_map == "auto" else map_slug(self.asym_map)
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         num_classes = check_num_classes(num_classes, minimum=2)
@@ -495,17 +365,11 @@ class SymmetricNoise(NoiseSpec):
 
     name: ClassVar[str] = "symmetric"
     paper: ClassVar[str] = "field convention (all clients noisy)"
-    _slug_fields: ClassVar[tuple[str, ...]] = ("rate", "include_true")
+    slug_head: ClassVar[str] = "sym"
+    slug_fields: ClassVar[tuple] = (("rate", "r"), ("include_true", {True: "incl"}))
 
-    rate: float
+    rate: float = param(ge=0, le=1, doc="fraction of each client's samples to corrupt")
     include_true: bool = False
-
-    def __post_init__(self) -> None:
-        self._number("rate", 0.0, 1.0, "it is the fraction of each client's samples to corrupt")
-        self._flag("include_true")
-
-    def slug(self) -> str:
-        return f"sym-r{fmt_float(self.rate)}" + ("-incl" if self.include_true else "") + self._hash_suffix()
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
@@ -531,17 +395,14 @@ class AsymmetricNoise(NoiseSpec):
 
     name: ClassVar[str] = "asymmetric"
     paper: ClassVar[str] = "field convention (Patrini et al. 2017), all clients noisy"
-    _slug_fields: ClassVar[tuple[str, ...]] = ("rate", "asym_map")
+    slug_head: ClassVar[str] = "asym"
+    slug_fields: ClassVar[tuple] = (("rate", "r"), ("asym_map", lambda s: map_slug(s.asym_map)))
 
-    rate: float
+    rate: float = param(ge=0, le=1, doc="fraction of each client's samples to corrupt")
     asym_map: Any = "cifar10_classic"
 
-    def __post_init__(self) -> None:
-        self._number("rate", 0.0, 1.0, "it is the fraction of each client's samples to corrupt")
+    def validate(self) -> None:
         object.__setattr__(self, "asym_map", canonical_map(self.asym_map, "asym_map"))
-
-    def slug(self) -> str:
-        return f"asym-r{fmt_float(self.rate)}-{map_slug(self.asym_map)}" + self._hash_suffix()
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         resolve_map(self.asym_map, check_num_classes(num_classes))
@@ -569,35 +430,27 @@ class FedMLPPartial(NoiseSpec):
     name: ClassVar[str] = "fedmlp_partial"
     paper: ClassVar[str] = "FedMLP (MICCAI'24) main.py active classes"
     multi_label: ClassVar[bool] = True
-    _slug_fields: ClassVar[tuple[str, ...]] = ("missing", "class_seed")
+    slug_head: ClassVar[str] = "mlp"
+    slug_fields: ClassVar[tuple] = (("missing", "miss"), ("class_seed", lambda s: s._shown_class_seed()))
 
-    missing: int
-    class_seed: int | None = FEDMLP_CLASS_SEED
+    missing: int = param(ge=1, doc="classes each client misses (every client misses at least one)")
+    class_seed: int | None = param(FEDMLP_CLASS_SEED, ge=0, doc="seed of the annotated-class draw; null: the noise seed")
 
-    def __post_init__(self) -> None:
-        self._integer("missing", 1, "every client misses at least one class")
-        if self.class_seed is not None:
-            self._integer("class_seed", 0)
-
-    def slug(self) -> str:
-        s = f"mlp-miss{self.missing}"
+    def _shown_class_seed(self) -> str | None:
         if self.class_seed is None:
-            s += "-csnoise"
-        elif self.class_seed != FEDMLP_CLASS_SEED:
-            s += f"-cs{self.class_seed}"
-        return s + self._hash_suffix()
+            return "csnoise"
+        return None if self.class_seed == FEDMLP_CLASS_SEED else f"cs{self.class_seed}"
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         num_classes = check_num_classes(num_classes, minimum=2)
         if self.missing >= num_classes:
-            raise self._err(
-                "missing", f"= {self.missing} must be < num_classes = {num_classes}; "
-                "every client must keep at least one class"
+            raise self.error(
+                "missing", f"must be < num_classes={num_classes}; every client must keep at least one class"
             )
         if num_clients is not None and num_classes - self.missing == 1 and num_clients != num_classes:
-            raise self._err(
+            raise self.error(
                 "missing",
-                f"= {self.missing} leaves one class per client ('client k labels class k'), which needs "
+                "leaves one class per client ('client k labels class k'), which needs "
                 f"num_clients == num_classes, got {num_clients} clients and {num_classes} classes",
             )
 

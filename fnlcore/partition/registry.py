@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from ..registry import markdown_table, spec_from_dict
 from .specs import PARTITIONERS, PartitionSpec
 
 
@@ -16,7 +15,7 @@ def partition_spec_from_dict(d: Mapping[str, Any]) -> PartitionSpec:
     of that partitioner; a missing required key, a wrong type or a bad value
     raises ConfigError naming the key.
     """
-    return spec_from_dict("partition", PARTITIONERS, d)
+    return PARTITIONERS.from_dict(d)
 
 
 def describe_partitioners() -> list[dict[str, Any]]:
@@ -48,8 +47,7 @@ def describe_partitioners() -> list[dict[str, Any]]:
 
 def partitioners_markdown() -> str:
     """A markdown table of every registered partitioner, for the README/docs."""
-    rows = [(name, cls, cls.paper, cls.switches) for name, cls in PARTITIONERS.builtin().items()]
-    return markdown_table(("name", "parameters (defaults)", "from", "code≠paper switches"), rows)
+    return PARTITIONERS.markdown(("name", "parameters (defaults)", "from", "code≠paper switches"))
 
 
 __all__ = ["PARTITIONERS", "partition_spec_from_dict", "describe_partitioners", "partitioners_markdown"]

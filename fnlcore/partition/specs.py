@@ -1,24 +1,23 @@
 """Typed, validated parameters of every partitioner (one frozen dataclass each).
 
 A spec is what a config entry ``{"name": ..., **params}`` becomes. It checks its
-values on construction (ConfigError naming the key), makes a slug that is a pure
-function of its parameters (the partition artifact's folder name) and runs the
-partitioner on a label array with a seed.
+values on construction from the :func:`~fnlcore.spec.param` declarations (ConfigError
+naming the key), makes its slug (the partition artifact's folder name) with the one
+scheme of :class:`fnlcore.spec.Spec`, and runs the partitioner on a label array with a seed.
+A new partitioner is one file in this package with a subclass of :class:`PartitionSpec`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..assignment import ClientAssignment
-from ..errors import ConfigError
 from ..registry import Registry
-from ..slugs import fmt_float
-from ._checks import check_float, check_int, num_samples_of
+from ..spec import Spec, param
+from ._checks import num_samples_of
 from .fedcorr import bernoulli_dirichlet, iid_fedcorr, iid_per_class_equal
 from .fedmlp import fedmlp_equal
 from .fedncl import quantity_skew_lognormal
@@ -31,77 +30,35 @@ PARTITIONERS: Registry[type] = Registry("partition", "fnlcore.partition")
 
 
 @dataclass(frozen=True)
-class PartitionSpec:
-    """Base class of the partitioner parameter dataclasses.
+class PartitionSpec(Spec):
+    """Base class of the partitioner parameter dataclasses; a subclass with a ``name`` registers itself.
 
     ClassVars: ``name`` (config name), ``paper`` (where it comes from),
     ``uses_labels`` (needs 1-D class indices; the others also take (n, C)
     multi-label matrices and only use n), ``switches`` (code≠paper switches:
-    field -> explanation, for the docs).
+    field -> explanation, for the docs), ``slug_head``/``slug_fields`` (the slug).
     """
 
-    name: ClassVar[str] = ""
-    paper: ClassVar[str] = ""
+    kind: ClassVar[str] = "partition"
+    registry: ClassVar[Registry] = PARTITIONERS
     uses_labels: ClassVar[bool] = False
-    switches: ClassVar[dict[str, str]] = {}
-
-    def __init_subclass__(cls, **kw) -> None:
-        super().__init_subclass__(**kw)
-        if cls.__dict__.get("name"):
-            PARTITIONERS.register(cls)
-
-    def __post_init__(self) -> None:
-        self._validate()
-
-    def _validate(self) -> None:
-        self._int("num_clients", minimum=1)
-
-    # -- helpers for subclasses --------------------------------------------------
 
     @property
     def _where(self) -> str:
-        return f"partition {self.name!r}"
-
-    def _int(self, key: str, minimum: int | None = None, optional: bool = False) -> None:
-        value = getattr(self, key)
-        if optional and value is None:
-            return
-        object.__setattr__(self, key, check_int(self._where, key, value, minimum=minimum))
-
-    def _float(self, key: str, low: float | None, high: float | None = None, low_open: bool = False) -> None:
-        value = check_float(self._where, key, getattr(self, key), low, high, low_open=low_open)
-        object.__setattr__(self, key, value)
-
-    def _choice(self, key: str, options: tuple[str, ...]) -> None:
-        value = getattr(self, key)
-        if value not in options:
-            raise ConfigError(f"{self._where}: {key}={value!r} must be one of {list(options)}")
-
-    # -- interface ----------------------------------------------------------------
-
-    def params(self) -> dict[str, Any]:
-        """Field values as plain Python."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config entry that rebuilds this spec: ``{"name": ..., **params}``."""
-        return {"name": self.name, **self.params()}
-
-    def slug(self) -> str:
-        """Readable, filesystem-safe folder name; a pure function of the parameters."""
-        raise NotImplementedError
+        return self.where
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         """Partition the training split whose labels are ``labels`` (row order) with ``seed``."""
         raise NotImplementedError
 
 
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
+def num_clients_param() -> Any:
+    """The ``num_clients`` field every partitioner has (required, >= 1)."""
+    return param(ge=1, doc="number of clients K")
 
 
-_K_DOC = _doc("number of clients K")
-_C_DOC = _doc("number of classes C (default: max(labels) + 1); sets the width of the draws")
+def num_classes_param() -> Any:
+    return param(None, ge=1, doc="number of classes C (default: max(labels) + 1); sets the width of the draws")
 
 
 @dataclass(frozen=True)
@@ -117,28 +74,20 @@ class IIDPartition(PartitionSpec):
         "balance": "'total' (code: equal client totals) | 'per_class' (FedDiv paper text: equal count of every class)",
     }
 
-    num_clients: int = field(metadata=_K_DOC)
-    client_order: str = field(
-        default="set",
-        metadata=_doc("order of a client's samples: 'set' (FedCorr/FedNoRo/FedDiv/FedMLP) or 'draw' (Fed-NCL)"),
+    slug_fields: ClassVar[tuple] = (
+        ("num_clients", "K"), ("client_order", {"draw": "draworder"}), ("balance", {"per_class": "perclass"}),
     )
-    balance: str = field(default="total", metadata=_doc("'total' (code) or 'per_class' (FedDiv paper text)"))
 
-    def _validate(self) -> None:
-        super()._validate()
-        self._choice("client_order", ("set", "draw"))
-        self._choice("balance", ("total", "per_class"))
+    num_clients: int = num_clients_param()
+    client_order: str = param(
+        "set", choices=("set", "draw"),
+        doc="order of a client's samples: 'set' (FedCorr/FedNoRo/FedDiv/FedMLP) or 'draw' (Fed-NCL)",
+    )
+    balance: str = param("total", choices=("total", "per_class"), doc="'total' (code) or 'per_class' (FedDiv paper text)")
+
+    def validate(self) -> None:
         if self.balance == "per_class" and self.client_order != "set":
-            raise ConfigError(
-                f"{self._where}: client_order={self.client_order!r} applies to balance='total' only; "
-                "leave it at 'set' with balance='per_class'"
-            )
-
-    def slug(self) -> str:
-        suffix = ("-draworder" if self.client_order == "draw" else "") + (
-            "-perclass" if self.balance == "per_class" else ""
-        )
-        return f"iid-K{self.num_clients}{suffix}"
+            raise self.error("client_order", "applies to balance='total' only; leave it at 'set' with balance='per_class'")
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         if self.balance == "per_class":
@@ -159,20 +108,13 @@ class BernoulliDirichletPartition(PartitionSpec):
     paper: ClassVar[str] = "FedCorr non_iid_dirichlet_sampling (FedNoRo with seed 100, FedDiv, Fed-NCL non-IID)"
     uses_labels: ClassVar[bool] = True
 
-    num_clients: int = field(metadata=_K_DOC)
-    p: float = field(default=0.7, metadata=_doc("probability that a client holds a class, in (0, 1]"))
-    alpha: float = field(default=10.0, metadata=_doc("Dirichlet concentration over a class's owners, > 0"))
-    num_classes: int | None = field(default=None, metadata=_C_DOC)
+    slug_head: ClassVar[str] = "bd"
+    slug_fields: ClassVar[tuple] = (("p", "p"), ("alpha", "a"), ("num_clients", "K"), ("num_classes", "C"))
 
-    def _validate(self) -> None:
-        super()._validate()
-        self._float("p", 0.0, 1.0, low_open=True)
-        self._float("alpha", 0.0, None, low_open=True)
-        self._int("num_classes", minimum=1, optional=True)
-
-    def slug(self) -> str:
-        base = f"bd-p{fmt_float(self.p)}-a{fmt_float(self.alpha)}-K{self.num_clients}"
-        return base + (f"-C{self.num_classes}" if self.num_classes is not None else "")
+    num_clients: int = num_clients_param()
+    p: float = param(0.7, gt=0, le=1, doc="probability that a client holds a class, in (0, 1]")
+    alpha: float = param(10.0, gt=0, doc="Dirichlet concentration over a class's owners, > 0")
+    num_classes: int | None = num_classes_param()
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         return bernoulli_dirichlet(labels, self.num_clients, self.p, self.alpha, seed, self.num_classes)
@@ -193,18 +135,14 @@ class IIDNiidBenchPartition(PartitionSpec):
         "to no client) | 'array_split' (NIID-Bench partition_data 'homo': the first n mod K clients get one more)",
     }
 
-    num_clients: int = field(metadata=_K_DOC)
-    remainder: str = field(
-        default="drop",
-        metadata=_doc("n mod K left-over samples: 'drop' (FedLab, FedGR) or 'array_split' (NIID-Bench)"),
+    slug_head: ClassVar[str] = "iidperm"
+    slug_fields: ClassVar[tuple] = (("num_clients", "K"), ("remainder", {"array_split": "arraysplit"}))
+
+    num_clients: int = num_clients_param()
+    remainder: str = param(
+        "drop", choices=IID_REMAINDERS,
+        doc="n mod K left-over samples: 'drop' (FedLab, FedGR) or 'array_split' (NIID-Bench)",
     )
-
-    def _validate(self) -> None:
-        super()._validate()
-        self._choice("remainder", IID_REMAINDERS)
-
-    def slug(self) -> str:
-        return f"iidperm-K{self.num_clients}" + ("-arraysplit" if self.remainder == "array_split" else "")
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         return iid_niidbench(num_samples_of(self._where, labels), self.num_clients, seed, self.remainder)
@@ -218,22 +156,16 @@ class DirichletNiidBenchPartition(PartitionSpec):
     paper: ClassVar[str] = "NIID-Bench / FedLab hetero_dir_partition (FedGR Dir(0.3))"
     uses_labels: ClassVar[bool] = True
 
-    num_clients: int = field(metadata=_K_DOC)
-    alpha: float = field(default=0.3, metadata=_doc("Dirichlet concentration, > 0"))
-    min_require_size: int = field(default=10, metadata=_doc("re-partition until every client has this many samples"))
-    num_classes: int | None = field(default=None, metadata=_C_DOC)
-    max_attempts: int = field(default=1000, metadata=_doc("re-partitions tried before failing (not in the slug)"))
+    slug_head: ClassVar[str] = "dir"
+    slug_fields: ClassVar[tuple] = (
+        ("alpha", "a"), ("num_clients", "K"), ("min_require_size", "min"), ("num_classes", "C"),
+    )
 
-    def _validate(self) -> None:
-        super()._validate()
-        self._float("alpha", 0.0, None, low_open=True)
-        self._int("min_require_size", minimum=0)
-        self._int("num_classes", minimum=1, optional=True)
-        self._int("max_attempts", minimum=1)
-
-    def slug(self) -> str:
-        base = f"dir-a{fmt_float(self.alpha)}-K{self.num_clients}-min{self.min_require_size}"
-        return base + (f"-C{self.num_classes}" if self.num_classes is not None else "")
+    num_clients: int = num_clients_param()
+    alpha: float = param(0.3, gt=0, doc="Dirichlet concentration, > 0")
+    min_require_size: int = param(10, ge=0, doc="re-partition until every client has this many samples")
+    num_classes: int | None = num_classes_param()
+    max_attempts: int = param(1000, ge=1, slug=False, doc="re-partitions tried before failing (not in the slug)")
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         return dirichlet_niidbench(
@@ -248,15 +180,11 @@ class QuantitySkewPartition(PartitionSpec):
     name: ClassVar[str] = "quantity_skew"
     paper: ClassVar[str] = "Fed-NCL unbalance_iid (Table II, Table IV S3/S4)"
 
-    num_clients: int = field(metadata=_K_DOC)
-    sigma: float = field(default=0.3, metadata=_doc("log-normal sigma of the client sizes, >= 0"))
+    slug_head: ClassVar[str] = "qskew"
+    slug_fields: ClassVar[tuple] = (("sigma", "s"), ("num_clients", "K"))
 
-    def _validate(self) -> None:
-        super()._validate()
-        self._float("sigma", 0.0, None)
-
-    def slug(self) -> str:
-        return f"qskew-s{fmt_float(self.sigma)}-K{self.num_clients}"
+    num_clients: int = num_clients_param()
+    sigma: float = param(0.3, ge=0, doc="log-normal sigma of the client sizes, >= 0")
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         return quantity_skew_lognormal(num_samples_of(self._where, labels), self.num_clients, self.sigma, seed)
@@ -269,21 +197,20 @@ class FedMLPEqualPartition(PartitionSpec):
     name: ClassVar[str] = "fedmlp_equal"
     paper: ClassVar[str] = "FedMLP (ICH: K=5, subsample 5000; ChestXray14: K=8, no subsample)"
 
-    num_clients: int = field(metadata=_K_DOC)
-    subsample: int | None = field(default=5000, metadata=_doc("samples kept per client, null keeps all"))
+    slug_head: ClassVar[str] = "fedmlp"
+    slug_fields: ClassVar[tuple] = (
+        ("num_clients", "K"), ("subsample", lambda s: "all" if s.subsample is None else f"sub{s.subsample}"),
+    )
 
-    def _validate(self) -> None:
-        super()._validate()
-        self._int("subsample", minimum=1, optional=True)
-
-    def slug(self) -> str:
-        return f"fedmlp-K{self.num_clients}-" + ("all" if self.subsample is None else f"sub{self.subsample}")
+    num_clients: int = num_clients_param()
+    subsample: int | None = param(5000, ge=1, doc="samples kept per client, null keeps all")
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         return fedmlp_equal(num_samples_of(self._where, labels), self.num_clients, seed, self.subsample)
 
 
 __all__ = [
+    "PARTITIONERS",
     "PartitionSpec",
     "IIDPartition",
     "BernoulliDirichletPartition",

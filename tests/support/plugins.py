@@ -51,13 +51,9 @@ class Smooth(FLMethod):
 class HalfSymmetricNoise(NoiseSpec):
     name: ClassVar[str] = "test_half_symmetric"
     paper: ClassVar[str] = "test plug-in"
-    rate: float = 0.5
-
-    def __post_init__(self) -> None:
-        self._number("rate", 0.0, 1.0)
-
-    def slug(self) -> str:
-        return f"halfsym-r{self.rate}"
+    slug_head: ClassVar[str] = "halfsym"
+    slug_fields: ClassVar[tuple] = (("rate", "r"),)
+    rate: float = param(0.5, ge=0, le=1, doc="twice the fraction of each client's samples to corrupt")
 
     def run(self, labels, assignment, num_classes, seed, soft_labels=None):
         return symmetric_noise(labels, assignment, self.rate / 2, seed, num_classes)
@@ -68,10 +64,9 @@ class HalfSymmetricNoise(NoiseSpec):
 class BlocksPartition(PartitionSpec):
     name: ClassVar[str] = "test_blocks"
     paper: ClassVar[str] = "test plug-in"
+    slug_head: ClassVar[str] = "blocks"
+    slug_fields: ClassVar[tuple] = (("num_clients", "K"),)
     num_clients: int = param(2, ge=1, doc="number of clients K")
-
-    def slug(self) -> str:
-        return f"blocks-K{self.num_clients}"
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         perm = legacy_rng(seed).permutation(len(labels))
