@@ -251,6 +251,60 @@ def test_streams_run_the_first_stream_length_and_cycle_the_others():
     assert [c[0] for c in calls[:4]] == [20, 20, 20, 10] and all(u == 8 or u == 30 % 8 for _, u in calls)
 
 
+def test_epoch_hook_may_replace_the_streams_each_epoch():
+    ctx = make_ctx(TrainSettings(rounds=1, local_epochs=3, batch_size=16))
+    idx = ctx.data.clients[0]
+    splits = {0: (idx[:40], idx[40:]), 1: (idx[:10], idx[10:]), 2: (idx[:0], idx)}
+    seen = {}
+    epoch_of_step = []
+
+    def hook(epoch):
+        epoch_of_step.append(epoch)
+        lab, unl = splits[epoch]
+        return {"labelled": (lab, 8), "unlabelled": (unl, 4)}
+
+    def loss(m, batches, step):
+        e = epoch_of_step[-1]
+        seen.setdefault(e, []).append({n: b[1] for n, b in batches.items()})
+        x = torch.cat([b[0] for b in batches.values()])
+        return m(ctx.pipeline.eval(x)).sum() * 0.0
+
+    train_streams(ctx, ctx.new_model(), {"labelled": (idx, 8), "unlabelled": (idx[:0], 4)}, loss, 0, on_epoch_start=hook)
+    assert len(seen[0]) == 5 and len(seen[1]) == 2 and 2 not in seen  # epoch 2: empty labelled set, no steps
+    for e in (0, 1):
+        lab, unl = splits[e]
+        assert all(set(b["labelled"].tolist()) <= set(lab.tolist()) for b in seen[e])
+        assert all(set(b["unlabelled"].tolist()) <= set(unl.tolist()) and len(b["unlabelled"]) == 4 for b in seen[e])
+    with pytest.raises(ConfigError, match="stream 'u'"):
+        train_streams(ctx, ctx.new_model(), {"l": (idx, 8), "u": (idx, 0)}, loss, 0)
+
+
+def test_optimizer_factory_takes_an_explicit_rate():
+    ctx = make_ctx(TrainSettings(rounds=10, lr=0.1, lr_decay=0.5, momentum=0.9))
+    params = list(ctx.new_model().parameters())
+    assert ctx.optimizer(params, 2).param_groups[0]["lr"] == pytest.approx(0.025)
+    opt = ctx.optimizer(params, 2, lr=0.007)
+    assert opt.param_groups[0]["lr"] == 0.007 and opt.param_groups[0]["momentum"] == 0.9
+
+
+def test_strong_view_can_pad_its_crop_by_reflection():
+    from fnlcore import augment
+
+    x = _images(n=64, size=8)
+    crop = augment.random_crop(x, 4, _gen(0), "reflect")
+    padded = F.pad(x, (4, 4, 4, 4), mode="reflect")
+    windows = padded.unfold(2, 8, 1).unfold(3, 8, 1)  # every 8x8 window
+    assert all(any(torch.equal(crop[i], windows[i, :, a, b]) for a in range(9) for b in range(9)) for i in range(64))
+    assert not torch.equal(crop, augment.random_crop(x, 4, _gen(0)))  # zero padding differs at the borders
+    x = _images(n=64, size=32)  # larger than the 16 px Cutout
+    p = InputPipeline(mean=(0.5,) * 3, std=(0.5,) * 3, augmentation="crop_flip", strong_padding="reflect")
+    q = InputPipeline(mean=(0.5,) * 3, std=(0.5,) * 3, augmentation="crop_flip")
+    assert not torch.equal(p.view("strong", x, _gen(3)), q.view("strong", x, _gen(3)))
+    assert torch.equal(p.view("weak", x, _gen(3)), q.view("weak", x, _gen(3)))  # the weak view keeps zeros
+    with pytest.raises(ConfigError, match="strong_padding='edge'"):
+        InputPipeline(mean=(0.5,), std=(0.5,), strong_padding="edge")
+
+
 # -- several networks per client -----------------------------------------------------------
 
 
@@ -334,3 +388,77 @@ def test_lr_schedules():
         TrainSettings(lr_schedule="linear")
     with pytest.raises(ConfigError, match="lr_milestones"):
         TrainSettings(lr_schedule="step", lr_milestones=[5, 3])
+    k = TrainSettings(rounds=10, lr=0.1, lr_schedule="constant")
+    assert {k.lr_at(r) for r in range(10)} == {0.1}
+    with pytest.raises(ConfigError, match="lr_decay.*'exponential' only"):
+        TrainSettings(lr_schedule="cosine", lr_decay=0.99)
+    with pytest.raises(ConfigError, match="lr_milestones.*'step' only"):
+        TrainSettings(lr_schedule="constant", lr_milestones=[3])
+
+
+@dataclass(frozen=True)
+class _CoDivideParams(MethodParams):
+    name = "test_co_divide"
+
+
+class _CoDivide(MultiNetwork):
+    """Uses every v2 capability that draws random numbers: per-epoch splits by the peer's losses,
+    two streams, weak/strong views with RandAugment, mixup; skips evaluation on even rounds."""
+
+    Params = _CoDivideParams
+
+    def optimizer_for(self, name, params, r):
+        return self.ctx.optimizer(params, r, lr=0.01 if name == "net1" else 0.02)
+
+    def local_networks(self, r, k, nets, optimizers):
+        from fnlcore.fl.local import predict
+
+        ctx, idx = self.ctx, self.ctx.data.clients[k]
+        out = {}
+        for name, peer in (("net1", "net2"), ("net2", "net1")):
+            def split(epoch, peer=peer):
+                loss = F.cross_entropy(predict(ctx, nets[peer], ctx.data.train, idx), ctx.data.given[idx], reduction="none")
+                clean = loss <= loss.median()
+                return {"labelled": (idx[clean], 16), "unlabelled": (idx[~clean], 8)}
+
+            def loss(m, batches, step):
+                xl, il = batches["labelled"]
+                v = ctx.pipeline.views(xl, ctx.aug_gen, ("weak", "strong"))
+                xm, ya, yb, lam = mixup(v["strong"], self.labels(il), 1.0, ctx.aug_gen)
+                logits = m(xm)
+                total = lam * F.cross_entropy(logits, ya) + (1 - lam) * F.cross_entropy(logits, yb)
+                if "unlabelled" in batches:
+                    total = total + 0.1 * m(ctx.pipeline.view("weak", batches["unlabelled"][0], ctx.aug_gen)).softmax(1).var()
+                return total
+
+            out[f"loss_{name}"] = train_streams(
+                ctx, nets[name], {"labelled": (idx, 16), "unlabelled": (idx[:0], 8)}, loss, r,
+                optimizer=optimizers[name], on_epoch_start=split,
+            )
+        return out
+
+    def should_evaluate(self, r):
+        return r % 2 == 1
+
+
+def _co_divide_run(tmp_path, **kw):
+    ctx = make_ctx(TrainSettings(rounds=4, local_epochs=2, batch_size=16, checkpoint_every=1, client_fraction=0.5))
+    m = _CoDivide(_CoDivideParams(), ctx)
+    return m, Simulation(m, ctx, tmp_path / "ck.pt", progress=lambda s: None, **kw)
+
+
+def test_a_method_using_every_v2_capability_resumes_exactly(tmp_path):
+    import pandas as pd
+
+    full_m, full = _co_divide_run(tmp_path / "full")
+    expect = full.run().drop(columns="seconds")
+    _, first = _co_divide_run(tmp_path / "killed", stop_after=2)
+    first.run()
+    m, resumed = _co_divide_run(tmp_path / "killed")
+    got = resumed.run().drop(columns="seconds")
+    pd.testing.assert_frame_equal(got, expect)
+    assert got["acc"].isna().tolist() == [True, False, True, False]
+    for name in ("net1", "net2"):
+        for key, v in full_m.globals[name].state_dict().items():
+            assert torch.equal(v, m.globals[name].state_dict()[key]), (name, key)
+    assert not torch.equal(m.globals["net1"].state_dict()["head.weight"], m.globals["net2"].state_dict()["head.weight"])
