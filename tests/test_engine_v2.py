@@ -354,6 +354,20 @@ def test_multi_network_average_by_name_equals_separate_averages():
                 assert torch.allclose(v.double(), expect, atol=1e-6)
 
 
+class _TwoNetsHooked(_TwoNets):
+    def on_local_epoch_start(self, r, k, epoch, model):
+        self.calls.append((r, k, epoch, next(n for n, w in self.workers.items() if w is model)))
+
+
+def test_multi_network_runs_the_epoch_hook_for_each_network():
+    ctx = make_ctx(TrainSettings(rounds=1, local_epochs=2, batch_size=32))
+    m = _TwoNetsHooked(_TwoNetParams(), ctx)
+    m.calls = []
+    m.begin_round(0)
+    m.local_update(0, 1)
+    assert m.calls == [(0, 1, 0, "a"), (0, 1, 1, "a"), (0, 1, 0, "b"), (0, 1, 1, "b")]
+
+
 # -- features, should_evaluate, schedules --------------------------------------------------
 
 
