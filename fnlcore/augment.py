@@ -3,7 +3,7 @@
 One call transforms a whole mini-batch with per-sample random parameters drawn
 from a ``torch.Generator``: no per-sample Python, no PIL round trips.
 These mirror the torchvision transforms the papers use:
-RandomCrop(size, padding) (zero padding), RandomHorizontalFlip(p) and
+RandomCrop(size, padding, padding_mode) (zero or reflect padding), RandomHorizontalFlip(p) and
 RandomAffine(degrees, translate) (nearest-neighbour, zero fill).
 """
 
@@ -19,12 +19,20 @@ def _uniform(n: int, lo: float, hi: float, gen: torch.Generator | None, device) 
     return torch.rand(n, generator=gen, device=device) * (hi - lo) + lo
 
 
-def random_crop(x: torch.Tensor, padding: int, gen: torch.Generator | None = None) -> torch.Tensor:
-    """Zero-pad by ``padding`` and crop back to the input size at a random offset per sample."""
+PADDING_MODES = ("constant", "reflect")
+
+
+def random_crop(
+    x: torch.Tensor, padding: int, gen: torch.Generator | None = None, padding_mode: str = "constant"
+) -> torch.Tensor:
+    """Pad by ``padding`` (zeros, or torchvision's ``reflect``: mirrored without repeating the
+    edge) and crop back to the input size at a random offset per sample."""
     if padding <= 0:
         return x
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode={padding_mode!r}; valid: {', '.join(PADDING_MODES)}")
     n, c, h, w = x.shape
-    xp = F.pad(x, (padding, padding, padding, padding))
+    xp = F.pad(x, (padding, padding, padding, padding), mode=padding_mode)
     oy = torch.randint(0, 2 * padding + 1, (n,), generator=gen, device=x.device)
     ox = torch.randint(0, 2 * padding + 1, (n,), generator=gen, device=x.device)
     # Every h x w window of the padded images as a view (n, c, 2p+1, 2p+1, h, w); picking

@@ -1,22 +1,32 @@
 """Batched RandAugment, Cutout and mixup on image tensors (N, C, H, W), on any device.
 
-Two parameterisations of RandAugment are used by the papers' code:
+Two parameterisations of RandAugment are used by the papers' code; both draw
+``n`` ops with replacement from FixMatch's pool of 14 (identity, autocontrast,
+equalize, brightness, color, contrast, sharpness, posterize, solarize, rotate,
+shear_x/y, translate_x/y) and end with one Cutout:
 
-* ``fixmatch_mc`` (FixMatch's ``RandAugmentMC(n, m)``; FedMLP's FedFixMatch,
-  fedmlp.md and baselines.md §16): ``n`` ops drawn with replacement, each applied
-  with probability 0.5 at magnitude ``v`` uniform in {1, ..., m-1} (out of 10),
-  then a Cutout of a fixed side (16 px) filled with grey 127;
-* ``fixmatch_pc`` (FixMatch's ``RandAugmentPC``; FedGR's strong view, fedgr.md §1):
-  ``n`` ops drawn with replacement, always applied, each at a magnitude uniform
-  over its whole range, then a Cutout of side U[0, 0.5) x width filled with
-  (125, 123, 114).
+* ``fixmatch_mc`` — FixMatch's ``RandAugmentMC(n, m)`` (kekmodel/FixMatch-pytorch;
+  FedMLP's FedFixMatch, fedmlp.md §4, baselines.md §16): per op an integer level
+  v uniform in {1, ..., m-1} out of 10, the op applied with probability 0.5;
+  enhance factor 0.05 + 0.09 v, posterize to 4 + int(0.4 v) bits, solarize at
+  256 - int(25.6 v), rotate by int(3 v) degrees, shear 0.03 v, translate
+  int(0.03 v x size) pixels, the geometric ones with a random sign; then a
+  Cutout of side 16 px filled with grey 127.
+* ``fixmatch_uniform`` — the RandAugment of TorchSSL-style FixMatch code that
+  FedGR's strong view uses (fedgr.md §4): every op always applied, its value
+  uniform over the op's range (``OPS`` below: enhance factor [0.05, 0.95],
+  posterize int([4, 8]) bits, solarize threshold [0, 256), rotate [-30, 30]
+  degrees, shear [-0.3, 0.3], translate [-0.3, 0.3] x size pixels); then a
+  Cutout of side U[0, 0.5) x width filled with (125, 123, 114).
 
-Each sample draws its own ops and magnitudes from a ``torch.Generator``; the
-loop runs over the 14 op types, never over samples. The ops mirror PIL's
-(``ImageOps`` / ``ImageEnhance``) on uint8 values; geometric ops of one slot
-share a single ``grid_sample`` (nearest, grey 128 fill as FixMatch's fillcolor).
-Values are not bit-identical to PIL (interpolation, rounding): the
-distributions of ops and magnitudes are what the papers specify.
+The ops follow PIL's (``ImageOps`` / ``ImageEnhance`` / ``Image.transform``
+with NEAREST resampling and black fill, as those codes call them) on integer
+pixel values: blends truncate like PIL's, geometric ops sample the input at
+the transformed pixel centre. Each sample draws its own ops and levels from a
+``torch.Generator``; the loop runs over the 14 op types, never over samples.
+Given the same argument, every op returns PIL's pixel values (tests compare
+them with PIL); float error can differ from PIL's at exact pixel boundaries
+of rotations by non-right angles.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import torch.nn.functional as F
 
 from .errors import ConfigError
 
-# op name -> (low, high) of its magnitude range (FixMatch's fixmatch_augment_pool ranges)
+# op name -> (low, high) of its value range (FixMatch's pool, as the uniform kind draws it)
 OPS: dict[str, tuple[float, float]] = {
     "identity": (0.0, 0.0),
     "autocontrast": (0.0, 0.0),
@@ -47,140 +57,171 @@ OPS: dict[str, tuple[float, float]] = {
     "translate_y": (-0.3, 0.3),
 }
 OP_NAMES = tuple(OPS)
-_GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
-# Enhance factors: PIL's factor 1 is the identity; FixMatch maps a [0.05, 0.95] draw v to factor 1.8 v + 0.1.
+KINDS = ("fixmatch_mc", "fixmatch_uniform")
+GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 _ENHANCE = ("brightness", "color", "contrast", "sharpness")
+# FixMatch MC: an op's value for level v (out of 10) is v * max / 10 + bias (then int() where marked)
+_MC = {
+    "brightness": (0.9, 0.05, False), "color": (0.9, 0.05, False), "contrast": (0.9, 0.05, False),
+    "sharpness": (0.9, 0.05, False), "posterize": (4.0, 4.0, True), "solarize": (256.0, 0.0, True),
+    "rotate": (30.0, 0.0, True), "shear_x": (0.3, 0.0, False), "shear_y": (0.3, 0.0, False),
+    "translate_x": (0.3, 0.0, False), "translate_y": (0.3, 0.0, False),
+}
+_CUTOUT = {"fixmatch_mc": (127.0,), "fixmatch_uniform": (125.0, 123.0, 114.0)}
 
 
 @dataclass(frozen=True)
 class RandAugmentSpec:
-    """``kind`` fixmatch_mc | fixmatch_pc, ``n`` ops per image, ``m`` magnitude (fixmatch_mc), Cutout fill."""
+    """``kind`` (see the module doc), ``n`` ops per image, ``m`` the level bound of fixmatch_mc."""
 
     kind: str = "fixmatch_mc"
     n: int = 2
     m: int = 10
 
     def __post_init__(self) -> None:
-        if self.kind not in ("fixmatch_mc", "fixmatch_pc"):
-            raise ConfigError(f"randaugment kind={self.kind!r}; valid: fixmatch_mc, fixmatch_pc")
+        if self.kind not in KINDS:
+            raise ConfigError(f"randaugment kind={self.kind!r}; valid: {', '.join(KINDS)}")
         if self.n < 1:
             raise ConfigError(f"randaugment n={self.n} must be >= 1")
         if not 2 <= self.m <= 10:
-            raise ConfigError(f"randaugment m={self.m} must be in 2..10")
+            raise ConfigError(f"randaugment m={self.m} must be in 2..10 (levels are drawn from 1..m-1)")
 
 
 def rand_augment(x: torch.Tensor, spec: RandAugmentSpec, gen: torch.Generator | None = None) -> torch.Tensor:
-    """RandAugment then Cutout on a uint8 batch; returns uint8 of the same shape."""
-    n = x.shape[0]
-    dev = x.device
+    """RandAugment then Cutout on a batch of pixel values 0..255; returns the input's dtype and shape."""
+    n, dev = x.shape[0], x.device
     out = x.float()
     for _ in range(spec.n):
         op = torch.randint(0, len(OP_NAMES), (n,), generator=gen, device=dev)
         if spec.kind == "fixmatch_mc":
-            # v in {1..m-1} out of 10; symmetric ops take a random sign; applied with probability 0.5
-            t = torch.randint(1, spec.m, (n,), generator=gen, device=dev).float() / 10.0
+            level = torch.randint(1, spec.m, (n,), generator=gen, device=dev).float()
             sign = torch.where(torch.rand(n, generator=gen, device=dev) < 0.5, -1.0, 1.0)
             apply = torch.rand(n, generator=gen, device=dev) < 0.5
         else:
-            t = torch.rand(n, generator=gen, device=dev)
+            level = torch.rand(n, generator=gen, device=dev)
             sign = torch.ones(n, device=dev)
             apply = torch.ones(n, dtype=torch.bool, device=dev)
-        out = _apply_slot(out, op, t, sign, apply, spec.kind)
-    out = out.round_().clamp_(0, 255)
+        out = _apply_slot(out, op, level, sign, apply, spec.kind)
     if spec.kind == "fixmatch_mc":
         side = torch.full((n,), 16.0, device=dev)
-        fill = (127.0,)
     else:
         side = torch.rand(n, generator=gen, device=dev) * 0.5 * x.shape[-1]
-        fill = (125.0, 123.0, 114.0)
-    return cutout(out, side, fill, gen).to(x.dtype)
+    out = cutout(out, side, _CUTOUT[spec.kind], gen)
+    return out.to(x.dtype) if not x.is_floating_point() else out
 
 
-def magnitude(name: str, t: torch.Tensor, sign: torch.Tensor, kind: str) -> torch.Tensor:
-    """The op's parameter for magnitude fraction ``t`` in [0, 1] (and sign, for symmetric ranges under MC)."""
-    lo, hi = OPS[name]
-    if kind == "fixmatch_mc" and lo == -hi:  # FixMatch MC: |v| = t * max, random sign
-        return sign * t * hi
-    if kind == "fixmatch_mc" and name == "solarize":  # MC: threshold 256 - t * 256
-        return 256.0 - t * 256.0
-    if kind == "fixmatch_mc" and name == "posterize":  # MC: bits 8 - int(t * 4)
-        return 8.0 - torch.floor(t * 4.0)
-    return lo + (hi - lo) * t
+def op_value(name: str, level: torch.Tensor, sign: torch.Tensor, kind: str, size: tuple[int, int]) -> torch.Tensor:
+    """The op's argument as PIL receives it: enhance factor, bits, threshold, degrees, shear or pixels.
+
+    ``level``: the integer level 1..9 (fixmatch_mc) or a uniform fraction in [0, 1) (fixmatch_uniform).
+    ``size``: (height, width) of the images, for translations.
+    """
+    if kind == "fixmatch_mc":
+        top, bias, to_int = _MC[name]
+        v = level * top / 10.0
+        v = (torch.floor(v) if to_int else v) + bias
+        if name in GEOMETRIC:
+            v = v * sign
+        if name == "solarize":
+            v = 256.0 - v
+    else:
+        lo, hi = OPS[name]
+        v = lo + (hi - lo) * level
+        if name == "posterize":
+            v = torch.floor(v).clamp_min(1.0)
+    if name == "translate_x":
+        v = v * size[1]
+        return torch.trunc(v) if kind == "fixmatch_mc" else v
+    if name == "translate_y":
+        v = v * size[0]
+        return torch.trunc(v) if kind == "fixmatch_mc" else v
+    return v
 
 
-def _apply_slot(x, op, t, sign, apply, kind) -> torch.Tensor:
+def _apply_slot(x, op, level, sign, apply, kind) -> torch.Tensor:
+    """One RandAugment slot: every sample gets the op it drew (or none)."""
     out = x.clone()
-    geo_theta = torch.zeros(x.shape[0], 2, 3, device=x.device)
-    geo_theta[:, 0, 0] = 1.0
-    geo_theta[:, 1, 1] = 1.0
-    geo_mask = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    n, _, h, w = x.shape
+    theta = torch.zeros(n, 2, 3, device=x.device)
+    geo = torch.zeros(n, dtype=torch.bool, device=x.device)
     for i, name in enumerate(OP_NAMES):
+        if name == "identity":
+            continue
         sel = torch.nonzero((op == i) & apply).flatten()
-        if sel.numel() == 0 or name == "identity":
+        if sel.numel() == 0:
             continue
-        v = magnitude(name, t[sel], sign[sel], kind)
-        if name in _GEOMETRIC:
-            geo_theta[sel] = _theta(name, v)
-            geo_mask[sel] = True
-            continue
-        out[sel] = _colour_op(name, x[sel], v)
-    if geo_mask.any():
-        sel = torch.nonzero(geo_mask).flatten()
-        out[sel] = _warp(x[sel], geo_theta[sel], fill=128.0)
+        v = op_value(name, level[sel], sign[sel], kind, (h, w)) if name in _MC else None
+        if name in GEOMETRIC:
+            theta[sel] = pil_matrix(name, v, (h, w))
+            geo[sel] = True
+        else:
+            out[sel] = colour_op(name, x[sel], v)
+    if geo.any():
+        sel = torch.nonzero(geo).flatten()
+        out[sel] = warp(x[sel], theta[sel], fill=0.0)
     return out
 
 
+# -- colour ops (float tensors holding integer pixel values 0..255) ---------------------------
+
+
 def _gray(x: torch.Tensor) -> torch.Tensor:
+    """PIL's RGB -> L (ITU-R 601-2 luma, rounded); a 1-channel image is its own grey."""
     if x.shape[1] == 1:
         return x
-    w = torch.tensor([0.299, 0.587, 0.114], device=x.device).view(1, 3, 1, 1)
-    return (x * w).sum(1, keepdim=True)
+    # PIL's fixed point: (19595 R + 38470 G + 7471 B + 2^15) >> 16, exact in float32 (< 2^24)
+    w = torch.tensor([19595.0, 38470.0, 7471.0], device=x.device).view(1, 3, 1, 1)
+    return torch.floor(((x * w).sum(1, keepdim=True) + 32768.0) / 65536.0)
 
 
-def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+def blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL's Image.blend(degenerate, x, factor): truncated to integers, clipped to 0..255."""
     f = factor.view(-1, 1, 1, 1)
-    return (degenerate + f * (x - degenerate)).clamp(0, 255)
+    return torch.floor((degenerate + f * (x - degenerate)).clamp(0, 255))
 
 
-def _colour_op(name: str, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    if name in _ENHANCE:
-        factor = 1.8 * v + 0.1
-        if name == "brightness":
-            return _blend(torch.zeros_like(x), x, factor)
-        if name == "color":
-            return _blend(_gray(x).expand_as(x), x, factor)
-        if name == "contrast":
-            mean = _gray(x).mean(dim=(1, 2, 3), keepdim=True).round()
-            return _blend(mean.expand_as(x), x, factor)
-        return _blend(_smooth(x), x, factor)
+def colour_op(name: str, x: torch.Tensor, v: torch.Tensor | None) -> torch.Tensor:
+    """A non-geometric op with per-sample argument ``v`` (as :func:`op_value` gives it)."""
+    if name == "brightness":
+        return blend(torch.zeros_like(x), x, v)
+    if name == "color":
+        return blend(_gray(x).expand_as(x), x, v)
+    if name == "contrast":
+        mean = torch.floor(_gray(x).double().mean(dim=(1, 2, 3), keepdim=True) + 0.5).float()
+        return blend(mean.expand_as(x), x, v)
+    if name == "sharpness":
+        return blend(_smooth(x), x, v)
     if name == "autocontrast":
-        lo = x.amin(dim=(2, 3), keepdim=True)
-        hi = x.amax(dim=(2, 3), keepdim=True)
-        span = hi - lo
-        return torch.where(span > 0, (x - lo) * 255.0 / span.clamp_min(1e-6), x)
+        return autocontrast(x)
     if name == "equalize":
         return equalize(x)
     if name == "posterize":
-        shift = (8.0 - v.round()).clamp(0, 8).view(-1, 1, 1, 1)
-        q = torch.pow(2.0, shift)
+        q = torch.pow(2.0, (8.0 - v).clamp(0, 8)).view(-1, 1, 1, 1)
         return torch.floor(x / q) * q
     if name == "solarize":
-        th = v.view(-1, 1, 1, 1)
-        return torch.where(x < th, x, 255.0 - x)
-    raise AssertionError(name)
+        return torch.where(x < v.view(-1, 1, 1, 1), x, 255.0 - x)
+    raise ConfigError(f"unknown colour op {name!r}; valid: {', '.join(n for n in OP_NAMES if n not in GEOMETRIC)}")
+
+
+def autocontrast(x: torch.Tensor) -> torch.Tensor:
+    """PIL ImageOps.autocontrast (cutoff 0) per sample and channel."""
+    xd = x.double()  # PIL builds the table in Python floats: x * scale - lo * scale, truncated
+    lo = xd.amin(dim=(2, 3), keepdim=True)
+    hi = xd.amax(dim=(2, 3), keepdim=True)
+    scale = 255.0 / (hi - lo).clamp_min(1.0)
+    return torch.where(hi > lo, torch.trunc(xd * scale + (-lo * scale)).clamp(0, 255), xd).float()
 
 
 def _smooth(x: torch.Tensor) -> torch.Tensor:
-    """PIL's SMOOTH filter (3x3, centre 5, total 13); the one-pixel border is kept."""
+    """PIL's SMOOTH filter (3x3, centre 5, total 13, rounded); the one-pixel border is kept."""
     c = x.shape[1]
     if min(x.shape[-2:]) < 3:
         return x
     k = torch.ones(3, 3, device=x.device)
     k[1, 1] = 5.0
     k = (k / 13.0).expand(c, 1, 3, 3)
-    inner = F.conv2d(x, k, groups=c)
     out = x.clone()
-    out[:, :, 1:-1, 1:-1] = inner
+    out[:, :, 1:-1, 1:-1] = torch.floor(F.conv2d(x, k, groups=c) + 0.5).clamp(0, 255)
     return out
 
 
@@ -199,62 +240,99 @@ def equalize(x: torch.Tensor) -> torch.Tensor:
     return out.view(n, c, h, w)
 
 
-def _theta(name: str, v: torch.Tensor) -> torch.Tensor:
-    """Affine matrices (normalised coordinates) for geometric ops."""
-    m = torch.zeros(v.shape[0], 2, 3, device=v.device)
+# -- geometric ops -------------------------------------------------------------------------
+
+
+def pil_matrix(name: str, v: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(n, 2, 3) affine maps from output to input pixel coordinates, as PIL's transform/rotate build them."""
+    h, w = size
+    vd = v.double()
+    m = torch.zeros(v.shape[0], 2, 3, dtype=torch.float64, device=v.device)
     m[:, 0, 0] = 1.0
     m[:, 1, 1] = 1.0
-    if name == "rotate":
-        a = v * (math.pi / 180.0)
-        m[:, 0, 0], m[:, 0, 1] = torch.cos(a), -torch.sin(a)
-        m[:, 1, 0], m[:, 1, 1] = torch.sin(a), torch.cos(a)
+    if name == "rotate":  # Image.rotate(v): counter-clockwise about the centre (w/2, h/2)
+        a = -vd * (math.pi / 180.0)
+        cos, sin = torch.round(torch.cos(a), decimals=15), torch.round(torch.sin(a), decimals=15)
+        cx, cy = w / 2.0, h / 2.0
+        m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1] = cos, sin, -sin, cos
+        m[:, 0, 2] = -cos * cx - sin * cy + cx
+        m[:, 1, 2] = sin * cx - cos * cy + cy
     elif name == "shear_x":
-        m[:, 0, 1] = v
+        m[:, 0, 1] = vd
     elif name == "shear_y":
-        m[:, 1, 0] = v
+        m[:, 1, 0] = vd
     elif name == "translate_x":
-        m[:, 0, 2] = 2.0 * v  # fraction of the width -> normalised units
+        m[:, 0, 2] = vd
     elif name == "translate_y":
-        m[:, 1, 2] = 2.0 * v
-    return m
+        m[:, 1, 2] = vd
+    else:
+        raise ConfigError(f"unknown geometric op {name!r}; valid: {', '.join(GEOMETRIC)}")
+    return m.float()
 
 
-def _warp(x: torch.Tensor, theta: torch.Tensor, fill: float) -> torch.Tensor:
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    # fill outside: warp x - fill with zero padding, then add fill back
-    return F.grid_sample(x - fill, grid, mode="nearest", padding_mode="zeros", align_corners=False) + fill
+def warp(x: torch.Tensor, theta: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+    """Nearest-neighbour affine warp with PIL's sampling: output pixel (i, j) reads input
+    floor(theta @ (j + 0.5, i + 0.5, 1)); positions outside the image get ``fill``."""
+    n, c, h, w = x.shape
+    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1) + 0.5
+    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w) + 0.5
+    t = theta.view(n, 6, 1, 1)
+    sx = t[:, 0] * xs + t[:, 1] * ys + t[:, 2]
+    sy = t[:, 3] * xs + t[:, 4] * ys + t[:, 5]
+    ix, iy = torch.floor(sx), torch.floor(sy)
+    inside = (sx >= 0) & (sy >= 0) & (ix < w) & (iy < h)
+    idx = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).long().view(n, 1, h * w).expand(n, c, h * w)
+    out = x.reshape(n, c, h * w).gather(2, idx).view(n, c, h, w)
+    return torch.where(inside.unsqueeze(1), out, torch.full_like(out, fill))
 
 
 def cutout(x: torch.Tensor, side: torch.Tensor, fill: tuple[float, ...], gen: torch.Generator | None = None) -> torch.Tensor:
-    """Fill a square of side ``side[i]`` centred at a uniform random pixel of each sample (clipped at the edges)."""
+    """FixMatch's CutoutAbs per sample: centre (cx, cy) uniform over the image, x0 = int(max(0, cx - side/2)),
+    x1 = int(min(w, x0 + side)), and the rectangle [x0, x1] x [y0, y1] (inclusive, as PIL draws it)
+    filled with ``fill`` (one value per channel, or one for all). A side <= 0 leaves the sample unchanged."""
     n, c, h, w = x.shape
-    cy = torch.rand(n, generator=gen, device=x.device) * h
     cx = torch.rand(n, generator=gen, device=x.device) * w
-    half = (side / 2.0).view(-1, 1)
-    ys = torch.arange(h, device=x.device).view(1, -1)
-    xs = torch.arange(w, device=x.device).view(1, -1)
-    in_y = ((ys - (cy.view(-1, 1) - half).floor()) >= 0) & ((ys - (cy.view(-1, 1) + half).floor()) < 0)
-    in_x = ((xs - (cx.view(-1, 1) - half).floor()) >= 0) & ((xs - (cx.view(-1, 1) + half).floor()) < 0)
-    mask = (in_y[:, :, None] & in_x[:, None, :]).unsqueeze(1)
-    fill_t = torch.tensor(fill if len(fill) == c else fill[:1] * c, dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+    cy = torch.rand(n, generator=gen, device=x.device) * h
+    x0 = torch.floor((cx - side / 2.0).clamp_min(0))
+    y0 = torch.floor((cy - side / 2.0).clamp_min(0))
+    x1 = torch.floor(torch.minimum(x0 + side, torch.full_like(x0, w)))
+    y1 = torch.floor(torch.minimum(y0 + side, torch.full_like(y0, h)))
+    cols = torch.arange(w, device=x.device).view(1, -1)
+    rows = torch.arange(h, device=x.device).view(1, -1)
+    in_x = (cols >= x0.view(-1, 1)) & (cols <= x1.view(-1, 1))
+    in_y = (rows >= y0.view(-1, 1)) & (rows <= y1.view(-1, 1))
+    mask = (in_y[:, :, None] & in_x[:, None, :] & (side > 0).view(-1, 1, 1)).unsqueeze(1)
+    values = fill if len(fill) == c else fill[:1] * c
+    fill_t = torch.tensor(values, dtype=x.dtype, device=x.device).view(1, c, 1, 1)
     return torch.where(mask, fill_t, x)
 
 
+# -- mixup ---------------------------------------------------------------------------------
+
+
 def mixup(
-    x: torch.Tensor, y: torch.Tensor, alpha: float, gen: torch.Generator | None = None
+    x: torch.Tensor, y: torch.Tensor, alpha: float, gen: torch.Generator | None = None, keep_major: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """One mixup draw for the batch: lambda ~ Beta(alpha, alpha), partner permutation pi.
 
-    Returns (lambda x + (1 - lambda) x[pi], y, y[pi], lambda); the loss is
-    lambda * CE(f(x~), y) + (1 - lambda) * CE(f(x~), y[pi]) (FedCorr's form; also
-    works for soft or one-hot ``y``). ``x`` must be float (after normalisation).
+    Returns (lambda x + (1 - lambda) x[pi], y, y[pi], lambda). Hard labels: the loss is
+    lambda CE(f(x~), y) + (1 - lambda) CE(f(x~), y[pi]) (FedCorr's and FedDiv's form);
+    soft or one-hot targets: mix them as ``lambda * y + (1 - lambda) * y[pi]``
+    (:func:`mix_targets`). ``keep_major`` uses max(lambda, 1 - lambda), so each mixed
+    sample stays closest to its own input (DivideMix's MixMatch). ``x`` must be float.
     """
     if alpha <= 0:
         raise ConfigError(f"mixup alpha={alpha} must be > 0")
-    # Beta from two Gammas drawn on the generator's device, so the draw is seeded
-    g = torch._standard_gamma(torch.full((2,), float(alpha), device=x.device), generator=gen) if gen is not None else None
-    if g is None:
-        g = torch._standard_gamma(torch.full((2,), float(alpha), device=x.device))
+    # Beta from two Gammas drawn on the generator, so the draw is seeded
+    conc = torch.full((2,), float(alpha), device=x.device)
+    g = torch._standard_gamma(conc, generator=gen) if gen is not None else torch._standard_gamma(conc)
     lam = float(g[0] / (g[0] + g[1]))
+    if keep_major:
+        lam = max(lam, 1.0 - lam)
     perm = torch.randperm(x.shape[0], generator=gen, device=x.device)
     return lam * x + (1.0 - lam) * x[perm], y, y[perm], lam
+
+
+def mix_targets(ya: torch.Tensor, yb: torch.Tensor, lam: float) -> torch.Tensor:
+    """lambda ya + (1 - lambda) yb for soft (float) targets."""
+    return lam * ya + (1.0 - lam) * yb

@@ -47,6 +47,16 @@ def test_affine_identity_and_determinism():
     assert torch.equal(a, b) and not torch.equal(a, x)
 
 
+def test_random_crop_reflect_pads_like_torchvision():
+    x = _batch()
+    out = augment.random_crop(x, 3, torch.Generator().manual_seed(1), padding_mode="reflect")
+    xp = F.pad(x, (3, 3, 3, 3), mode="reflect")  # torchvision's padding_mode='reflect'
+    for i in range(x.shape[0]):
+        assert any(torch.equal(out[i], xp[i, :, dy : dy + 8, dx : dx + 8]) for dy in range(7) for dx in range(7))
+    with pytest.raises(ValueError, match="padding_mode='edge'"):
+        augment.random_crop(x, 3, None, padding_mode="edge")
+
+
 def test_affine_keeps_uint8():
     x = torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8)
     assert augment.random_affine(x, 10, (0.02, 0.02)).dtype == torch.uint8
@@ -59,9 +69,12 @@ def test_affine_keeps_uint8():
 )
 def test_models_shapes_and_features(name, c, size):
     m = build_model(name, 7, c, size).eval()
-    x = torch.zeros(2, c, *size)
+    x = torch.randn(2, c, *size, generator=torch.Generator().manual_seed(0))
     assert m(x).shape == (2, 7)
     assert m.features(x).shape == (2, m.feature_dim)
+    logits, feats = m.forward_features(x)  # one pass gives both (prototype methods)
+    assert torch.allclose(logits, m(x), atol=1e-5) and torch.allclose(feats, m.features(x), atol=1e-5)
+    assert torch.allclose(m.head(feats), logits, atol=1e-5)
 
 
 def test_fedncl_lenet_parameter_count():

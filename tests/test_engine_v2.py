@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageEnhance, ImageOps
 
 from fnlcore.errors import ConfigError
 from fnlcore.fl.local import train_epochs, train_streams
@@ -20,7 +21,9 @@ from fnlcore.fl.state import snapshot
 from fnlcore.methods.base import MethodParams, MultiNetwork
 from fnlcore.methods.fedavg import FedAvg, FedAvgParams
 from fnlcore.models import build_model
-from fnlcore.randaugment import OP_NAMES, RandAugmentSpec, cutout, equalize, mixup, rand_augment, _colour_op
+from fnlcore.randaugment import (
+    GEOMETRIC, KINDS, OP_NAMES, RandAugmentSpec, colour_op, cutout, mix_targets, mixup, op_value, pil_matrix, rand_augment, warp,
+)
 
 from .engine_helpers import make_ctx
 
@@ -36,7 +39,7 @@ def _images(n=32, c=3, size=16, seed=0):
 # -- RandAugment, Cutout, mixup ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["fixmatch_mc", "fixmatch_pc"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_rand_augment_keeps_shape_dtype_and_is_seeded(kind):
     x = _images()
     spec = RandAugmentSpec(kind, n=3, m=10)
@@ -45,6 +48,8 @@ def test_rand_augment_keeps_shape_dtype_and_is_seeded(kind):
     c = rand_augment(x, spec, _gen(2))
     assert a.dtype == torch.uint8 and a.shape == x.shape
     assert torch.equal(a, b) and not torch.equal(a, c)
+    f = rand_augment(x.float(), spec, _gen(1))
+    assert f.dtype == torch.float32 and torch.equal(f, a.float())  # float in, same values
 
 
 def test_rand_augment_rejects_bad_parameters_by_name():
@@ -52,48 +57,125 @@ def test_rand_augment_rejects_bad_parameters_by_name():
         RandAugmentSpec("autoaugment")
     with pytest.raises(ConfigError, match="m=11"):
         RandAugmentSpec(m=11)
+    with pytest.raises(ConfigError, match="n=0"):
+        RandAugmentSpec(n=0)
 
 
-def test_rand_augment_draws_every_op_about_equally_often(monkeypatch):
+def _record_slots(monkeypatch):
     import fnlcore.randaugment as ra
 
     seen = []
     real = ra._apply_slot
-    monkeypatch.setattr(ra, "_apply_slot", lambda x, op, *a: (seen.append(op.clone()), real(x, op, *a))[1])
-    rand_augment(_images(n=2800, size=8), RandAugmentSpec("fixmatch_pc", n=1), _gen(0))
-    counts = torch.bincount(seen[0], minlength=len(OP_NAMES)).float()
-    assert counts.min() > 0.7 * 200 and counts.max() < 1.3 * 200  # 2800 / 14 = 200 expected
+    monkeypatch.setattr(ra, "_apply_slot", lambda x, op, lv, sg, ap, k: (seen.append((op, lv, ap)), real(x, op, lv, sg, ap, k))[1])
+    return seen
 
 
-def test_colour_ops_by_hand():
-    x = torch.tensor([[[[0.0, 100.0], [200.0, 255.0]]]])  # (1, 1, 2, 2)
-    v = torch.tensor([0.5])  # enhance factor 1.8 * 0.5 + 0.1 = 1.0: identity
-    for name in ("brightness", "contrast", "color", "sharpness"):
-        assert torch.allclose(_colour_op(name, x, v), x)
-    assert _colour_op("solarize", x, torch.tensor([128.0])).flatten().tolist() == [0.0, 100.0, 55.0, 0.0]
-    assert _colour_op("posterize", x, torch.tensor([4.0])).flatten().tolist() == [0.0, 96.0, 192.0, 240.0]
-    ac = _colour_op("autocontrast", torch.tensor([[[[50.0, 100.0], [150.0, 50.0]]]]), v)
-    assert ac.flatten().tolist() == [0.0, 127.5, 255.0, 0.0]
-    assert torch.equal(_colour_op("brightness", x, torch.tensor([0.0])), x * 0.1)
+@pytest.mark.parametrize("kind", KINDS)
+def test_rand_augment_draws_every_op_about_equally_often(monkeypatch, kind):
+    seen = _record_slots(monkeypatch)
+    rand_augment(_images(n=2800, size=8), RandAugmentSpec(kind, n=2), _gen(0))
+    assert len(seen) == 2
+    for op, level, apply in seen:
+        counts = torch.bincount(op, minlength=len(OP_NAMES)).float()
+        assert counts.min() > 0.7 * 200 and counts.max() < 1.3 * 200  # 2800 / 14 = 200 expected
+        if kind == "fixmatch_mc":  # level uniform in 1..m-1, each op applied with probability 0.5
+            assert set(level.long().tolist()) == set(range(1, 10))
+            assert 0.45 < apply.float().mean() < 0.55
+        else:
+            assert apply.all() and 0 <= level.min() and level.max() < 1
 
 
-def test_equalize_spreads_a_two_level_image():
-    x = torch.tensor([[[[10.0, 10.0], [20.0, 20.0]]]])
-    # PIL: step = (4 - 2) // 255 = 0 -> unchanged
-    assert torch.equal(equalize(x), x)
-    x = torch.arange(4096.0).view(1, 1, 64, 64) // 32  # 32 pixels per value 0..127
-    y = equalize(x)
-    # PIL: step = (4096 - 32) // 255 = 15; lut[v] = (32 v + 7) // 15
-    assert y.flatten()[::32].tolist() == [min((32 * v + 7) // 15, 255) for v in range(128)]
-    assert y.max() == 255 and torch.equal(torch.argsort(y.flatten(), stable=True), torch.argsort(x.flatten(), stable=True))
+def test_mc_levels_map_to_fixmatch_values():
+    lv = torch.arange(1.0, 10.0)
+    sign = torch.ones(9)
+
+    def value(name):
+        return op_value(name, lv, sign, "fixmatch_mc", (32, 32)).tolist()
+
+    assert value("brightness") == pytest.approx([0.05 + 0.09 * v for v in range(1, 10)])
+    assert value("posterize") == [4 + int(v * 4 / 10) for v in range(1, 10)]
+    assert value("solarize") == [256 - int(v * 256 / 10) for v in range(1, 10)]
+    assert value("rotate") == [int(v * 30 / 10) for v in range(1, 10)]
+    assert value("translate_x") == [int(v * 0.3 / 10 * 32) for v in range(1, 10)]
+    assert op_value("rotate", lv, -sign, "fixmatch_mc", (32, 32)).tolist() == [-int(v * 3) for v in range(1, 10)]
+    u = torch.tensor([0.0, 0.5, 0.999])
+    assert op_value("rotate", u, None, "fixmatch_uniform", (32, 32)).tolist() == pytest.approx([-30.0, 0.0, 29.94])
+    assert op_value("posterize", u, None, "fixmatch_uniform", (32, 32)).tolist() == [4.0, 6.0, 7.0]
 
 
-def test_cutout_fills_a_square_of_the_given_side():
-    x = torch.zeros(4, 3, 32, 32)
-    out = cutout(x, torch.full((4,), 16.0), (125.0, 123.0, 114.0), _gen(0))
-    filled = (out[:, 0] == 125).sum(dim=(1, 2))
-    assert (filled <= 256).all() and (filled > 0).all()
-    assert torch.equal(out[:, 1][out[:, 0] == 125], torch.full_like(out[:, 1][out[:, 0] == 125], 123.0))
+def _pil_images(n=4, c=3, h=17, w=20):
+    x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=_gen(5))
+    return x, [Image.fromarray(np.ascontiguousarray(x[i].permute(1, 2, 0).squeeze(-1).numpy())) for i in range(n)]
+
+
+def _from_pil(images):
+    return torch.stack([torch.from_numpy(np.asarray(im).copy()).reshape(im.size[1], im.size[0], -1).permute(2, 0, 1) for im in images])
+
+
+_PIL_COLOUR = {
+    "brightness": lambda im, v: ImageEnhance.Brightness(im).enhance(v),
+    "color": lambda im, v: ImageEnhance.Color(im).enhance(v),
+    "contrast": lambda im, v: ImageEnhance.Contrast(im).enhance(v),
+    "sharpness": lambda im, v: ImageEnhance.Sharpness(im).enhance(v),
+    "posterize": lambda im, v: ImageOps.posterize(im, int(v)),
+    "solarize": lambda im, v: ImageOps.solarize(im, v),
+    "autocontrast": lambda im, v: ImageOps.autocontrast(im),
+    "equalize": lambda im, v: ImageOps.equalize(im),
+}
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+@pytest.mark.parametrize("name", sorted(_PIL_COLOUR))
+def test_colour_ops_equal_pil(name, channels):
+    x, ims = _pil_images(c=channels)
+    for v in {"posterize": (4.0, 6.0, 8.0), "solarize": (0.0, 100.5, 256.0)}.get(name, (0.14, 0.5, 0.95)):
+        ours = colour_op(name, x.float(), torch.full((len(ims),), v))
+        assert torch.equal(ours, _from_pil([_PIL_COLOUR[name](im, v) for im in ims]).float()), (name, v)
+
+
+_PIL_GEOMETRIC = {
+    "rotate": lambda im, v: im.rotate(v),
+    "shear_x": lambda im, v: im.transform(im.size, Image.AFFINE, (1, v, 0, 0, 1, 0)),
+    "shear_y": lambda im, v: im.transform(im.size, Image.AFFINE, (1, 0, 0, v, 1, 0)),
+    "translate_x": lambda im, v: im.transform(im.size, Image.AFFINE, (1, 0, v, 0, 1, 0)),
+    "translate_y": lambda im, v: im.transform(im.size, Image.AFFINE, (1, 0, 0, 0, 1, v)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PIL_GEOMETRIC))
+def test_geometric_ops_equal_pil(name):
+    x, ims = _pil_images()
+    for v in {"rotate": (-30.0, 13.0, 90.0, 180.0), "shear_x": (-0.3, 0.17), "shear_y": (-0.3, 0.17)}.get(name, (-5.0, 3.7, 6.0)):
+        ours = warp(x.float(), pil_matrix(name, torch.full((len(ims),), v), tuple(x.shape[-2:])))
+        assert torch.equal(ours, _from_pil([_PIL_GEOMETRIC[name](im, v) for im in ims]).float()), (name, v)
+
+
+def test_ops_at_their_neutral_value_are_the_identity_and_warps_are_exact():
+    x = _images(n=3, size=8).float()
+    one = torch.ones(3)
+    for name in ("brightness", "color", "contrast", "sharpness"):
+        assert torch.equal(colour_op(name, x, one), x)  # enhance factor 1
+    assert torch.equal(colour_op("posterize", x, 8 * one), x) and torch.equal(colour_op("solarize", x, 256 * one), x)
+    for name in GEOMETRIC:
+        assert torch.equal(warp(x, pil_matrix(name, 0 * one, (8, 8))), x)
+    assert torch.equal(warp(x, pil_matrix("rotate", 180 * one, (8, 8))), x.flip(-1).flip(-2))
+    shifted = warp(x, pil_matrix("translate_x", 2 * one, (8, 8)))  # output column j reads input column j + 2
+    assert torch.equal(shifted[..., :6], x[..., 2:]) and (shifted[..., 6:] == 0).all()
+
+
+def test_cutout_fills_pils_inclusive_rectangle():
+    x = torch.zeros(400, 3, 32, 32)
+    out = cutout(x, torch.full((400,), 16.0), (125.0, 123.0, 114.0), _gen(0))
+    box = out[:, 0] == 125
+    rows, cols = box.any(2), box.any(1)
+    h, w = rows.sum(1), cols.sum(1)
+    interior = (h == 17) & (w == 17)  # x0..x0+16 inclusive, like PIL's rectangle
+    assert interior.float().mean() > 0.4 and ((h <= 17) & (w <= 17) & (h >= 8) & (w >= 8)).all()
+    assert (box.sum((1, 2)) == h * w).all()  # one solid rectangle
+    starts_at_zero = cols[:, 0] & (w == 17)  # a centre near the left edge moves the box, not clips it
+    assert starts_at_zero.any()
+    assert torch.equal(out[:, 2][box], torch.full_like(out[:, 2][box], 114.0))
+    assert torch.equal(cutout(x[:4], torch.zeros(4), (127.0,), _gen(0)), x[:4])  # side 0: unchanged
 
 
 def test_mixup_mixes_pairs_with_one_seeded_lambda():
@@ -105,6 +187,12 @@ def test_mixup_mixes_pairs_with_one_seeded_lambda():
     assert torch.allclose(xm, lam * x + (1 - lam) * x[yb])  # y = arange: yb is the permutation
     with pytest.raises(ConfigError):
         mixup(x, y, 0.0)
+    lams = [mixup(x, y, 4.0, _gen(s), keep_major=True)[3] for s in range(50)]
+    assert min(lams) >= 0.5
+    soft = F.one_hot(y, 8).float()
+    _, sa, sb, lam = mixup(x, soft, 4.0, _gen(1))
+    mixed = mix_targets(sa, sb, lam)
+    assert torch.allclose(mixed.sum(1), torch.ones(8)) and torch.allclose(mixed.max(1).values, torch.full((8,), max(lam, 1 - lam)))
 
 
 # -- named views ---------------------------------------------------------------------------
@@ -163,6 +251,60 @@ def test_streams_run_the_first_stream_length_and_cycle_the_others():
     assert [c[0] for c in calls[:4]] == [20, 20, 20, 10] and all(u == 8 or u == 30 % 8 for _, u in calls)
 
 
+def test_epoch_hook_may_replace_the_streams_each_epoch():
+    ctx = make_ctx(TrainSettings(rounds=1, local_epochs=3, batch_size=16))
+    idx = ctx.data.clients[0]
+    splits = {0: (idx[:40], idx[40:]), 1: (idx[:10], idx[10:]), 2: (idx[:0], idx)}
+    seen = {}
+    epoch_of_step = []
+
+    def hook(epoch):
+        epoch_of_step.append(epoch)
+        lab, unl = splits[epoch]
+        return {"labelled": (lab, 8), "unlabelled": (unl, 4)}
+
+    def loss(m, batches, step):
+        e = epoch_of_step[-1]
+        seen.setdefault(e, []).append({n: b[1] for n, b in batches.items()})
+        x = torch.cat([b[0] for b in batches.values()])
+        return m(ctx.pipeline.eval(x)).sum() * 0.0
+
+    train_streams(ctx, ctx.new_model(), {"labelled": (idx, 8), "unlabelled": (idx[:0], 4)}, loss, 0, on_epoch_start=hook)
+    assert len(seen[0]) == 5 and len(seen[1]) == 2 and 2 not in seen  # epoch 2: empty labelled set, no steps
+    for e in (0, 1):
+        lab, unl = splits[e]
+        assert all(set(b["labelled"].tolist()) <= set(lab.tolist()) for b in seen[e])
+        assert all(set(b["unlabelled"].tolist()) <= set(unl.tolist()) and len(b["unlabelled"]) == 4 for b in seen[e])
+    with pytest.raises(ConfigError, match="stream 'u'"):
+        train_streams(ctx, ctx.new_model(), {"l": (idx, 8), "u": (idx, 0)}, loss, 0)
+
+
+def test_optimizer_factory_takes_an_explicit_rate():
+    ctx = make_ctx(TrainSettings(rounds=10, lr=0.1, lr_decay=0.5, momentum=0.9))
+    params = list(ctx.new_model().parameters())
+    assert ctx.optimizer(params, 2).param_groups[0]["lr"] == pytest.approx(0.025)
+    opt = ctx.optimizer(params, 2, lr=0.007)
+    assert opt.param_groups[0]["lr"] == 0.007 and opt.param_groups[0]["momentum"] == 0.9
+
+
+def test_strong_view_can_pad_its_crop_by_reflection():
+    from fnlcore import augment
+
+    x = _images(n=64, size=8)
+    crop = augment.random_crop(x, 4, _gen(0), "reflect")
+    padded = F.pad(x, (4, 4, 4, 4), mode="reflect")
+    windows = padded.unfold(2, 8, 1).unfold(3, 8, 1)  # every 8x8 window
+    assert all(any(torch.equal(crop[i], windows[i, :, a, b]) for a in range(9) for b in range(9)) for i in range(64))
+    assert not torch.equal(crop, augment.random_crop(x, 4, _gen(0)))  # zero padding differs at the borders
+    x = _images(n=64, size=32)  # larger than the 16 px Cutout
+    p = InputPipeline(mean=(0.5,) * 3, std=(0.5,) * 3, augmentation="crop_flip", strong_padding="reflect")
+    q = InputPipeline(mean=(0.5,) * 3, std=(0.5,) * 3, augmentation="crop_flip")
+    assert not torch.equal(p.view("strong", x, _gen(3)), q.view("strong", x, _gen(3)))
+    assert torch.equal(p.view("weak", x, _gen(3)), q.view("weak", x, _gen(3)))  # the weak view keeps zeros
+    with pytest.raises(ConfigError, match="strong_padding='edge'"):
+        InputPipeline(mean=(0.5,), std=(0.5,), strong_padding="edge")
+
+
 # -- several networks per client -----------------------------------------------------------
 
 
@@ -212,6 +354,20 @@ def test_multi_network_average_by_name_equals_separate_averages():
                 assert torch.allclose(v.double(), expect, atol=1e-6)
 
 
+class _TwoNetsHooked(_TwoNets):
+    def on_local_epoch_start(self, r, k, epoch, model):
+        self.calls.append((r, k, epoch, next(n for n, w in self.workers.items() if w is model)))
+
+
+def test_multi_network_runs_the_epoch_hook_for_each_network():
+    ctx = make_ctx(TrainSettings(rounds=1, local_epochs=2, batch_size=32))
+    m = _TwoNetsHooked(_TwoNetParams(), ctx)
+    m.calls = []
+    m.begin_round(0)
+    m.local_update(0, 1)
+    assert m.calls == [(0, 1, 0, "a"), (0, 1, 1, "a"), (0, 1, 0, "b"), (0, 1, 1, "b")]
+
+
 # -- features, should_evaluate, schedules --------------------------------------------------
 
 
@@ -246,3 +402,77 @@ def test_lr_schedules():
         TrainSettings(lr_schedule="linear")
     with pytest.raises(ConfigError, match="lr_milestones"):
         TrainSettings(lr_schedule="step", lr_milestones=[5, 3])
+    k = TrainSettings(rounds=10, lr=0.1, lr_schedule="constant")
+    assert {k.lr_at(r) for r in range(10)} == {0.1}
+    with pytest.raises(ConfigError, match="lr_decay.*'exponential' only"):
+        TrainSettings(lr_schedule="cosine", lr_decay=0.99)
+    with pytest.raises(ConfigError, match="lr_milestones.*'step' only"):
+        TrainSettings(lr_schedule="constant", lr_milestones=[3])
+
+
+@dataclass(frozen=True)
+class _CoDivideParams(MethodParams):
+    name = "test_co_divide"
+
+
+class _CoDivide(MultiNetwork):
+    """Uses every v2 capability that draws random numbers: per-epoch splits by the peer's losses,
+    two streams, weak/strong views with RandAugment, mixup; skips evaluation on even rounds."""
+
+    Params = _CoDivideParams
+
+    def optimizer_for(self, name, params, r):
+        return self.ctx.optimizer(params, r, lr=0.01 if name == "net1" else 0.02)
+
+    def local_networks(self, r, k, nets, optimizers):
+        from fnlcore.fl.local import predict
+
+        ctx, idx = self.ctx, self.ctx.data.clients[k]
+        out = {}
+        for name, peer in (("net1", "net2"), ("net2", "net1")):
+            def split(epoch, peer=peer):
+                loss = F.cross_entropy(predict(ctx, nets[peer], ctx.data.train, idx), ctx.data.given[idx], reduction="none")
+                clean = loss <= loss.median()
+                return {"labelled": (idx[clean], 16), "unlabelled": (idx[~clean], 8)}
+
+            def loss(m, batches, step):
+                xl, il = batches["labelled"]
+                v = ctx.pipeline.views(xl, ctx.aug_gen, ("weak", "strong"))
+                xm, ya, yb, lam = mixup(v["strong"], self.labels(il), 1.0, ctx.aug_gen)
+                logits = m(xm)
+                total = lam * F.cross_entropy(logits, ya) + (1 - lam) * F.cross_entropy(logits, yb)
+                if "unlabelled" in batches:
+                    total = total + 0.1 * m(ctx.pipeline.view("weak", batches["unlabelled"][0], ctx.aug_gen)).softmax(1).var()
+                return total
+
+            out[f"loss_{name}"] = train_streams(
+                ctx, nets[name], {"labelled": (idx, 16), "unlabelled": (idx[:0], 8)}, loss, r,
+                optimizer=optimizers[name], on_epoch_start=split,
+            )
+        return out
+
+    def should_evaluate(self, r):
+        return r % 2 == 1
+
+
+def _co_divide_run(tmp_path, **kw):
+    ctx = make_ctx(TrainSettings(rounds=4, local_epochs=2, batch_size=16, checkpoint_every=1, client_fraction=0.5))
+    m = _CoDivide(_CoDivideParams(), ctx)
+    return m, Simulation(m, ctx, tmp_path / "ck.pt", progress=lambda s: None, **kw)
+
+
+def test_a_method_using_every_v2_capability_resumes_exactly(tmp_path):
+    import pandas as pd
+
+    full_m, full = _co_divide_run(tmp_path / "full")
+    expect = full.run().drop(columns="seconds")
+    _, first = _co_divide_run(tmp_path / "killed", stop_after=2)
+    first.run()
+    m, resumed = _co_divide_run(tmp_path / "killed")
+    got = resumed.run().drop(columns="seconds")
+    pd.testing.assert_frame_equal(got, expect)
+    assert got["acc"].isna().tolist() == [True, False, True, False]
+    for name in ("net1", "net2"):
+        for key, v in full_m.globals[name].state_dict().items():
+            assert torch.equal(v, m.globals[name].state_dict()[key]), (name, key)
+    assert not torch.equal(m.globals["net1"].state_dict()["head.weight"], m.globals["net2"].state_dict()["head.weight"])

@@ -42,9 +42,11 @@ class RunContext:
             self.model_name, self.data.num_classes, self.channels, self.image_size, pretrained=self.settings.pretrained
         ).to(self.device)
 
-    def optimizer(self, params, round_index: int) -> torch.optim.Optimizer:
+    def optimizer(self, params, round_index: int, lr: float | None = None) -> torch.optim.Optimizer:
+        """The run's optimiser (settings' kind, momentum, weight decay) at round ``round_index``'s
+        scheduled learning rate, or at ``lr`` when given (a network with its own schedule)."""
         s = self.settings
-        lr = s.lr_at(round_index)
+        lr = s.lr_at(round_index) if lr is None else lr
         if s.optimizer == "adam":
             return torch.optim.Adam(params, lr=lr, betas=(s.beta1, s.beta2), weight_decay=s.weight_decay)
         return torch.optim.SGD(params, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay)

@@ -61,17 +61,19 @@ def train_epochs(
 
 
 StreamLossFn = Callable[[torch.nn.Module, dict[str, tuple[torch.Tensor, torch.Tensor]], int], torch.Tensor]
+Streams = dict[str, tuple[torch.Tensor, int]]
 
 
 def train_streams(
     ctx: RunContext,
     model: torch.nn.Module,
-    streams: dict[str, tuple[torch.Tensor, int]],
+    streams: Streams,
     loss_fn: StreamLossFn,
     round_index: int,
     epochs: int | None = None,
     optimizer: torch.optim.Optimizer | None = None,
-    on_epoch_start: Callable[[int], None] | None = None,
+    on_epoch_start: Callable[[int], Streams | None] | None = None,
+    after_step: Callable[[], None] | None = None,
 ) -> float:
     """Local training on several batch streams per step (labelled + unlabelled, DivideMix/FixMatch).
 
@@ -81,19 +83,23 @@ def train_streams(
     out (DivideMix's and FixMatch's loaders). ``loss_fn(model, batches, step)`` gets
     ``{name: (uint8 images on the device, sample indices)}``: it makes the views it
     needs with ``ctx.pipeline.views(x, ctx.aug_gen, names)``. A stream with no
-    samples is absent from ``batches``.
+    samples is absent from ``batches``; an empty first stream makes an epoch of no steps.
+
+    ``on_epoch_start(epoch)`` runs before each epoch; when it returns a streams dict
+    (DivideMix: a fresh GMM split into labelled and unlabelled sets every epoch), the
+    streams are replaced from that epoch on. Returns the mean of the per-batch losses.
     """
     s = ctx.settings
     epochs = s.local_epochs if epochs is None else epochs
     opt = optimizer if optimizer is not None else ctx.optimizer(model.parameters(), round_index)
-    names = list(streams)
-    lead_idx, lead_bs = streams[names[0]]
-    cursors = {n: _Cycle(ctx, idx, bs) for n, (idx, bs) in list(streams.items())[1:] if len(idx)}
+    names, lead_idx, lead_bs, cursors = _open_streams(ctx, streams)
     model.train()
     losses = _LossSum()
     for epoch in range(epochs):
         if on_epoch_start is not None:
-            on_epoch_start(epoch)
+            fresh = on_epoch_start(epoch)
+            if fresh is not None:
+                names, lead_idx, lead_bs, cursors = _open_streams(ctx, fresh)
             model.train()
         perm = torch.randperm(len(lead_idx), generator=ctx.shuffle_gen)
         order = lead_idx[perm]
@@ -104,8 +110,24 @@ def train_streams(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if after_step is not None:
+                after_step()
             losses.append(loss.detach())
     return losses.mean()
+
+
+def _open_streams(ctx: RunContext, streams: Streams):
+    from ..errors import ConfigError
+
+    if not streams:
+        raise ConfigError("train_streams needs at least one stream: {name: (sample indices, batch size)}")
+    for name, (idx, bs) in streams.items():
+        if int(bs) < 1:
+            raise ConfigError(f"stream {name!r}: batch size {bs} must be >= 1")
+    names = list(streams)
+    lead_idx, lead_bs = streams[names[0]]
+    cursors = {n: _Cycle(ctx, idx, bs) for n, (idx, bs) in list(streams.items())[1:] if len(idx)}
+    return names, lead_idx, lead_bs, cursors
 
 
 class _Cycle:

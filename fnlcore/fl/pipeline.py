@@ -19,8 +19,9 @@ IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 #   none        (Fed-NCL, digits)
 AUGMENTATIONS = ("none", "crop_flip", "affine_flip")
 # Named views of one batch (methods ask for several at once: weak + strong for FixMatch/FedGR,
-# two weak draws for FedMLP/RSCFed): 'eval' (no augmentation), 'weak' (= train), 'strong' (weak
-# then RandAugment + Cutout with the pipeline's ``strong`` spec).
+# two weak draws for FedMLP/RSCFed): 'eval' (no augmentation), 'weak' (= train), 'strong' (the
+# train augmentation, its crop padded with ``strong_padding``, then RandAugment + Cutout with the
+# pipeline's ``strong`` spec; FedGR's strong view pads by reflection, fedgr.md §4).
 VIEWS = ("eval", "weak", "strong")
 
 
@@ -31,10 +32,13 @@ class InputPipeline:
     augmentation: str = "none"
     crop_padding: int = 4
     strong: RandAugmentSpec = RandAugmentSpec()
+    strong_padding: str = "constant"  # constant | reflect: the crop padding of the strong view
 
     def __post_init__(self) -> None:
         if self.augmentation not in AUGMENTATIONS:
             raise ConfigError(f"augmentation={self.augmentation!r}; valid: {', '.join(AUGMENTATIONS)}")
+        if self.strong_padding not in augment.PADDING_MODES:
+            raise ConfigError(f"strong_padding={self.strong_padding!r}; valid: {', '.join(augment.PADDING_MODES)}")
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # (x / 255 - mean) / std, computed in place on one fresh float copy with mean/std
@@ -58,7 +62,7 @@ class InputPipeline:
         if name == "weak":
             return self.train(x, gen)
         if name == "strong":
-            return self._norm(rand_augment(self._geometric(x, gen), self.strong, gen))
+            return self._norm(rand_augment(self._geometric(x, gen, self.strong_padding), self.strong, gen))
         raise ConfigError(f"view {name!r}; valid views: {', '.join(VIEWS)}")
 
     def views(self, x: torch.Tensor, gen: torch.Generator | None, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -68,10 +72,10 @@ class InputPipeline:
         """
         return {n: self.view(n.split(":", 1)[0], x, gen) for n in names}
 
-    def _geometric(self, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    def _geometric(self, x: torch.Tensor, gen: torch.Generator | None, padding_mode: str = "constant") -> torch.Tensor:
         """The train augmentation without normalisation (uint8 in, uint8 out)."""
         if self.augmentation == "crop_flip":
-            return augment.random_hflip(augment.random_crop(x, self.crop_padding, gen), 0.5, gen)
+            return augment.random_hflip(augment.random_crop(x, self.crop_padding, gen, padding_mode), 0.5, gen)
         if self.augmentation == "affine_flip":
             return augment.random_hflip(augment.random_affine(x, 10.0, (0.02, 0.02), gen), 0.5, gen)
         return x

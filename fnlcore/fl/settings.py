@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from ..errors import ConfigError
 
 
-LR_SCHEDULES = ("exponential", "step", "cosine")
+LR_SCHEDULES = ("exponential", "constant", "step", "cosine")
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,10 @@ class TrainSettings:
     beta1: float = 0.9
     beta2: float = 0.999
     lr_decay: float = 1.0  # multiplicative per round (Fed-NCL: 0.99)
-    # Per-round learning-rate schedule: exponential (lr * lr_decay^r; lr_decay 1 = constant),
-    # step (lr * lr_gamma^(milestones passed)), cosine (lr/2 (1 + cos(pi r / rounds))).
+    # Per-round learning-rate schedule, r = 0-based round: exponential (lr * lr_decay^r; lr_decay 1
+    # = constant, the default of every paper but Fed-NCL's 0.99), constant (lr), step (lr *
+    # lr_gamma^(milestones <= r)), cosine (lr/2 (1 + cos(pi r / rounds))). The rate is fixed
+    # within a round: every reference code builds its optimiser per local update at that rate.
     lr_schedule: str = "exponential"
     lr_milestones: tuple[int, ...] = ()
     lr_gamma: float = 0.1
@@ -69,6 +71,10 @@ class TrainSettings:
             bad("lr_milestones", "must be increasing round numbers >= 1")
         if not self.lr_gamma > 0:
             bad("lr_gamma", "must be > 0")
+        if self.lr_schedule != "exponential" and self.lr_decay != 1.0:
+            bad("lr_decay", f"applies to lr_schedule 'exponential' only (lr_schedule is {self.lr_schedule!r})")
+        if self.lr_schedule != "step" and self.lr_milestones:
+            bad("lr_milestones", f"apply to lr_schedule 'step' only (lr_schedule is {self.lr_schedule!r})")
         if self.momentum < 0 or self.weight_decay < 0:
             bad("momentum" if self.momentum < 0 else "weight_decay", "must be >= 0")
 
@@ -81,6 +87,8 @@ class TrainSettings:
         return cls(**d)
 
     def lr_at(self, round_index: int) -> float:
+        if self.lr_schedule == "constant":
+            return self.lr
         if self.lr_schedule == "step":
             return self.lr * self.lr_gamma ** sum(1 for m in self.lr_milestones if round_index >= m)
         if self.lr_schedule == "cosine":

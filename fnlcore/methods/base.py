@@ -79,7 +79,19 @@ class ClientUpdate:
 
 
 class FLMethod:
-    """FedAvg behaviour; subclasses override what they change."""
+    """FedAvg behaviour; subclasses override what they change.
+
+    Hooks, in the order the engine calls them (each a no-op or FedAvg by default):
+    ``begin_round(r)`` and ``end_round(r)`` at the round boundaries (server steps,
+    detection, relabelling); ``on_local_epoch_start(r, k, epoch, model)`` before each
+    local epoch of client k (called only when overridden, so FedAvg pays nothing);
+    ``should_evaluate(r)`` after the round. Building blocks for ``local_update``:
+    :func:`~fnlcore.fl.local.train_epochs` (one stream, ``loss(model, x, idx, step)``),
+    :func:`~fnlcore.fl.local.train_streams` (several streams with their own batch
+    sizes; the epoch hook may return new streams), ``ctx.pipeline.views`` (named
+    augmented views of one batch), ``ctx.optimizer(params, r, lr=None)`` and
+    ``model.forward_features(x)`` (logits and penultimate features).
+    """
 
     Params: ClassVar[type[MethodParams]] = MethodParams
     paper: ClassVar[str] = ""
@@ -188,15 +200,23 @@ class MultiNetwork(FLMethod):
         self._avgs: dict[str, RunningAverage] = {}
 
     def optimizer_for(self, name: str, params, r: int) -> torch.optim.Optimizer:
+        """A fresh optimiser for network ``name`` in round r (its own rate: ``ctx.optimizer(params, r, lr=...)``).
+
+        Built per local update like every reference code's; a method that keeps an
+        optimiser across rounds must return its ``state_dict()`` from ``state_dict``.
+        """
         return self.ctx.optimizer(params, r)
 
     def local_networks(self, r: int, k: int, nets: dict, optimizers: dict) -> dict[str, Any]:
         """Train the client's copies; returns uploads (default: each network on its own, plain CE)."""
         idx = self.ctx.data.clients[k]
+        hooked = type(self).on_local_epoch_start is not FLMethod.on_local_epoch_start
         out = {}
         for n, net in nets.items():
+            hook = (lambda e, net=net: self.on_local_epoch_start(r, k, e, net)) if hooked else None
             out[f"train_loss_{n}"] = train_epochs(
-                self.ctx, net, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r, optimizer=optimizers[n]
+                self.ctx, net, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r,
+                optimizer=optimizers[n], on_epoch_start=hook,
             )
         return out
 
