@@ -119,3 +119,5 @@ def test_annotator_input_pipeline_by_image_size():
     assert large.pipeline.augmentation == "affine_flip" and large.pipeline.mean == IMAGENET[0]
     named = annotator_context(np.arange(4), 4, AnnotatorSettings(model="resnet18"), (64, 64), 3, rgb, None, cpu)
     assert not named.settings.pretrained and named.pipeline.mean == (0.5, 0.5, 0.5)
+    grey = annotator_context(np.arange(4), 4, AnnotatorSettings(), (64, 64), 1, rgb[..., :1], None, cpu)
+    assert grey.model_name == "resnet18" and not grey.settings.pretrained and grey.pipeline.mean == (0.5,)

@@ -92,9 +92,9 @@ def annotator_context(
 ) -> RunContext:
     """One client holding every given sample, as the engine sees a federated client."""
     name = resolve_model_name(settings.model, channels, image_size)
-    # 'auto' takes ImageNet weights where the architecture has them (fednoro.md A3: a pretrained
-    # ResNet-18); a model named explicitly trains from scratch.
-    pretrained = settings.model == "auto" and MODELS[name].pretrained_weights
+    # 'auto' takes ImageNet weights where the architecture has them and the images are RGB
+    # (fednoro.md A3: a pretrained ResNet-18); a model named explicitly trains from scratch.
+    pretrained = settings.model == "auto" and channels == 3 and MODELS[name].pretrained_weights
     if images is not None:
         source = ImageSource(device, images=images)
     else:
