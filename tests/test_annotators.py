@@ -1,10 +1,18 @@
 """H-IDN annotator networks: trained on clean labels, probabilities per sample, deterministic."""
 
+import dataclasses
+import re
+
 import numpy as np
+import pytest
+import torch
 from sklearn.datasets import load_digits
 
-from fnlcore.app.annotate import AnnotatorSettings, save_annotator, train_annotator
+from fnlcore.app.annotate import AnnotatorSettings, annotator_context, save_annotator, train_annotator
+from fnlcore.errors import ConfigError
+from fnlcore.fl.pipeline import IMAGENET
 from fnlcore.noise.hidn import assemble_soft_labels
+from fnlcore.noise.specs import FedNoRoHIDN
 
 
 def _client():
@@ -41,6 +49,11 @@ def test_soft_labels_assembled_by_sample_id(tmp_path):
         ck, pr = tmp_path / f"c{k}.pt", tmp_path / f"c{k}.probs.npz"
         save_annotator(ck, pr, state, probs, ids, s, name, k)
         files.append(str(pr))
+        saved = torch.load(ck, weights_only=False)  # the artifact format the workflow caches
+        assert saved["settings"] == dataclasses.asdict(s) and (saved["model"], saved["client"]) == (name, k)
+        assert saved["state_dict"].keys() == state.keys()
+        with np.load(pr) as z:
+            assert sorted(z.files) == ["probs", "sample_id"] and z["sample_id"].tolist() == ids.tolist()
     soft = assemble_soft_labels(files, 200, 10)
     assert np.isnan(soft[50:120]).all()
     np.testing.assert_allclose(soft[:50].sum(1), 1.0)
@@ -60,6 +73,9 @@ def test_annotator_streams_images_from_disk(tmp_path):
     state, probs, name = train_annotator(y[:40], 10, s, (32, 32), 1, paths=paths, device="cpu")
     assert name == "tiny" and probs.shape == (40, 10)
     np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-9)
+    # Streamed with augmentation (32 px: affine+flip) and still one result per seed.
+    _, again, _ = train_annotator(y[:40], 10, s, (32, 32), 1, paths=paths, device=torch.device("cpu"))
+    np.testing.assert_array_equal(probs, again)
 
 
 def test_annotator_defaults_come_from_the_noise_spec():
@@ -67,3 +83,41 @@ def test_annotator_defaults_come_from_the_noise_spec():
 
     spec = noise_spec_from_dict({"name": "fednoro_hidn", "rho": 0.4, "eta_l": 0.3, "eta_u": 0.5})
     assert AnnotatorSettings.from_noise_spec(spec) == AnnotatorSettings()
+    spec_keys = {f.name for f in dataclasses.fields(FedNoRoHIDN) if f.name.startswith("annotator_")}
+    assert {"annotator_" + f.name for f in dataclasses.fields(AnnotatorSettings)} == spec_keys
+    tuned = noise_spec_from_dict({"name": "fednoro_hidn", "rho": 0.4, "eta_l": 0.3, "eta_u": 0.5,
+                                  "annotator_epochs": 7, "annotator_lr": 1, "annotator_model": "tiny"})
+    assert AnnotatorSettings.from_noise_spec(tuned) == AnnotatorSettings(model="tiny", epochs=7, lr=1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"epochs": 0}, "annotator_epochs=0 must be >= 1"),
+        ({"lr": 0.0}, "annotator_lr=0.0 must be > 0"),
+        ({"weight_decay": -1e-4}, "annotator_weight_decay=-0.0001 must be >= 0"),
+        ({"batch_size": 2.5}, "annotator_batch_size=2.5 must be an integer"),
+        ({"seed": -1}, "annotator_seed=-1 must be >= 0"),
+    ],
+)
+def test_annotator_settings_run_the_noise_spec_checks(kwargs, message):
+    with pytest.raises(ConfigError, match="noise model 'fednoro_hidn': " + re.escape(message)):
+        AnnotatorSettings(**kwargs)
+    assert isinstance(AnnotatorSettings(lr=1).lr, float)  # the declared type, as in the spec
+
+
+def test_annotator_input_pipeline_by_image_size():
+    cpu = torch.device("cpu")
+    x, y = _client()
+    digits = annotator_context(y, 10, AnnotatorSettings(), (8, 8), 1, x, None, cpu)
+    assert digits.model_name == "mlp" and not digits.settings.pretrained
+    assert digits.pipeline.augmentation == "none" and digits.pipeline.mean == (0.5,)
+    assert (digits.settings.optimizer, digits.settings.lr, digits.settings.batch_size) == ("adam", 3e-4, 16)
+    rgb = np.zeros((4, 64, 64, 3), np.uint8)
+    large = annotator_context(np.arange(4), 4, AnnotatorSettings(), (64, 64), 3, rgb, None, cpu)
+    assert large.model_name == "resnet18" and large.settings.pretrained  # fednoro.md A3
+    assert large.pipeline.augmentation == "affine_flip" and large.pipeline.mean == IMAGENET[0]
+    named = annotator_context(np.arange(4), 4, AnnotatorSettings(model="resnet18"), (64, 64), 3, rgb, None, cpu)
+    assert not named.settings.pretrained and named.pipeline.mean == (0.5, 0.5, 0.5)
+    grey = annotator_context(np.arange(4), 4, AnnotatorSettings(), (64, 64), 1, rgb[..., :1], None, cpu)
+    assert grey.model_name == "resnet18" and not grey.settings.pretrained and grey.pipeline.mean == (0.5,)

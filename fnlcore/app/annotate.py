@@ -23,49 +23,61 @@ make a client noisy share it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import dataclasses
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..fl.context import RunContext
+from ..fl.context import RunContext, resolve_model_name
 from ..fl.data import FederatedData, ImageSource
+from ..fl.device import resolve_device
 from ..fl.local import predict, train_epochs
 from ..fl.pipeline import make_pipeline
-from ..fl.device import resolve_device
 from ..fl.settings import TrainSettings
-from ..models.builder import default_model_for
+from ..io import atomic_path, write_npz
+from ..models.builder import MODELS
 from ..noise.specs import FedNoRoHIDN
+from ..spec import check_params
 
-# The annotator defaults have one home: the H-IDN noise spec's annotator_* fields.
-_DEFAULTS = {f.name[len("annotator_"):]: f.default for f in fields(FedNoRoHIDN) if f.name.startswith("annotator_")}
+# The annotator settings have one home: the H-IDN noise spec's annotator_* fields. Defaults,
+# types and bounds are read from there; AnnotatorSettings only drops the prefix.
+_PREFIX = "annotator_"
+_SPEC_FIELDS = {f.name[len(_PREFIX):]: f for f in dataclasses.fields(FedNoRoHIDN) if f.name.startswith(_PREFIX)}
+# The spec's annotator_* fields alone, so the spec's declared checks run with the config's key names.
+_ConfigKeys = dataclasses.make_dataclass(
+    "_ConfigKeys", [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata)) for f in _SPEC_FIELDS.values()]
+)
 # No geometric augmentation on images this small (8x8 digits): a 10-degree turn destroys them.
 TINY_IMAGE_SIDE = 16
 
 
+def _default(key: str):
+    return _SPEC_FIELDS[key].default
+
+
 @dataclass(frozen=True)
 class AnnotatorSettings:
-    model: str = _DEFAULTS["model"]
-    epochs: int = _DEFAULTS["epochs"]
-    lr: float = _DEFAULTS["lr"]
-    weight_decay: float = _DEFAULTS["weight_decay"]
-    batch_size: int = _DEFAULTS["batch_size"]
-    seed: int = _DEFAULTS["seed"]
+    """The annotator_* fields of :class:`FedNoRoHIDN` without their prefix (same defaults, same checks)."""
+
+    model: str = _default("model")
+    epochs: int = _default("epochs")
+    lr: float = _default("lr")
+    weight_decay: float = _default("weight_decay")
+    batch_size: int = _default("batch_size")
+    seed: int = _default("seed")
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ConfigError(f"annotator_epochs={self.epochs} must be >= 1")
-        if self.batch_size < 1:
-            raise ConfigError(f"annotator_batch_size={self.batch_size} must be >= 1")
-        if not self.lr > 0:
-            raise ConfigError(f"annotator_lr={self.lr} must be > 0")
+        keys = _ConfigKeys(**{_PREFIX + k: v for k, v in asdict(self).items()})
+        check_params(keys, f"{FedNoRoHIDN.kind} {FedNoRoHIDN.name!r}")  # errors name annotator_<key>
+        for k in _SPEC_FIELDS:  # the declared types, as coerced by the check
+            object.__setattr__(self, k, getattr(keys, _PREFIX + k))
 
     @classmethod
-    def from_noise_spec(cls, spec) -> "AnnotatorSettings":
-        return cls(**{k: getattr(spec, f"annotator_{k}") for k in _DEFAULTS})
+    def from_noise_spec(cls, spec: FedNoRoHIDN) -> "AnnotatorSettings":
+        return cls(**{k: getattr(spec, _PREFIX + k) for k in _SPEC_FIELDS})
 
 
 def annotator_context(
@@ -79,8 +91,10 @@ def annotator_context(
     device: torch.device,
 ) -> RunContext:
     """One client holding every given sample, as the engine sees a federated client."""
-    name = default_model_for(channels, image_size) if settings.model == "auto" else settings.model
-    pretrained = name in ("resnet18", "resnet50") and settings.model == "auto"
+    name = resolve_model_name(settings.model, channels, image_size)
+    # 'auto' takes ImageNet weights where the architecture has them and the images are RGB
+    # (fednoro.md A3: a pretrained ResNet-18); a model named explicitly trains from scratch.
+    pretrained = settings.model == "auto" and channels == 3 and MODELS[name].pretrained_weights
     if images is not None:
         source = ImageSource(device, images=images)
     else:
@@ -91,7 +105,7 @@ def annotator_context(
         train=source, test=source, y_true=y, given=y, y_test=y,
         clients=[torch.arange(len(source), dtype=torch.int64)], num_classes=num_classes,
     )
-    augmentation = "none" if image_size[0] <= TINY_IMAGE_SIDE else "affine_flip"
+    augmentation = "none" if min(image_size) <= TINY_IMAGE_SIDE else "affine_flip"
     normalize = "imagenet" if pretrained else "half"
     training = TrainSettings(
         model=name, pretrained=pretrained, rounds=1, local_epochs=settings.epochs, batch_size=settings.batch_size,
@@ -99,7 +113,6 @@ def annotator_context(
         augmentation=augmentation, normalize=normalize, eval_batch_size=512,
     )
     pipeline = make_pipeline(normalize, augmentation, channels, "annotator")
-    torch.manual_seed(settings.seed)  # model initialisation
     return RunContext(training, data, pipeline, device, name, tuple(image_size), channels, settings.seed, log=lambda m: None)
 
 
@@ -111,12 +124,17 @@ def train_annotator(
     channels: int,
     images: np.ndarray | None = None,
     paths: list[str] | None = None,
-    device: str = "auto",
+    device: str | torch.device = "auto",
 ) -> tuple[dict, np.ndarray, str]:
-    """Train on (images or paths, clean labels); return (state_dict, probabilities (n, C), model name)."""
+    """Train on (images or paths, clean labels); return (state_dict, probabilities (n, C), model name).
+
+    The seed fixes every draw: the model's initialisation, the batch order and the augmentation.
+    """
     if (images is None) == (paths is None):
         raise ValueError("train_annotator needs exactly one of images or paths")
-    ctx = annotator_context(labels, num_classes, settings, tuple(image_size), channels, images, paths, resolve_device(device))
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    ctx = annotator_context(labels, num_classes, settings, tuple(image_size), channels, images, paths, dev)
+    torch.manual_seed(settings.seed)  # model initialisation (batch order and augmentation: ctx's streams)
     model = ctx.new_model()
     given = ctx.data.given
     train_epochs(ctx, model, ctx.data.clients[0], lambda m, x, idx, step: F.cross_entropy(m(x), given[idx.to(given.device)]), 0)
@@ -128,8 +146,6 @@ def train_annotator(
 def save_annotator(checkpoint_path: str | Path, probs_path: str | Path, state: dict, probs: np.ndarray,
                    sample_ids: np.ndarray, settings: AnnotatorSettings, model_name: str, client: int) -> None:
     """Write the checkpoint and the per-sample probabilities atomically."""
-    from ..io import atomic_path, write_npz
-
     with atomic_path(checkpoint_path, suffix=".pt") as tmp:
         torch.save({"state_dict": state, "settings": asdict(settings), "model": model_name, "client": client}, tmp)
     write_npz(probs_path, sample_id=np.asarray(sample_ids, dtype=np.int64), probs=probs)
