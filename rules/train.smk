@@ -29,6 +29,7 @@ rule train:
     output:
         metrics=pattern(RUN) + RUN_FILES["metrics"],
         clients=pattern(RUN) + RUN_FILES["clients"],
+        relabels=pattern(RUN) + RUN_FILES["relabels"],
         model=pattern(RUN) + RUN_FILES["model"],
     params:
         data_dir=lambda w: pattern(paths.DATA_DIR, dataset=w.dataset),

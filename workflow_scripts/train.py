@@ -10,5 +10,6 @@ with job_log(sm.log[0]) as log:
         sm.params.data_dir, sm.input.noise, sm.params.num_clients, sm.params.settings, sm.params.method,
         int(sm.wildcards.seed), sm.params.device,
         sm.output.metrics, sm.output.clients, sm.output.model, sm.params.checkpoint,
+        relabels_path=sm.output.relabels,
         progress=round_reporter(log.info),
     )

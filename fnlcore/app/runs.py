@@ -21,7 +21,9 @@ SCALES_DIR = CONFIG_DIR / "scales"
 REPORTED_DIR = PAPERS_DIR / "reported"
 
 RUN = "{results}/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}"
-RUN_FILES = {"metrics": "/metrics.parquet", "clients": "/clients.parquet", "model": "/final.pt"}
+RUN_FILES = {
+    "metrics": "/metrics.parquet", "clients": "/clients.parquet", "relabels": "/relabels.parquet", "model": "/final.pt",
+}
 CHECKPOINT = "{results}/checkpoints/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.pt"
 TABLE = "{results}/tables/{paper}/{table}"
 TABLE_FILES = {"csv": ".csv", "md": ".md", "html": ".html", "curves": ".curves.png"}

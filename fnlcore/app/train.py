@@ -112,6 +112,7 @@ def train_run(
     checkpoint_path: str,
     progress=None,
     stop_after: int | None = None,
+    relabels_path: str | None = None,
 ) -> pd.DataFrame:
     """Train one (dataset, partition, noise, method, seed) run; resumable through ``checkpoint_path``."""
     from ..datasets import load_prepared
@@ -130,6 +131,8 @@ def train_run(
     write_parquet(metrics, metrics_path)
     clients = method.client_results()
     write_parquet(clients if clients is not None else pd.DataFrame({"client": pd.Series(dtype="int64")}), clients_path)
+    if relabels_path is not None:  # every label the method changed: sample, client, round, stage, from, to
+        write_parquet(data.relabels.frame(), relabels_path)
     with atomic_path(model_path, suffix=".pt") as tmp:
         torch.save({"state_dict": method.eval_model().state_dict(), "model": ctx.model_name, "method": method_params.to_dict()}, tmp)
     sim.remove_checkpoint()  # outputs are complete; the checkpoint is no longer needed

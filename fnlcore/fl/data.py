@@ -7,21 +7,22 @@ sets stream from their file manifest through a DataLoader (decode + resize in
 workers); augmentation then runs batched on the device for both.
 
 Labels are tensors on the device too. ``given`` is the working copy of the
-noisy labels: methods that relabel write into it, so overrides persist across
-rounds (and are checkpointed).
+noisy labels: methods relabel through ``FederatedData.relabel``, so overrides
+persist across rounds, are checkpointed, and are recorded (``relabels.parquet``).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 import torch
 
 from ..assignment import ClientAssignment
+from .relabels import RelabelLog
 
 
 # In-memory gathers are done in blocks of whole batches of about this many bytes (a view per batch).
@@ -115,6 +116,7 @@ class FederatedData:
     multi_label: bool = False
     active: torch.Tensor | None = None  # (N, C) float 0/1: classes annotated for each sample (FedMLP)
     class_names: tuple[str, ...] = ()
+    relabels: RelabelLog = field(default_factory=RelabelLog)  # every change of ``given`` made by ``relabel``
 
     @property
     def num_clients(self) -> int:
@@ -131,6 +133,10 @@ class FederatedData:
             yk = y[idx.to(y.device)]
             out[k] = yk.sum(0).double() if self.multi_label else torch.bincount(yk, minlength=self.num_classes).double()
         return out
+
+    def relabel(self, idx: torch.Tensor, labels: torch.Tensor, round_index: int, stage: str, client: int = -1) -> int:
+        """Overwrite the working labels of samples ``idx`` (persisting) and record the changes; returns how many changed."""
+        return self.relabels.apply(self.given, idx, labels, round_index, stage, client)
 
     def assignment(self) -> ClientAssignment:
         return ClientAssignment(num_samples=len(self.train), clients=tuple(c.numpy() for c in self.clients))

@@ -23,7 +23,7 @@ from ..io import atomic_path
 from .context import RunContext
 from .local import evaluate
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: the relabel log
 
 
 class Simulation:
@@ -51,6 +51,7 @@ class Simulation:
             "next_round": next_round,
             "method": self.method.state_dict(),
             "given": self.ctx.data.given.detach().cpu().clone(),
+            "relabels": self.ctx.data.relabels.state_dict(),
             "rng": self.ctx.rng_state(),
             "rows": self.rows,
         }
@@ -66,6 +67,7 @@ class Simulation:
             return 0
         self.method.load_state_dict(payload["method"])
         self.ctx.data.given.copy_(payload["given"].to(self.ctx.data.given.device))
+        self.ctx.data.relabels.load_state_dict(payload["relabels"])
         self.ctx.load_rng_state(payload["rng"])
         self.rows = list(payload["rows"])
         self.progress(f"resumed from {self.checkpoint_path} at round {payload['next_round']}")

@@ -18,7 +18,7 @@ for the hardest methods still to come:
   global + personalised, DivideMix); ``local_update`` returns a ``ClientUpdate``
   whose ``state`` may hold the entries of both, ``eval_model`` picks the
   evaluated one;
-* per-sample label overrides that persist — write into ``ctx.data.given``
+* per-sample label overrides that persist — ``ctx.data.relabel(idx, labels, r, stage, k)``
   (relabelling, pseudo labels); the engine checkpoints it;
 * multi-stage schedules and non-standard sampling — ``num_rounds``, ``stage(r)``
   and ``select_clients(r)`` (FedCorr's stage 1 trains one client per round
