@@ -1,0 +1,119 @@
+"""RHFL as FedNoRo ran it (baselines.md §6): symmetric-CE local training + client-confidence re-weighting.
+
+FedNoRo had no public data for RHFL's distillation, so it combined RHFL's client
+confidence re-weighting (CCR) with FedAvg. Locally each client minimises SCE =
+alpha CE + beta_s RCE, RCE = -sum_c p_c log clamp(onehot(y)_c, 1e-4, 1) = 9.2103 (1 - p_y)
+(p clamped to [1e-7, 1]). After training it reports L_k^t, the mean SCE of its trained
+model on its own data (eval mode, no augmentation; A(c)). The server weights the models
+by omega = softmax(1/(K-1) + beta_c q / sum_j q_j), q_k = (L_k^{t-1} - L_k^t) / L_k^t;
+round 0 (no previous losses) and |sum q| < 1e-8 give uniform weights (A(d)); a client
+with no previous loss (not sampled before) gets q = 0. The weights do not multiply n_k (A(b)).
+
+Switch: ``local_loss`` 'sce' (RHFL's noise-tolerant loss, default) | 'ce' (plain FedAvg loss).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..fl.local import predict
+from ..fl.state import load, weighted_average
+from ..registry import param
+from .base import ClientUpdate, FLMethod, MethodParams, register
+
+LOG_1E4 = math.log(1e-4)
+
+
+@dataclass(frozen=True)
+class RHFLParams(MethodParams):
+    name = "rhfl"
+    slug_fields = ("beta_c",)
+    switches = {"local_loss": "'sce' (RHFL's noise-tolerant loss; FedNoRo says only 'combined with FedAvg') | 'ce'"}
+    alpha: float = param(0.1, ge=0, doc="SCE weight of CE")
+    beta_s: float = param(1.0, ge=0, doc="SCE weight of reverse CE")
+    beta_c: float = param(0.5, ge=0, doc="CCR strength")
+    local_loss: str = param("sce", choices=("sce", "ce"))
+
+
+def symmetric_ce(logits: torch.Tensor, y: torch.Tensor, alpha: float, beta: float, reduction: str = "mean") -> torch.Tensor:
+    """alpha CE + beta RCE with RHFL's clamps: RCE = -log(1e-4) (1 - p_y) for p clamped to [1e-7, 1]."""
+    ce = F.cross_entropy(logits, y, reduction="none")
+    p = F.softmax(logits, dim=1).clamp(1e-7, 1.0)
+    p_other = p.sum(1) - p.gather(1, y[:, None]).squeeze(1)  # sum of p_c over c != y: the terms log(1e-4) multiplies
+    loss = alpha * ce + beta * (-LOG_1E4) * p_other
+    return loss.mean() if reduction == "mean" else loss
+
+
+def ccr_weights(prev: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """Client-confidence re-weighting: softmax(1/(K-1) + beta_c q / sum q) with beta_c applied by the caller.
+
+    ``prev``/``cur``: previous and current mean losses (NaN prev = no previous loss -> q = 0).
+    Returns the normalised quality shares q / sum q (zeros when |sum q| < 1e-8).
+    """
+    q = np.where(np.isnan(prev), 0.0, (prev - cur) / cur)
+    total = q.sum()
+    return np.zeros_like(q) if abs(total) < 1e-8 else q / total
+
+
+def ccr_aggregation_weights(prev: np.ndarray, cur: np.ndarray, beta_c: float) -> np.ndarray:
+    k = len(cur)
+    if k == 0:
+        return np.zeros(0)
+    a = 1.0 / max(k - 1, 1) + beta_c * ccr_weights(prev, cur)
+    e = np.exp(a - a.max())
+    return e / e.sum()
+
+
+@register
+class RHFL(FLMethod):
+    Params = RHFLParams
+    paper = "Fang & Ye (CVPR'22) as FedNoRo's baseline: CCR + FedAvg"
+
+    def __init__(self, params: RHFLParams, ctx):
+        super().__init__(params, ctx)
+        self.prev_loss = np.full(ctx.data.num_clients, np.nan)  # L_k of the client's last participation
+        self._updates: list[ClientUpdate] = []
+
+    def loss(self, model, x, idx, step, k, r):
+        y = self.labels(idx)
+        if self.params.local_loss == "ce":
+            return F.cross_entropy(model(x), y)
+        return symmetric_ce(model(x), y, self.params.alpha, self.params.beta_s)
+
+    def local_update(self, r, k):
+        upd = super().local_update(r, k)
+        idx = self.ctx.data.clients[k]
+        logits = predict(self.ctx, self.worker, self.ctx.data.train, idx)  # eval mode, no augmentation
+        y = self.ctx.data.given[idx.to(self.ctx.device)]
+        upd.uploads["mean_loss"] = float(symmetric_ce(logits, y, self.params.alpha, self.params.beta_s))
+        return upd
+
+    def begin_round(self, r):
+        super().begin_round(r)
+        self._updates = []
+
+    def accumulate(self, r, upd):
+        self._updates.append(upd)  # CCR needs every client's loss before weighting
+
+    def aggregate(self, r):
+        ups = self._updates
+        clients = [u.client for u in ups]
+        cur = np.array([u.uploads["mean_loss"] for u in ups], dtype=np.float64)
+        prev = self.prev_loss[clients]
+        weights = ccr_aggregation_weights(prev, cur, self.params.beta_c)
+        load(self.global_model, weighted_average([u.state for u in ups], weights))
+        self.prev_loss[clients] = cur
+        self.round_info["ccr_max_weight"] = float(weights.max()) if len(weights) else float("nan")
+        self._updates = []
+
+    def state_dict(self):
+        return {**super().state_dict(), "prev_loss": self.prev_loss.copy()}
+
+    def load_state_dict(self, d):
+        super().load_state_dict(d)
+        self.prev_loss = d["prev_loss"].copy()
