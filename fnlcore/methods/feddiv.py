@@ -131,8 +131,13 @@ def _log_responsibilities(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.
 def gmm_posteriors(x: np.ndarray, w: np.ndarray, inclusive: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(posterior of the clean component, clean mask); clean = component of the smaller mean."""
     log_resp, _ = _log_responsibilities(np.asarray(x, dtype=np.float64), w)
-    r_clean = np.exp(log_resp[:, int(np.argmin(w[1]))])
-    return r_clean, (r_clean >= 0.5) if inclusive else (r_clean > 0.5)
+    r_clean = np.exp(log_resp[:, int(np.argmin(w[1]))])  # as sklearn's predict_proba
+    return r_clean, clean_mask(r_clean, inclusive)
+
+
+def clean_mask(r_clean: np.ndarray, inclusive: bool = False) -> np.ndarray:
+    """Code: r_clean > 0.5; paper Eq. 7: r_clean >= 0.5."""
+    return (r_clean >= 0.5) if inclusive else (r_clean > 0.5)
 
 
 def m_step(x: np.ndarray, resp: np.ndarray, reg_covar: float = REG_COVAR) -> np.ndarray:
