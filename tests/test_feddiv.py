@@ -213,11 +213,13 @@ def test_warmup_visits_every_client_once_per_iteration():
     {"reg_coef": 1.0},
     {"loss_form": "logits", "normalize_losses": False, "clean_posterior": "inclusive", "clean_client_rule": "lt",
      "participation_gate": 0, "relabel_gate": 0.0, "persistent_relabels": False, "prior_mask": 0.0, "xi": 0.5,
-     "prior_momentum": 0.2, "variance_weights": "linear", "em_steps": 0, "bn_extra_forward": False},
+     "prior_momentum": 0.2, "variance_weights": "linear", "em_steps": 0, "bn_extra_forward": False,
+     "pcs_reference": "local_epoch"},
 ], ids=["degraded", "local", "no-relab-no-pcs", "no-pcs", "no-debias", "reg", "paper"])
 def test_table6_variants_and_paper_switches_run(variant):
-    s = TrainSettings(rounds=2, local_epochs=1, batch_size=16, optimizer="adam", lr=3e-3, client_fraction=0.5)
-    df, m, ctx = _run(s, zeta=0.3, **variant)
+    variant = dict(variant)
+    s = TrainSettings(rounds=2, local_epochs=2, batch_size=16, optimizer="adam", lr=3e-3, client_fraction=0.5)
+    df, m, ctx = _run(s, zeta=0.3, participation_gate=variant.pop("participation_gate", 1), **variant)
     assert len(df) == 6 and df["acc"].iloc[4:].notna().all()
     if variant.get("filter") == "degraded":
         assert m.cached.sum() == 2  # only the last round's two clients
@@ -233,3 +235,36 @@ def test_frac1_must_give_a_client_per_group():
     ctx = make_ctx(SETTINGS, seed=0)
     with pytest.raises(ConfigError, match="frac1"):
         METHODS["feddiv"](FedDivParams(frac1=0.1), ctx)
+
+
+def test_paper_pcs_reference_relabels_differently_from_the_code():
+    s = TrainSettings(rounds=2, local_epochs=2, batch_size=16, optimizer="adam", lr=3e-3)
+    _, _, code_ctx = _run(s, zeta=0.3)
+    _, m, ctx = _run(s, zeta=0.3, pcs_reference="local_epoch")
+    assert m.counts.tolist() == [2] * 4
+    assert len(ctx.data.relabels) > 0 and not torch.equal(ctx.data.given, code_ctx.data.given)
+
+
+def test_resume_in_the_main_phase_equals_an_uninterrupted_run(tmp_path):
+    import pandas as pd
+
+    from .test_contracts import assert_same_state
+
+    s = TrainSettings(rounds=3, local_epochs=1, batch_size=16, optimizer="adam", lr=3e-3, client_fraction=0.5,
+                      checkpoint_every=1)
+    params = FedDivParams(warmup_iterations=1, participation_gate=1, zeta=0.3)
+
+    def sim(**kw):
+        ctx = make_ctx(s, seed=0, noisy_clients=(0, 1), rate=0.6)
+        m = METHODS["feddiv"](params, ctx)
+        return Simulation(m, ctx, progress=lambda x: None, **kw), m, ctx
+
+    full_sim, full_m, full_ctx = sim()
+    full = full_sim.run()
+    sim(checkpoint_path=tmp_path / "c.pt", stop_after=5)[0].run()  # killed after the first main round
+    res_sim, res_m, res_ctx = sim(checkpoint_path=tmp_path / "c.pt")
+    out = res_sim.run()
+    cols = [c for c in full.columns if c != "seconds"]
+    pd.testing.assert_frame_equal(out[cols], full[cols], check_exact=True)
+    assert_same_state(res_m.state_dict(), full_m.state_dict())
+    assert torch.equal(res_ctx.data.given, full_ctx.data.given) and len(full_ctx.data.relabels) > 0

@@ -25,8 +25,10 @@ Official code behaviour by default; every documented difference is a switch:
   5th participation on, relabelled samples only when delta_hat > 0.2) | 0 / 0 (paper: no gates);
 - ``persistent_relabels`` true (code: relabels written into the working labels, kept across
   rounds) | false (paper: pseudo labels used for this local training only);
-- PCS reference: the code compares with the de-biased labels cached at the client's previous
-  participation, once per round (paper: the model being optimised, every epoch) - not a switch;
+- ``pcs_reference`` 'cached' (code: the global prediction is compared once per round with the
+  de-biased labels cached at the client's previous participation; R' is relabelled) |
+  'local_epoch' (paper Alg. 1: before every local epoch, with the de-biased prediction of the
+  model being optimised; every candidate of R is relabelled, Eq. 8, and PCS re-selects per epoch);
 - ``prior_mask`` 0.85 (code: prior updated from samples with de-biased confidence > 0.85;
   empty mask keeps the prior) | 0 (paper Eq. 12: every sample);
 - ``xi`` 0.2 / ``prior_momentum`` 0.5 (code defaults, A2) | 0.5 / 0.2 (paper);
@@ -76,6 +78,7 @@ class FedDivParams(MethodParams):
         "prior_momentum": "0.5 (code default, CLI could not change it) | 0.2 (paper)",
         "variance_weights": "'squared' (code: gamma^2 for variances) | 'linear' (paper Eq. 5)",
         "em_steps": "3 (code: 3 EM steps per local filter) | 0 (paper: EM until converged)",
+        "pcs_reference": "'cached' (code: cached de-biased labels, once per round) | 'local_epoch' (paper)",
         "bn_extra_forward": "true (code: unused forward on the un-mixed batch updates BN stats) | false",
     }
     warmup_iterations: int = param(5, ge=0, doc="T_wu: passes over all clients before training.rounds")
@@ -92,6 +95,7 @@ class FedDivParams(MethodParams):
     filter: str = param("federated", choices=("federated", "degraded", "local"), doc="Table 6 filter variants")
     relabel: bool = True
     pcs: bool = True
+    pcs_reference: str = param("cached", choices=("cached", "local_epoch"))
     variance_weights: str = param("squared", choices=("squared", "linear"))
     loss_form: str = param("double_softmax", choices=("double_softmax", "logits"))
     normalize_losses: bool = True
@@ -309,7 +313,7 @@ class FedDiv(FLMethod):
         return max(r - self.pre, 0)
 
     # -- local objective -----------------------------------------------------------------
-    def _train(self, r: int, idx: torch.Tensor, labels: torch.Tensor) -> float:
+    def _loss_fn(self, labels: torch.Tensor):
         p, ctx = self.params, self.ctx
         eta = p.reg_coef * p.reg_coef  # the code multiplies L_reg by reg_coef twice
 
@@ -323,7 +327,10 @@ class FedDiv(FLMethod):
                 loss = loss + eta * label_balance_regulariser(out)
             return loss
 
-        return train_epochs(ctx, self.worker, idx, loss_fn, self._lr_round(r))
+        return loss_fn
+
+    def _train(self, r: int, idx: torch.Tensor, labels: torch.Tensor) -> float:
+        return train_epochs(self.ctx, self.worker, idx, self._loss_fn(labels), self._lr_round(r))
 
     def _per_sample_loss(self, logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
         if self.params.loss_form == "double_softmax":
@@ -361,16 +368,21 @@ class FedDiv(FLMethod):
         if self.counts[k] == 0:
             self.debiased[dev_idx] = pred_g
         candidates = ~clean & (conf_g > p.zeta) if p.relabel else torch.zeros_like(clean)
-        c_prime, r_prime = pcs_select(clean, candidates, pred_g, self.debiased[dev_idx], p.pcs)
-        # 7: training set and relabels
-        train, relabel = training_set(clean, c_prime, r_prime, delta, int(self.counts[k]), p.participation_gate,
-                                      p.relabel_gate, p.clean_set_thres, p.clean_client_rule)
-        train_labels = self._apply_relabels(r, k, idx, relabel, pred_g)
-        # 8: local training only on more than one batch
-        train_idx = idx[train.cpu()]
-        loss = float("nan")
-        if len(train_idx) > ctx.settings.batch_size:
-            loss = self._train(r, train_idx, train_labels)
+        select = lambda ref: training_set(  # noqa: E731  (7: gated training set and relabels)
+            clean, *pcs_select(clean, candidates, pred_g, ref, p.pcs), delta, int(self.counts[k]),
+            p.participation_gate, p.relabel_gate, p.clean_set_thres, p.clean_client_rule)
+        if p.pcs_reference == "cached":
+            train, relabel = select(self.debiased[dev_idx])
+            train_labels = self._apply_relabels(r, k, idx, relabel, pred_g)
+            # 8: local training only on more than one batch
+            train_idx = idx[train.cpu()]
+            loss = float("nan")
+            if len(train_idx) > ctx.settings.batch_size:
+                loss = self._train(r, train_idx, train_labels)
+        else:
+            relabel = select(pred_g)[1] & candidates  # Eq. 8: every candidate of a noisy client
+            train_labels = self._apply_relabels(r, k, idx, relabel, pred_g)
+            loss, train_idx = self._train_with_epoch_pcs(r, k, idx, select, train_labels)
         # 9, 11: local outputs -> de-biased cache and prior
         logits_l, probs_l, _ = client_outputs(ctx, self.worker, idx)
         self.debiased[dev_idx], self.priors[k] = debias_prior_update(
@@ -382,6 +394,21 @@ class FedDiv(FLMethod):
         uploads = {"train_loss": loss, "filter": w_k, "delta_hat": delta, "train_size": int(len(train_idx)),
                    "relabelled": int(relabel.sum())}
         return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
+
+    def _train_with_epoch_pcs(self, r, k, idx, select, labels) -> tuple[float, torch.Tensor]:
+        """Paper Alg. 1 lines 15-18: before each local epoch, PCS against the de-biased prediction
+        of the model being optimised; one optimiser across the epochs. Returns (mean loss, last set)."""
+        ctx, p = self.ctx, self.params
+        opt = ctx.optimizer(self.worker.parameters(), self._lr_round(r))
+        losses, train_idx = [], idx[:0]
+        for _ in range(ctx.settings.local_epochs):
+            logits, _, _ = client_outputs(ctx, self.worker, idx)
+            reference = (logits - p.xi * torch.log(self.priors[k])[None, :]).argmax(1)
+            train_idx = idx[select(reference)[0].cpu()]
+            if len(train_idx) > ctx.settings.batch_size:
+                losses.append(train_epochs(ctx, self.worker, train_idx, self._loss_fn(labels), self._lr_round(r),
+                                           epochs=1, optimizer=opt))
+        return (float(np.mean(losses)) if losses else float("nan")), train_idx
 
     def _apply_relabels(self, r: int, k: int, idx: torch.Tensor, relabel: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
         """Write R' <- global argmax; returns the label array training reads (working labels, or a round copy)."""
