@@ -1,0 +1,497 @@
+"""FedDiv (Li et al., AAAI'24; feddiv.md §2-§6, §8): a federated noise filter + predictive consistency sampler.
+
+Phase A, warm-up (§2.2): ``warmup_iterations`` passes over the clients in FedCorr's
+stage-1 groups (:func:`~.parts.sequential_client_groups`, ``frac1`` = 1/K: one client
+per group, each group one engine round, stage "warmup", not evaluated); each client
+trains on all its samples with its given labels (MixUp, + L_reg when ``reg_coef`` > 0).
+Phase B, ``training.rounds`` main rounds (§2.3, stage "main", the only reported stage):
+m = max(int(omega K), 1) clients drawn without replacement, each processed in turn:
+global-model losses on the client's augmented data -> min-max normalised -> split by
+the global 2-component GMM W(t) (clean = component of smaller mean) -> relabel
+candidates (noisy, confidence > zeta, global argmax) -> PCS against the cached
+de-biased labels -> gated training set -> local training (MixUp + eta L_reg) ->
+local-model outputs -> de-biased label cache and masked momentum prior -> 3 EM steps
+from W(t) on the local losses, uploaded. The server averages models with n_k and
+filters over every client that has uploaded one (gamma_k = n_k / sum n; variances
+with gamma_k^2). W(0) (§2.4): one M-step on seeded synthetic blobs with random
+responsibilities (``make_blobs(random_state=seed)`` and ``RandomState(seed)``, A7).
+
+Official code behaviour by default; every documented difference is a switch:
+- ``loss_form`` 'double_softmax' (code: CE applied to softmax outputs) | 'logits' (paper);
+- ``normalize_losses`` true (code: per-client min-max of the losses) | false (paper);
+- ``clean_posterior`` 'strict' (code: clean iff r_clean > 0.5) | 'inclusive' (paper Eq. 7: >= 0.5);
+- ``clean_client_rule`` 'le' (code: delta_hat <= clean_set_thres trains on all data) | 'lt' (paper Eq. 11);
+- ``participation_gate`` 5 / ``relabel_gate`` 0.2 (code: PCS and relabelled samples only from the
+  5th participation on, relabelled samples only when delta_hat > 0.2) | 0 / 0 (paper: no gates);
+- ``persistent_relabels`` true (code: relabels written into the working labels, kept across
+  rounds) | false (paper: pseudo labels used for this local training only);
+- ``pcs_reference`` 'cached' (code: the global prediction is compared once per round with the
+  de-biased labels cached at the client's previous participation; R' is relabelled) |
+  'local_epoch' (paper Alg. 1: before every local epoch, with the de-biased prediction of the
+  model being optimised; every candidate of R is relabelled, Eq. 8, and PCS re-selects per epoch);
+- ``prior_mask`` 0.85 (code: prior updated from samples with de-biased confidence > 0.85;
+  empty mask keeps the prior) | 0 (paper Eq. 12: every sample);
+- ``xi`` 0.2 / ``prior_momentum`` 0.5 (code defaults, A2) | 0.5 / 0.2 (paper);
+- ``variance_weights`` 'squared' (code: sigma^2 = sum gamma^2 sigma_k^2) | 'linear' (paper Eq. 5);
+- ``em_steps`` 3 (code) | 0 = EM until converged (paper; sklearn's tol 1e-3, 100 steps);
+- ``bn_extra_forward`` true (code: an unused forward pass on the un-mixed batch updates BN
+  statistics) | false.
+``reg_coef``: the code multiplies L_reg by reg_coef twice, so eta = reg_coef**2 (1 for the
+non-IID tables, 0 for IID). Table 6 variants: ``filter`` 'degraded' / 'local', ``relabel``,
+``pcs``, ``xi`` 0, ``reg_coef`` 0 (§6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..fl import sampling
+from ..fl.local import train_epochs
+from ..fl.state import load, snapshot
+from ..registry import param
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .parts import client_outputs, double_softmax_loss, mixup_cross_entropy, sequential_client_groups
+
+REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
+
+
+@dataclass(frozen=True)
+class FedDivParams(MethodParams):
+    name = "feddiv"
+    slug_fields = ("warmup_iterations", "filter")
+    switches = {
+        "loss_form": "'double_softmax' (code: CE of softmax outputs) | 'logits' (paper)",
+        "normalize_losses": "true (code: per-client min-max of the losses) | false (paper)",
+        "clean_posterior": "'strict' (code: r_clean > 0.5) | 'inclusive' (paper Eq. 7: >= 0.5)",
+        "clean_client_rule": "'le' (code: delta_hat <= clean_set_thres -> all data) | 'lt' (paper Eq. 11)",
+        "participation_gate": "5 (code: PCS/relabel from the 5th participation) | 0 (paper)",
+        "relabel_gate": "0.2 (code: relabelled samples trained only if delta_hat > 0.2) | 0 (paper)",
+        "persistent_relabels": "true (code: relabels kept in the working labels) | false (paper)",
+        "prior_mask": "0.85 (code: prior from samples with de-biased confidence > 0.85) | 0 (paper Eq. 12)",
+        "xi": "0.2 (code default, CLI could not change it) | 0.5 (paper)",
+        "prior_momentum": "0.5 (code default, CLI could not change it) | 0.2 (paper)",
+        "variance_weights": "'squared' (code: gamma^2 for variances) | 'linear' (paper Eq. 5)",
+        "em_steps": "3 (code: 3 EM steps per local filter) | 0 (paper: EM until converged)",
+        "pcs_reference": "'cached' (code: cached de-biased labels, once per round) | 'local_epoch' (paper)",
+        "bn_extra_forward": "true (code: unused forward on the un-mixed batch updates BN stats) | false",
+    }
+    warmup_iterations: int = param(5, ge=0, doc="T_wu: passes over all clients before training.rounds")
+    frac1: float | None = param(None, gt=0, le=1, doc="warm-up group fraction; default 1/K (one client per group)")
+    zeta: float = param(0.75, ge=0, le=1, doc="relabel confidence of the global model")
+    xi: float = param(0.2, ge=0, doc="de-bias factor (paper 0.5)")
+    prior_momentum: float = param(0.5, ge=0, le=1, doc="momentum m of the class prior (paper 0.2)")
+    prior_mask: float = param(0.85, ge=0, lt=1, doc="de-biased confidence above which samples update the prior")
+    reg_coef: float = param(0.0, ge=0, doc="L_reg weight as the code's flag: eta = reg_coef**2 (non-IID 1, IID 0)")
+    em_steps: int = param(3, ge=0, doc="EM steps per local filter; 0 = until converged (paper)")
+    clean_set_thres: float = param(0.1, ge=0, le=1, doc="a client with delta_hat <= this trains on all its data")
+    relabel_gate: float = param(0.2, ge=0, le=1, doc="relabelled samples are trained only if delta_hat > this")
+    participation_gate: int = param(5, ge=0, doc="PCS and relabelled samples only from this participation count on")
+    filter: str = param("federated", choices=("federated", "degraded", "local"), doc="Table 6 filter variants")
+    relabel: bool = True
+    pcs: bool = True
+    pcs_reference: str = param("cached", choices=("cached", "local_epoch"))
+    variance_weights: str = param("squared", choices=("squared", "linear"))
+    loss_form: str = param("double_softmax", choices=("double_softmax", "logits"))
+    normalize_losses: bool = True
+    clean_posterior: str = param("strict", choices=("strict", "inclusive"))
+    clean_client_rule: str = param("le", choices=("le", "lt"))
+    persistent_relabels: bool = True
+    mixup_alpha: float = param(1.0, gt=0)
+    bn_extra_forward: bool = True
+
+
+# -- pure parts ------------------------------------------------------------------------------
+# A filter W is a (3, 2) float64 array: rows weights pi, means mu, variances sigma^2; columns the
+# two components in the code's (unsorted) order.
+
+
+def minmax_normalise(x: np.ndarray) -> np.ndarray:
+    """(x - min) / (max - min); all zeros when every value is equal (the code would divide by 0)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    lo, hi = x.min(), x.max()
+    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+def _log_joint(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(n, 2) log(pi_g N(x; mu_g, sigma_g^2))."""
+    pi, mu, var = w
+    return np.log(pi)[None, :] - 0.5 * (np.log(2 * np.pi * var)[None, :] + (x[:, None] - mu[None, :]) ** 2 / var[None, :])
+
+
+def _log_responsibilities(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lj = _log_joint(x, w)
+    norm = np.logaddexp(lj[:, 0], lj[:, 1])
+    return lj - norm[:, None], norm
+
+
+def gmm_posteriors(x: np.ndarray, w: np.ndarray, inclusive: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(posterior of the clean component, clean mask); clean = component of the smaller mean."""
+    log_resp, _ = _log_responsibilities(np.asarray(x, dtype=np.float64), w)
+    r_clean = np.exp(log_resp[:, int(np.argmin(w[1]))])  # as sklearn's predict_proba
+    return r_clean, clean_mask(r_clean, inclusive)
+
+
+def clean_mask(r_clean: np.ndarray, inclusive: bool = False) -> np.ndarray:
+    """Code: r_clean > 0.5; paper Eq. 7: r_clean >= 0.5."""
+    return (r_clean >= 0.5) if inclusive else (r_clean > 0.5)
+
+
+def m_step(x: np.ndarray, resp: np.ndarray, reg_covar: float = REG_COVAR) -> np.ndarray:
+    """sklearn's M-step for a full-covariance 1-D mixture (10 eps added to the counts, reg_covar to the variances)."""
+    nk = resp.sum(0) + 10 * np.finfo(np.float64).eps
+    mu = resp.T @ x / nk
+    var = (resp * (x[:, None] - mu[None, :]) ** 2).sum(0) / nk + reg_covar
+    return np.stack([nk / nk.sum(), mu, var])
+
+
+def em_steps(x: np.ndarray, w: np.ndarray, steps: int, reg_covar: float = REG_COVAR,
+             tol: float = 1e-3, max_iter: int = 100) -> np.ndarray:
+    """``steps`` EM iterations from W (= GaussianMixture(warm_start, max_iter=1) fitted ``steps`` times).
+
+    ``steps`` = 0: iterate until the mean log-likelihood changes by less than ``tol`` (sklearn's
+    rule, at most ``max_iter`` steps; the paper's "until converged").
+    """
+    x = np.asarray(x, dtype=np.float64)
+    w = np.array(w, dtype=np.float64)
+    if x.size == 0:
+        return w
+    prev = -np.inf
+    for _ in range(steps if steps > 0 else max_iter):
+        log_resp, norm = _log_responsibilities(x, w)
+        w = m_step(x, np.exp(log_resp), reg_covar)
+        bound = norm.mean()
+        if steps == 0 and abs(bound - prev) < tol:
+            break
+        prev = bound
+    return w
+
+
+def aggregate_filters(filters: np.ndarray, sizes: np.ndarray, variance_weights: str = "squared") -> np.ndarray:
+    """Server filter (§2.3): gamma_k = n_k / sum n; pi, mu with gamma; variances with gamma^2 (code) or gamma."""
+    filters = np.asarray(filters, dtype=np.float64)
+    gamma = np.asarray(sizes, dtype=np.float64) / np.sum(sizes)
+    gv = gamma ** 2 if variance_weights == "squared" else gamma
+    return np.stack([
+        np.einsum("k,kg->g", gamma, filters[:, 0]),
+        np.einsum("k,kg->g", gamma, filters[:, 1]),
+        np.einsum("k,kg->g", gv, filters[:, 2]),
+    ])
+
+
+def pcs_select(clean: torch.Tensor, candidates: torch.Tensor, global_pred: torch.Tensor,
+               reference: torch.Tensor, use_pcs: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C', R'): clean samples and relabel candidates whose global argmax equals the reference label.
+
+    The reference is the cached de-biased label of the client's previous participation (code).
+    Without PCS every clean sample and every candidate passes.
+    """
+    if not use_pcs:
+        return clean.clone(), candidates.clone()
+    agree = global_pred == reference
+    return clean & agree, candidates & agree
+
+
+def training_set(clean: torch.Tensor, c_prime: torch.Tensor, r_prime: torch.Tensor, delta_hat: float, count: int,
+                 participation_gate: int = 5, relabel_gate: float = 0.2, clean_set_thres: float = 0.1,
+                 clean_client_rule: str = "le") -> tuple[torch.Tensor, torch.Tensor]:
+    """(training mask, relabel mask) of one client (§2.3 step 7).
+
+    count >= gate: C' u R' if delta_hat > relabel_gate else C'; count < gate: all clean samples.
+    A clean client (delta_hat <= / < clean_set_thres) trains on everything and relabels nothing;
+    otherwise R' is relabelled (even when not trained on).
+    """
+    if count >= participation_gate:
+        train = c_prime | r_prime if delta_hat > relabel_gate else c_prime.clone()
+    else:
+        train = clean.clone()
+    is_clean_client = delta_hat <= clean_set_thres if clean_client_rule == "le" else delta_hat < clean_set_thres
+    if is_clean_client:
+        return torch.ones_like(clean), torch.zeros_like(clean)
+    return train, r_prime.clone()
+
+
+def debias_prior_update(logits: torch.Tensor, probs: torch.Tensor, prior: torch.Tensor, xi: float,
+                        mask_thres: float = 0.85, momentum: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """(de-biased labels, new prior) (Eqs. 9, 12 as the code): q = softmax(z - xi log p_old);
+    p <- m p + (1 - m) mean of the probabilities of samples with max q > mask_thres (empty: p kept)."""
+    q = F.softmax(logits - xi * torch.log(prior)[None, :], dim=1)
+    conf, labels = q.max(1)
+    mask = conf > mask_thres
+    if not bool(mask.any()):
+        return labels, prior.clone()
+    return labels, momentum * prior + (1.0 - momentum) * probs[mask].mean(0)
+
+
+def label_balance_regulariser(logits: torch.Tensor) -> torch.Tensor:
+    """L_reg = sum_c (1/C) log((1/C) / q_c), q = batch mean of softmax (Eq. 14); 0 when q is uniform."""
+    c = logits.shape[1]
+    q = F.softmax(logits, dim=1).mean(0)
+    return (torch.log(torch.tensor(1.0 / c, device=logits.device)) - torch.log(q)).sum() / c
+
+
+def initial_filter(seed: int, reg_covar: float = REG_COVAR) -> np.ndarray:
+    """W(0) (§2.4): 1,000 points of two unit-variance 1-D blobs (centres in [-10, 10]), standardised,
+    min-max scaled; random responsibilities from RandomState(seed), rows normalised; one M-step.
+
+    The code's blobs are unseeded; here ``make_blobs(random_state=seed)`` (A7).
+    """
+    from sklearn.datasets import make_blobs
+
+    x, _ = make_blobs(n_samples=1000, n_features=1, centers=2, cluster_std=1.0, center_box=(-10.0, 10.0),
+                      random_state=seed)
+    x = x[:, 0].astype(np.float64)
+    x = minmax_normalise((x - x.mean()) / x.std())
+    resp = np.random.RandomState(seed).rand(len(x), 2)
+    resp /= resp.sum(1, keepdims=True)
+    return m_step(x, resp, reg_covar)
+
+
+# -- the method ------------------------------------------------------------------------------
+
+
+@register
+class FedDiv(FLMethod):
+    Params = FedDivParams
+    paper = "FedDiv (AAAI'24)"
+    reported_stages = ("main",)
+
+    def __init__(self, params: FedDivParams, ctx):
+        super().__init__(params, ctx)
+        data = ctx.data
+        if data.multi_label:
+            raise ConfigError("method 'feddiv': needs single-label data (relabelling, class priors)")
+        k, c = data.num_clients, data.num_classes
+        self.frac1 = 1.0 / k if params.frac1 is None else params.frac1
+        if int(k * self.frac1) < 1:
+            raise ConfigError(f"method 'feddiv': frac1={self.frac1} gives 0 clients per warm-up group for K={k}; "
+                              f"set frac1 >= 1/K ({1.0 / k:.6g})")
+        self.groups_per_iteration = int(1.0 / self.frac1)  # sequential_client_groups' count
+        self.pre = params.warmup_iterations * self.groups_per_iteration
+        self.sizes = data.sizes()
+        w0 = initial_filter(ctx.seed)
+        self.global_filter = w0
+        self.filter_cache = np.zeros((k, 3, 2))
+        self.cached = np.zeros(k, dtype=bool)
+        self.local_filters = np.repeat(w0[None], k, axis=0)
+        self.priors = torch.full((k, c), 1.0 / c, device=ctx.device)
+        self.counts = np.zeros(k, dtype=np.int64)
+        self.delta_hat = np.full(k, np.nan)
+        self.debiased = torch.zeros(len(data.train), dtype=torch.int64, device=ctx.device)
+        self.warmup_groups: list[list[int]] = []
+        flipped = (data.given != data.y_true).cpu().numpy()  # before any relabel: the true noise
+        self._true_noise = np.array([flipped[i.numpy()].mean() if len(i) else 0.0 for i in data.clients])
+
+    # -- schedule ------------------------------------------------------------------------
+    def num_rounds(self) -> int:
+        return self.pre + self.ctx.settings.rounds
+
+    def stage(self, r: int) -> str:
+        return "warmup" if r < self.pre else "main"
+
+    def should_evaluate(self, r: int) -> bool:
+        return r >= self.pre
+
+    def select_clients(self, r: int) -> list[int]:
+        if r < self.pre:
+            g = r % self.groups_per_iteration
+            if g == 0:  # a new warm-up iteration: a fresh random pass over the clients
+                self.warmup_groups = sequential_client_groups(self.ctx.rng, self.ctx.data.num_clients, self.frac1)
+                assert len(self.warmup_groups) == self.groups_per_iteration
+            return list(self.warmup_groups[g])
+        return sampling.uniform_fraction(self.ctx.rng, self.ctx.data.num_clients, self.ctx.settings.client_fraction)
+
+    def _lr_round(self, r: int) -> int:
+        """training.rounds' learning-rate schedule spans the main rounds; the warm-up uses its first rate."""
+        return max(r - self.pre, 0)
+
+    # -- local objective -----------------------------------------------------------------
+    def _loss_fn(self, labels: torch.Tensor):
+        p, ctx = self.params, self.ctx
+        eta = p.reg_coef * p.reg_coef  # the code multiplies L_reg by reg_coef twice
+
+        def loss_fn(model, x, bidx, step):
+            y = labels[bidx.to(ctx.device, non_blocking=True)]
+            if p.bn_extra_forward:
+                with torch.no_grad():
+                    model(x)  # output unused: the code's extra pass, it moves the BN running statistics
+            loss, out = mixup_cross_entropy(model, x, y, p.mixup_alpha, ctx.aug_gen)
+            if eta > 0:
+                loss = loss + eta * label_balance_regulariser(out)
+            return loss
+
+        return loss_fn
+
+    def _train(self, r: int, idx: torch.Tensor, labels: torch.Tensor) -> float:
+        return train_epochs(self.ctx, self.worker, idx, self._loss_fn(labels), self._lr_round(r))
+
+    def _per_sample_loss(self, logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+        if self.params.loss_form == "double_softmax":
+            loss = double_softmax_loss(probs, labels)
+        else:
+            loss = F.cross_entropy(logits, labels, reduction="none")
+        loss = loss.double().cpu().numpy()
+        return minmax_normalise(loss) if self.params.normalize_losses else loss
+
+    def _filter_for(self, k: int) -> np.ndarray:
+        return self.local_filters[k] if self.params.filter == "local" else self.global_filter
+
+    # -- a client ------------------------------------------------------------------------
+    def local_update(self, r: int, k: int) -> ClientUpdate:
+        load(self.worker, self.global_model.state_dict())
+        idx = self.ctx.data.clients[k]
+        if r < self.pre:  # warm-up: all samples, given labels
+            loss = self._train(r, idx, self.ctx.data.given)
+            return ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss})
+        return self._main_update(r, k, idx)
+
+    def _main_update(self, r: int, k: int, idx: torch.Tensor) -> ClientUpdate:
+        p, ctx = self.params, self.ctx
+        dev_idx = idx.to(ctx.device)
+        w_t = self._filter_for(k)
+        # 1-3: global-model losses, split by the filter
+        logits_g, probs_g, _ = client_outputs(ctx, self.global_model, idx)
+        labels = ctx.data.given[dev_idx]
+        _, clean_np = gmm_posteriors(self._per_sample_loss(logits_g, probs_g, labels), w_t,
+                                     p.clean_posterior == "inclusive")
+        clean = torch.as_tensor(clean_np, device=ctx.device)
+        delta = 1.0 - float(clean_np.mean()) if len(idx) else 0.0
+        conf_g, pred_g = probs_g.max(1)
+        # 4-6: first participation seeds the cache; relabel candidates; PCS
+        if self.counts[k] == 0:
+            self.debiased[dev_idx] = pred_g
+        candidates = ~clean & (conf_g > p.zeta) if p.relabel else torch.zeros_like(clean)
+        select = lambda ref: training_set(  # noqa: E731  (7: gated training set and relabels)
+            clean, *pcs_select(clean, candidates, pred_g, ref, p.pcs), delta, int(self.counts[k]),
+            p.participation_gate, p.relabel_gate, p.clean_set_thres, p.clean_client_rule)
+        if p.pcs_reference == "cached":
+            train, relabel = select(self.debiased[dev_idx])
+            train_labels = self._apply_relabels(r, k, idx, relabel, pred_g)
+            # 8: local training only on more than one batch
+            train_idx = idx[train.cpu()]
+            loss = float("nan")
+            if len(train_idx) > ctx.settings.batch_size:
+                loss = self._train(r, train_idx, train_labels)
+        else:
+            relabel = select(pred_g)[1] & candidates  # Eq. 8: every candidate of a noisy client
+            train_labels = self._apply_relabels(r, k, idx, relabel, pred_g)
+            loss, train_idx = self._train_with_epoch_pcs(r, k, idx, select, train_labels)
+        # 9, 11: local outputs -> de-biased cache and prior
+        logits_l, probs_l, _ = client_outputs(ctx, self.worker, idx)
+        self.debiased[dev_idx], self.priors[k] = debias_prior_update(
+            logits_l, probs_l, self.priors[k], p.xi, p.prior_mask, p.prior_momentum)
+        # 12: local filter, EM from W(t) on the local losses (labels as trained)
+        w_k = em_steps(self._per_sample_loss(logits_l, probs_l, train_labels[dev_idx]), w_t, p.em_steps)
+        self.counts[k] += 1
+        self.delta_hat[k] = delta
+        uploads = {"train_loss": loss, "filter": w_k, "delta_hat": delta, "train_size": int(len(train_idx)),
+                   "relabelled": int(relabel.sum())}
+        return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
+
+    def _train_with_epoch_pcs(self, r, k, idx, select, labels) -> tuple[float, torch.Tensor]:
+        """Paper Alg. 1 lines 15-18: before each local epoch, PCS against the de-biased prediction
+        of the model being optimised; one optimiser across the epochs. Returns (mean loss, last set)."""
+        ctx, p = self.ctx, self.params
+        opt = ctx.optimizer(self.worker.parameters(), self._lr_round(r))
+        losses, train_idx = [], idx[:0]
+        for _ in range(ctx.settings.local_epochs):
+            logits, _, _ = client_outputs(ctx, self.worker, idx)
+            reference = (logits - p.xi * torch.log(self.priors[k])[None, :]).argmax(1)
+            train_idx = idx[select(reference)[0].cpu()]
+            if len(train_idx) > ctx.settings.batch_size:
+                losses.append(train_epochs(ctx, self.worker, train_idx, self._loss_fn(labels), self._lr_round(r),
+                                           epochs=1, optimizer=opt))
+        return (float(np.mean(losses)) if losses else float("nan")), train_idx
+
+    def _apply_relabels(self, r: int, k: int, idx: torch.Tensor, relabel: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        """Write R' <- global argmax; returns the label array training reads (working labels, or a round copy)."""
+        given = self.ctx.data.given
+        if not bool(relabel.any()):
+            return given
+        sel, new = idx[relabel.cpu()], pred[relabel]
+        if self.params.persistent_relabels:
+            self.ctx.data.relabel(sel, new, r, "main", k)
+            return given
+        labels = given.clone()  # paper: pseudo labels for this local training only
+        labels[sel.to(given.device)] = new
+        return labels
+
+    # -- server --------------------------------------------------------------------------
+    def aggregation_weight(self, upd: ClientUpdate) -> float:
+        return float(upd.num_samples)  # Eq. 1: full local sizes n_k
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self._uploads: list[ClientUpdate] = []
+        if r >= self.pre and self.params.filter == "degraded":
+            self.cached[:] = False  # the degraded filter sees only this round's clients
+
+    def accumulate(self, r: int, upd: ClientUpdate) -> None:
+        super().accumulate(r, upd)
+        if "filter" not in upd.uploads:
+            return
+        k = upd.client
+        self._uploads.append(upd)
+        if self.params.filter == "local":
+            self.local_filters[k] = upd.uploads["filter"]
+        else:
+            self.filter_cache[k] = upd.uploads["filter"]
+            self.cached[k] = True
+
+    def aggregate(self, r: int) -> None:
+        super().aggregate(r)
+        if r < self.pre or not self._uploads:
+            return
+        if self.params.filter != "local":
+            ks = np.flatnonzero(self.cached)
+            self.global_filter = aggregate_filters(self.filter_cache[ks], self.sizes[ks], self.params.variance_weights)
+        ups = self._uploads
+        self.round_info = {
+            "delta_hat_mean": float(np.mean([u.uploads["delta_hat"] for u in ups])),
+            "train_fraction": float(sum(u.uploads["train_size"] for u in ups) / sum(u.num_samples for u in ups)),
+            "relabelled": float(sum(u.uploads["relabelled"] for u in ups)),
+        }
+        self._uploads = []
+
+    # -- outputs -------------------------------------------------------------------------
+    def client_results(self):
+        data = self.ctx.data
+        flipped = (data.given != data.y_true).cpu().numpy()
+        rows = []
+        for k, idx in enumerate(data.clients):
+            rows.append({
+                "client": k, "n": len(idx), "noise_rate": float(self._true_noise[k]),
+                "noise_rate_now": float(flipped[idx.numpy()].mean()) if len(idx) else 0.0,
+                "delta_hat": float(self.delta_hat[k]), "participations": int(self.counts[k]),
+            })
+        return pd.DataFrame(rows)
+
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d.update({
+            "global_filter": self.global_filter.copy(), "filter_cache": self.filter_cache.copy(),
+            "cached": self.cached.copy(), "local_filters": self.local_filters.copy(),
+            "priors": self.priors.detach().clone(), "counts": self.counts.copy(),
+            "delta_hat": self.delta_hat.copy(), "debiased": self.debiased.detach().clone(),
+            "warmup_groups": [list(g) for g in self.warmup_groups],
+        })
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        self.global_filter = np.array(d["global_filter"], dtype=np.float64)
+        self.filter_cache = np.array(d["filter_cache"], dtype=np.float64)
+        self.cached = np.array(d["cached"], dtype=bool)
+        self.local_filters = np.array(d["local_filters"], dtype=np.float64)
+        self.priors = d["priors"].to(self.ctx.device).clone()
+        self.counts = np.array(d["counts"], dtype=np.int64)
+        self.delta_hat = np.array(d["delta_hat"], dtype=np.float64)
+        self.debiased = d["debiased"].to(self.ctx.device).clone()
+        self.warmup_groups = [[int(k) for k in g] for g in d["warmup_groups"]]
