@@ -56,3 +56,12 @@ def test_mixup_cross_entropy_matches_a_hand_drawn_mix():
     o = model(xm)
     want = lam * torch.nn.functional.cross_entropy(o, y) + (1 - lam) * torch.nn.functional.cross_entropy(o, y[perm])
     assert loss.item() == pytest.approx(want.item())
+
+
+@pytest.mark.parametrize("k", [49, 50, 93, 98, 99, 100, 500])
+def test_default_fraction_is_one_client_per_group_for_every_k(k):
+    from fnlcore.methods.parts import group_shape
+
+    assert group_shape(k, None) == (1, k)
+    groups = sequential_client_groups(np.random.RandomState(0), k, None)
+    assert sorted(g[0] for g in groups) == list(range(k))

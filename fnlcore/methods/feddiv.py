@@ -56,7 +56,7 @@ from ..fl.local import train_epochs
 from ..fl.state import load, snapshot
 from ..registry import param
 from .base import ClientUpdate, FLMethod, MethodParams, register
-from .parts import client_outputs, double_softmax_loss, mixup_cross_entropy, sequential_client_groups
+from .parts import client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy, sequential_client_groups
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
 
@@ -269,11 +269,11 @@ class FedDiv(FLMethod):
         if data.multi_label:
             raise ConfigError("method 'feddiv': needs single-label data (relabelling, class priors)")
         k, c = data.num_clients, data.num_classes
-        self.frac1 = 1.0 / k if params.frac1 is None else params.frac1
-        if int(k * self.frac1) < 1:
-            raise ConfigError(f"method 'feddiv': frac1={self.frac1} gives 0 clients per warm-up group for K={k}; "
-                              f"set frac1 >= 1/K ({1.0 / k:.6g})")
-        self.groups_per_iteration = int(1.0 / self.frac1)  # sequential_client_groups' count
+        self.frac1 = params.frac1  # None: one client per group, K groups (parts.group_shape)
+        try:
+            self.groups_per_iteration = group_shape(k, self.frac1)[1]
+        except ValueError as e:
+            raise ConfigError(f"method 'feddiv': frac1: {e}") from None
         self.pre = params.warmup_iterations * self.groups_per_iteration
         self.sizes = data.sizes()
         w0 = initial_filter(ctx.seed)

@@ -35,19 +35,32 @@ def mixup_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
     return lam * F.cross_entropy(out, ya) + (1.0 - lam) * F.cross_entropy(out, yb), out
 
 
-def sequential_client_groups(rng: np.random.RandomState, num_clients: int, fraction: float) -> list[list[int]]:
+def group_shape(num_clients: int, fraction: float | None) -> tuple[int, int]:
+    """(clients per group, groups per pass) of FedCorr's stage-1 draw.
+
+    ``fraction`` None = one client per group and K groups, exactly (computing 1/K in floats
+    and applying the code's ``int()`` loses a client for some K, e.g. int(49 * (1/49)) = 0).
+    An explicit fraction is used as the code does: ``int(K * f)`` and ``int(1 / f)``.
+    """
+    if fraction is None:
+        return 1, num_clients
+    per_group, groups = int(num_clients * fraction), int(1.0 / fraction)
+    if per_group < 1:
+        raise ValueError(f"fraction {fraction} gives 0 clients per group for K={num_clients}; use >= 1/K or leave it unset")
+    return per_group, groups
+
+
+def sequential_client_groups(rng: np.random.RandomState, num_clients: int, fraction: float | None) -> list[list[int]]:
     """FedCorr's stage-1 draw (also FedDiv's warm-up): one pass over the clients in groups.
 
-    ``int(1/fraction)`` times: draw ``int(num_clients * fraction)`` clients with
+    ``groups`` times (see :func:`group_shape`): draw ``per_group`` clients with
     ``rng.choice(K, n, p=prob)`` (with replacement, as the code: A7), zero their
-    probability and renormalise. With fraction = 1/K: every client once, in random order.
+    probability and renormalise. One client per group: every client once, in random order.
     """
-    per_group = int(num_clients * fraction)
-    if per_group < 1:
-        raise ValueError(f"fraction {fraction} gives 0 clients per group for K={num_clients}; use >= 1/K")
+    per_group, n_groups = group_shape(num_clients, fraction)
     prob = np.full(num_clients, 1.0 / num_clients)
     groups = []
-    for _ in range(int(1.0 / fraction)):
+    for _ in range(n_groups):
         if prob.sum() <= 0:
             break
         chosen = rng.choice(num_clients, per_group, p=prob)
