@@ -63,7 +63,7 @@ LID_EPS = 1e-6
 @dataclass(frozen=True)
 class FedCorrParams(MethodParams):
     name = "fedcorr"
-    slug_fields = ("iterations1", "rounds1", ("logit_adjust", {True: "la"}))
+    slug_fields = (("iterations1", "wu"), ("rounds1", "ft"), ("logit_adjust", {True: "la"}))
     switches = {
         "detection_loss": "'double_softmax' (code: CE of softmax probabilities for loss GMM and relabel ranking) | 'ce'",
         "detection_augment": "true (code: per-sample passes on augmented training images) | false",
@@ -133,7 +133,7 @@ def client_split(lid_acc: np.ndarray, seed: int) -> np.ndarray:
 
 def estimate_noise_level(losses: np.ndarray, seed: int) -> float:
     """Fraction of a client's samples in the larger-mean component of a GMM on their losses."""
-    losses = np.asarray(losses)
+    losses = np.asarray(losses, dtype=np.float64)  # the code's loss array is float64 (values from float32)
     if len(losses) < 2:  # a GMM needs two samples (the code would fail)
         return 0.0
     pred, means = _gmm_components(losses, seed)
@@ -228,7 +228,7 @@ class FedCorr(LogitAdjusted, FLMethod):
         self.groups: list[list[int]] = []  # this iteration's draw
         self.lid_acc = np.zeros(k)  # accumulated over iterations
         self.lid_client = np.zeros(k)  # this iteration's mean LID per client
-        self.losses = np.zeros(n, dtype=np.float32)  # this iteration's per-sample losses (reset per iteration)
+        self.losses = np.zeros(n)  # this iteration's per-sample losses (float64 as the code's array; reset per iteration)
         self.noise_level = np.zeros(k)  # estimated; this is also mu of the next iteration
         self.noisy_set: list[int] | None = None
         self.candidates: list[int] | None = None  # fine-tuning clients
