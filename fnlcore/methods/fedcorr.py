@@ -34,6 +34,7 @@ Where the spec is silent (decisions, see also the report):
 - A8, no fine-tuning candidate: stage 2 and its relabel are skipped, its rounds run
   as usual training (stage "usual");
 - candidates of equal loss are ranked stably (numpy's default argsort is not).
+- the code's log-only test accuracy of each stage-1 local model is not computed.
 """
 
 from __future__ import annotations
