@@ -1,0 +1,408 @@
+"""FedCorr (Xu et al., CVPR'22; fedcorr.md §4-§7) and FedCorr+LA (baselines.md §8), as the official code runs.
+
+Three stages; the pre-processing rounds come BEFORE ``training.rounds``:
+
+1. ``preprocess`` (``iterations1`` iterations): each iteration is one pass over the
+   clients in groups (:func:`client_groups`, one client per group by default); each
+   group is one engine round: local training from the global model (mixup CE plus
+   beta * mu_k * ||w - w_g|| on every batch but the first of each epoch, mu_k = the
+   client's noise level estimated in the previous iteration), per-sample softmax
+   outputs and losses of the local model on the client's (augmented) data, the
+   client's mean LID; FedAvg over the group. After the iteration's last group:
+   accumulated LID -> 1-D GMM split of the clients (:func:`client_split`), per noisy
+   client a 1-D GMM on its losses -> noise level (:func:`estimate_noise_level`), and
+   relabelling of confident high-loss samples with the global model
+   (:func:`relabel_candidates`). Not evaluated (NaN test metrics).
+2. ``finetune`` (the first ``rounds1`` of ``training.rounds``): FedAvg over clients
+   drawn from those with estimated noise level <= ``clean_set_thres``; after its
+   last round every sample of a noisy client whose global max softmax exceeds
+   ``confidence_thres`` takes the global argmax (:func:`confident_relabels`).
+3. ``usual`` (the rest): FedAvg over ``client_fraction`` of all clients.
+
+Official code behaviour by default; each difference is a switch:
+- ``detection_loss`` "double_softmax" (code: CE applied to softmax probabilities, for
+  the loss GMM and the relabel ranking) | "ce" (CE on logits);
+- ``detection_augment`` True (code: per-sample passes on the training dataset object,
+  i.e. with training augmentation) | False.
+``logit_adjust``: FedCorr+LA, every local CE term (both mixup terms included) becomes
+the logit-adjusted CE with the client's current label prior; the detectors use raw logits.
+
+Where the spec is silent (decisions, see also the report):
+- the learning-rate schedule runs over ``training.rounds``: pre-processing rounds use
+  the round-0 rate, training round t (0-based after pre-processing) the rate of t;
+- ``fine_tuning=False``: every training round is usual training, no stage-2 relabel;
+- A8, no fine-tuning candidate: stage 2 and its relabel are skipped, its rounds run
+  as usual training (stage "usual");
+- candidates of equal loss are ranked stably (numpy's default argsort is not).
+- the code's log-only test accuracy of each stage-1 local model is not computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..fl.local import train_epochs
+from ..fl.state import load, parameter_keys, snapshot
+from ..randaugment import mixup
+from ..registry import param
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .fedla import LogitAdjusted, la_cross_entropy
+from .fedprox import proximal_term
+from .parts import client_outputs, mixup_cross_entropy, sequential_client_groups
+
+STAGES = ("preprocess", "finetune", "usual")
+LID_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class FedCorrParams(MethodParams):
+    name = "fedcorr"
+    slug_fields = (("iterations1", "wu"), ("rounds1", "ft"), ("logit_adjust", {True: "la"}))
+    switches = {
+        "detection_loss": "'double_softmax' (code: CE of softmax probabilities for loss GMM and relabel ranking) | 'ce'",
+        "detection_augment": "true (code: per-sample passes on augmented training images) | false",
+    }
+    iterations1: int = param(5, ge=1, doc="T_wu: pre-processing iterations (each a pass over all clients), before training.rounds")
+    frac1: float | None = param(None, gt=0, le=1, doc="clients per pre-processing group as a fraction of K (None: 1/K, one client)")
+    rounds1: int = param(500, ge=0, rounds=True, doc="T_ft: the first rounds1 of training.rounds fine-tune on clean clients")
+    beta: float = param(5.0, ge=0, doc="proximal coefficient of stage 1 (times the client's estimated noise level)")
+    relabel_ratio: float = param(0.5, ge=0, le=1, doc="fraction of a noisy client's estimated noisy samples to relabel")
+    confidence_thres: float = param(0.5, ge=0, le=1, doc="relabel only where the global max softmax exceeds this")
+    clean_set_thres: float = param(0.1, ge=0, le=1, doc="fine-tuning candidates: estimated noise level <= this")
+    lid_k: int = param(20, ge=1, doc="LID neighbours")
+    mixup: bool = True
+    mixup_alpha: float = param(1.0, gt=0)
+    correction: bool = True
+    fine_tuning: bool = True
+    logit_adjust: bool = param(False, doc="FedCorr+LA: logit-adjusted local CE (FedNoRo Tables 1-2)")
+    la_tau: float = param(1.0, ge=0, doc="logit-adjustment strength (logit_adjust only)")
+    detection_loss: str = param("double_softmax", choices=("double_softmax", "ce"))
+    detection_augment: bool = True
+
+    def check_training(self, settings) -> None:
+        if self.rounds1 > settings.rounds:
+            raise ConfigError(
+                f"method 'fedcorr': rounds1={self.rounds1} must be <= training.rounds={settings.rounds} "
+                "(training.rounds = fine-tuning + usual rounds)"
+            )
+
+
+# -- pure parts ------------------------------------------------------------------------------
+
+
+def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
+    """Per-sample LID of the rows of ``probs`` among themselves (fedcorr.md §4.1).
+
+    Euclidean distances to every row, ascending, position 0 (self) dropped, the next k:
+    LID_i = -k / (sum_j log(r_j / (r_k + 1e-6)) + 1e-6). Fewer than k+1 rows: all the
+    others are used and the numerator stays k (the code's slice). float64 as scipy's cdist.
+    """
+    x = torch.as_tensor(probs).double()
+    n = x.shape[0]
+    if n < 2:  # undefined (the code would fail); a neutral value keeps the client's mean finite
+        return torch.zeros(n, dtype=torch.float64, device=x.device)
+    d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")  # exact distances, self = 0
+    kk = min(k, n - 1)
+    r = torch.topk(d, kk + 1, dim=1, largest=False, sorted=True).values[:, 1:]
+    return -k / (torch.log(r / (r[:, -1:] + LID_EPS)).sum(1) + LID_EPS)
+
+
+def _gmm_components(values: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """1-D 2-component GaussianMixture (sklearn defaults, random_state=seed): (predicted component, means)."""
+    from sklearn.mixture import GaussianMixture
+    from threadpoolctl import threadpool_limits
+
+    x = np.asarray(values).reshape(-1, 1)
+    with threadpool_limits(1):  # tiny 1-D fits: threads only add contention
+        gmm = GaussianMixture(n_components=2, random_state=seed).fit(x)
+        return gmm.predict(x), gmm.means_[:, 0]
+
+
+def client_split(lid_acc: np.ndarray, seed: int) -> np.ndarray:
+    """Noisy clients (ascending ids): those not in the smaller-mean component of a GMM on accumulated LID."""
+    pred, means = _gmm_components(lid_acc, seed)
+    clean = int(np.argsort(means)[0])
+    return np.flatnonzero(pred != clean)
+
+
+def estimate_noise_level(losses: np.ndarray, seed: int) -> float:
+    """Fraction of a client's samples in the larger-mean component of a GMM on their losses."""
+    losses = np.asarray(losses, dtype=np.float64)  # the code's loss array is float64 (values from float32)
+    if len(losses) < 2:  # a GMM needs two samples (the code would fail)
+        return 0.0
+    pred, means = _gmm_components(losses, seed)
+    noisy = int(np.argsort(means)[-1])
+    return float(np.count_nonzero(pred == noisy)) / len(losses)
+
+
+def confident_relabels(probs: np.ndarray, thres: float) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, argmax labels) where the max probability exceeds ``thres`` strictly (stage-2-end rule)."""
+    probs = np.asarray(probs)
+    pos = np.flatnonzero(probs.max(1) > thres)
+    return pos, probs[pos].argmax(1)
+
+
+def relabel_candidates(losses: np.ndarray, probs: np.ndarray, noise_level: float, relabel_ratio: float,
+                       thres: float) -> tuple[np.ndarray, np.ndarray]:
+    """Stage-1 correction: of the floor(N * mu * ratio) largest-loss samples, the confident ones.
+
+    Returns (ascending positions within the client, argmax labels of ``probs``).
+    """
+    losses = np.asarray(losses)
+    n_cand = int(len(losses) * noise_level * relabel_ratio)
+    largest = np.argsort(-losses, kind="stable")[:n_cand]
+    conf, _ = confident_relabels(probs, thres)
+    pos = np.intersect1d(largest, conf)
+    return pos, np.asarray(probs)[pos].argmax(1)
+
+
+class Slot(NamedTuple):
+    stage: str
+    iteration: int | None  # pre-processing iteration (None in training rounds)
+    group: int | None  # group within the iteration (None in training rounds)
+
+
+def stage_schedule(r: int, iterations1: int, groups_per_iteration: int, rounds1: int, fine_tuning: bool = True) -> Slot:
+    """Round r -> (stage, iteration, group): iterations1 * groups pre-processing rounds, then rounds1 fine-tuning."""
+    pre = iterations1 * groups_per_iteration
+    if r < pre:
+        return Slot("preprocess", r // groups_per_iteration, r % groups_per_iteration)
+    if fine_tuning and r - pre < rounds1:
+        return Slot("finetune", None, None)
+    return Slot("usual", None, None)
+
+
+def group_shape(num_clients: int, frac1: float | None) -> tuple[int, int]:
+    """(clients per group, groups per iteration) of the stage-1 draw."""
+    if frac1 is None:
+        return 1, num_clients  # exact: K * (1/K) rounds below 1 for some K (49, 93, ...)
+    per_group = int(num_clients * frac1)
+    if per_group < 1:
+        raise ConfigError(f"method 'fedcorr': frac1={frac1} gives 0 clients per group for K={num_clients}; use >= 1/K")
+    return per_group, int(1.0 / frac1)
+
+
+def client_groups(rng: np.random.RandomState, num_clients: int, frac1: float | None) -> list[list[int]]:
+    """One iteration's groups: FedCorr's sequential draw (parts.sequential_client_groups)."""
+    if frac1 is not None:
+        return sequential_client_groups(rng, num_clients, frac1)
+    prob, groups = np.full(num_clients, 1.0 / num_clients), []
+    for _ in range(num_clients):  # the same draws as the shared block with fraction exactly 1/K
+        chosen = rng.choice(num_clients, 1, p=prob)
+        groups.append([int(chosen[0])])
+        prob[chosen] = 0.0
+        if prob.sum() > 0:
+            prob = prob / prob.sum()
+    return groups
+
+
+def mixup_la_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, alpha: float,
+                           gen: torch.Generator | None, log_prior: torch.Tensor, tau: float) -> torch.Tensor:
+    """lambda LA-CE(f(x~), y) + (1 - lambda) LA-CE(f(x~), y[pi]) (FedCorr+LA with mixup; baselines.md §8)."""
+    xm, ya, yb, lam = mixup(x, y, alpha, gen)
+    out = model(xm)
+    return lam * la_cross_entropy(out, ya, log_prior, tau) + (1.0 - lam) * la_cross_entropy(out, yb, log_prior, tau)
+
+
+# -- the method --------------------------------------------------------------------------------
+
+
+@register
+class FedCorr(LogitAdjusted, FLMethod):
+    Params = FedCorrParams
+    paper = "FedCorr (CVPR'22); baseline in FedNoRo (IJCAI'23, also +LA) and FedDiv"
+    reported_stages = ("finetune", "usual")
+
+    def __init__(self, params: FedCorrParams, ctx):
+        super().__init__(params, ctx)
+        params.check_training(ctx.settings)
+        k, n = ctx.data.num_clients, len(ctx.data.train)
+        self.per_group, self.groups_per_iteration = group_shape(k, params.frac1)
+        self.pre_rounds = params.iterations1 * self.groups_per_iteration
+        self.groups: list[list[int]] = []  # this iteration's draw
+        self.lid_acc = np.zeros(k)  # accumulated over iterations
+        self.lid_client = np.zeros(k)  # this iteration's mean LID per client
+        self.losses = np.zeros(n)  # this iteration's per-sample losses (float64 as the code's array; reset per iteration)
+        self.noise_level = np.zeros(k)  # estimated; this is also mu of the next iteration
+        self.noisy_set: list[int] | None = None
+        self.candidates: list[int] | None = None  # fine-tuning clients
+        self.finetune_skipped = False
+
+    # -- schedule ------------------------------------------------------------------------
+    def num_rounds(self) -> int:
+        return self.pre_rounds + self.ctx.settings.rounds
+
+    def slot(self, r: int) -> Slot:
+        p = self.params
+        return stage_schedule(r, p.iterations1, self.groups_per_iteration, p.rounds1, p.fine_tuning)
+
+    def stage(self, r: int) -> str:
+        s = self.slot(r).stage
+        return "usual" if s == "finetune" and self.finetune_skipped else s
+
+    def should_evaluate(self, r: int) -> bool:
+        return r >= self.pre_rounds
+
+    def select_clients(self, r: int) -> list[int]:
+        stage, num = self.stage(r), self.ctx.data.num_clients
+        if stage == "preprocess":
+            return list(self.groups[self.slot(r).group])
+        m = max(int(self.ctx.settings.client_fraction * num), 1)
+        if stage == "finetune":
+            prob = np.zeros(num)
+            prob[self.candidates] = 1.0 / len(self.candidates)
+            m = min(m, len(self.candidates))
+            return [int(c) for c in self.ctx.rng.choice(num, m, replace=False, p=prob)]
+        return [int(c) for c in self.ctx.rng.choice(num, m, replace=False)]
+
+    # -- a round ---------------------------------------------------------------------------
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        if self.params.logit_adjust:
+            self.refresh_priors()  # labels change in end_round: recompute (baselines.md §8 AMBIG a)
+        slot = self.slot(r)
+        if slot.stage == "preprocess":
+            if slot.group == 0:
+                self.groups = client_groups(self.ctx.rng, self.ctx.data.num_clients, self.params.frac1)
+                self.lid_client = np.zeros_like(self.lid_client)
+                self.losses = np.zeros_like(self.losses)
+            self._ref = snapshot(self.global_model)
+            self._keys = parameter_keys(self.global_model)
+
+    def local_update(self, r: int, k: int) -> ClientUpdate:
+        load(self.worker, self.global_model.state_dict())
+        idx = self.ctx.data.clients[k]
+        # the rate schedule runs over training.rounds: pre-processing at the round-0 rate
+        opt = self.ctx.optimizer(self.worker.parameters(), max(r - self.pre_rounds, 0))
+        loss = train_epochs(self.ctx, self.worker, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r, optimizer=opt)
+        upd = ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss})
+        if self.slot(r).stage == "preprocess":
+            probs, losses = self._per_sample(self.worker, idx)
+            self.lid_client[k] = float(lid_scores(probs, self.params.lid_k).mean())
+            self.losses[idx.numpy()] = losses.cpu().numpy()
+        return upd
+
+    def loss(self, model, x, idx, step, k, r):
+        p, y = self.params, self.labels(idx)
+        if p.mixup and p.logit_adjust:
+            loss = mixup_la_cross_entropy(model, x, y, p.mixup_alpha, self.ctx.aug_gen, self.log_prior[k], p.la_tau)
+        elif p.mixup:
+            loss, _ = mixup_cross_entropy(model, x, y, p.mixup_alpha, self.ctx.aug_gen)
+        elif p.logit_adjust:
+            loss = la_cross_entropy(model(x), y, self.log_prior[k], p.la_tau)
+        else:
+            loss = F.cross_entropy(model(x), y)
+        mu = p.beta * float(self.noise_level[k])
+        if self.slot(r).stage == "preprocess" and mu > 0 and step > 0:  # the code skips batch 0 of each epoch
+            loss = loss + proximal_term(model, self._ref, self._keys, mu, "fedcorr_unsquared")
+        return loss
+
+    def end_round(self, r: int) -> None:
+        slot, p = self.slot(r), self.params
+        if slot.stage == "preprocess" and slot.group == self.groups_per_iteration - 1:
+            self._end_iteration(r, slot.iteration)
+            if slot.iteration == p.iterations1 - 1:
+                self._choose_finetune_clients()
+                if p.rounds1 == 0 and self._finetunes():  # no fine-tuning round: its closing relabel is now
+                    self._relabel_confident(r, "finetune")
+        elif self.stage(r) == "finetune" and r == self.pre_rounds + p.rounds1 - 1:
+            self._relabel_confident(r, "finetune")
+
+    # -- stage-1 and stage-2 server steps ----------------------------------------------------
+    def _per_sample(self, model, idx):
+        """(softmax probabilities, detection losses) of ``model`` on the client's samples."""
+        logits, probs, losses = client_outputs(self.ctx, model, idx, augment=self.params.detection_augment)
+        if self.params.detection_loss == "ce":
+            losses = F.cross_entropy(logits, self.ctx.data.given[idx.to(self.ctx.device)], reduction="none")
+        return probs, losses
+
+    def _end_iteration(self, r: int, iteration: int) -> None:
+        p, data, seed = self.params, self.ctx.data, self.ctx.seed
+        self.lid_acc = self.lid_acc + self.lid_client
+        noisy = client_split(self.lid_acc, seed)
+        levels = np.zeros_like(self.noise_level)
+        for k in noisy:
+            levels[k] = estimate_noise_level(self.losses[data.clients[k].numpy()], seed)
+        self.noise_level, self.noisy_set = levels, [int(k) for k in noisy]
+        changed = 0
+        if p.correction:
+            for k in self.noisy_set:
+                idx = data.clients[k]
+                probs, _ = self._per_sample(self.global_model, idx)
+                pos, labels = relabel_candidates(self.losses[idx.numpy()], probs.cpu().numpy(), levels[k],
+                                                 p.relabel_ratio, p.confidence_thres)
+                changed += data.relabel(idx[torch.as_tensor(pos, dtype=torch.int64)], torch.as_tensor(labels), r,
+                                        "preprocess", k)
+        self.round_info.update(noisy_clients=len(self.noisy_set), relabelled=changed)
+        self.ctx.log(f"FedCorr iteration {iteration}: noisy clients {self.noisy_set}, "
+                     f"estimated levels {np.round(levels[noisy], 3).tolist()}, {changed} labels changed")
+
+    def _finetunes(self) -> bool:
+        return self.params.fine_tuning and not self.finetune_skipped
+
+    def _choose_finetune_clients(self) -> None:
+        self.candidates = [int(k) for k in np.flatnonzero(self.noise_level <= self.params.clean_set_thres)]
+        if self.params.fine_tuning and not self.candidates:  # A8: the code would fail
+            self.finetune_skipped = True
+            self.ctx.log("FedCorr: no client qualifies for fine-tuning; stage 2 skipped, its rounds are usual training")
+
+    def _relabel_confident(self, r: int, stage: str) -> None:
+        if not self.params.correction:
+            return
+        data, changed = self.ctx.data, 0
+        for k in self.noisy_set:
+            idx = data.clients[k]
+            probs, _ = self._per_sample(self.global_model, idx)
+            pos, labels = confident_relabels(probs.cpu().numpy(), self.params.confidence_thres)
+            changed += data.relabel(idx[torch.as_tensor(pos, dtype=torch.int64)], torch.as_tensor(labels), r, stage, k)
+        self.round_info["relabelled"] = changed
+        self.ctx.log(f"FedCorr end of fine-tuning: {changed} labels changed on noisy clients {self.noisy_set}")
+
+    # -- outputs -----------------------------------------------------------------------------
+    def client_results(self):
+        if self.noisy_set is None:
+            return None
+        data = self.ctx.data
+        original = data.given.cpu().numpy().copy()
+        log = data.relabels.frame().drop_duplicates("sample", keep="first")
+        original[log["sample"].to_numpy()] = log["from_label"].to_numpy()  # labels before any correction
+        y_true, given = data.y_true.cpu().numpy(), data.given.cpu().numpy()
+        noisy = set(self.noisy_set)
+        rows = []
+        for k, idx in enumerate(data.clients):
+            i = idx.numpy()
+            rate = float((original[i] != y_true[i]).mean()) if len(i) else 0.0
+            rows.append({
+                "client": k, "n": len(i), "noise_rate": rate, "true_noisy": rate > 0,
+                "noise_rate_after": float((given[i] != y_true[i]).mean()) if len(i) else 0.0,
+                "lid_acc": float(self.lid_acc[k]), "estimated_noise_level": float(self.noise_level[k]),
+                "detected_noisy": k in noisy, "finetune_candidate": self.candidates is not None and k in self.candidates,
+            })
+        return pd.DataFrame(rows)
+
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d.update(
+            groups=[list(g) for g in self.groups], lid_acc=self.lid_acc.copy(), lid_client=self.lid_client.copy(),
+            losses=self.losses.copy(), noise_level=self.noise_level.copy(),
+            noisy_set=None if self.noisy_set is None else list(self.noisy_set),
+            candidates=None if self.candidates is None else list(self.candidates),
+            finetune_skipped=self.finetune_skipped,
+        )
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        self.groups = [list(g) for g in d["groups"]]
+        self.lid_acc, self.lid_client = d["lid_acc"].copy(), d["lid_client"].copy()
+        self.losses, self.noise_level = d["losses"].copy(), d["noise_level"].copy()
+        self.noisy_set = None if d["noisy_set"] is None else list(d["noisy_set"])
+        self.candidates = None if d["candidates"] is None else list(d["candidates"])
+        self.finetune_skipped = bool(d["finetune_skipped"])
