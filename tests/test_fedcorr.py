@@ -13,7 +13,7 @@ from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
 from fnlcore.methods.fedcorr import (
-    FedCorr, FedCorrParams, client_groups, client_split, confident_relabels, estimate_noise_level, lid_scores,
+    FedCorr, FedCorrParams, client_split, confident_relabels, estimate_noise_level, lid_scores,
     mixup_la_cross_entropy, relabel_candidates, stage_schedule,
 )
 from fnlcore.methods.parts import mixup_cross_entropy, sequential_client_groups
@@ -114,17 +114,6 @@ def test_stage_schedule_maps_rounds_to_stage_iteration_and_group():
                    ("preprocess", 1, 0), ("preprocess", 1, 1), ("preprocess", 1, 2),
                    ("finetune", None, None), ("finetune", None, None), ("usual", None, None), ("usual", None, None)]
     assert stage_schedule(6, 2, 3, 2, fine_tuning=False).stage == "usual"
-
-
-def test_client_groups_default_is_one_client_per_group_even_where_k_times_1_over_k_rounds_down():
-    assert int(49 * (1 / 49)) == 0  # the float trap the default avoids
-    groups = client_groups(np.random.RandomState(0), 49, None)
-    assert [len(g) for g in groups] == [1] * 49 and sorted(g[0] for g in groups) == list(range(49))
-    # the same draws as the shared block with an exact fraction
-    assert client_groups(np.random.RandomState(5), 10, None) == sequential_client_groups(np.random.RandomState(5), 10, 0.1)
-
-
-# -- losses --------------------------------------------------------------------------------------
 
 
 def test_la_mixup_with_a_uniform_prior_equals_plain_mixup():

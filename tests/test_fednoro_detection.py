@@ -29,14 +29,38 @@ def test_separated_indicators_are_found_by_every_fit():
     assert gmm_detection_rates(1 - feats, truth, seeds=20, noisy_high=True) == (0.0, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("indicator,extra", [("loss", {"per_class": True, "norm": True, "logit_adjust": True}),
-                                             ("conf", {}), ("lid", {"lid_k": 5})])
-def test_indicators_find_the_heavily_noisy_client(indicator, extra):
-    # client 0 has 90% flipped labels, the others none: every indicator must single it out
+def _detect(indicator, extra):
     settings = TrainSettings(rounds=3, local_epochs=2, batch_size=16, optimizer="adam", lr=3e-3)
     ctx = make_ctx(settings, noisy_clients=(0,), rate=0.9)
     spec = method_from_dict({"name": "fednoro_detection", "indicator": indicator, "gmm_seeds": 5, **extra})
-    m = Simulation(METHODS["fednoro_detection"](spec, ctx), ctx, progress=lambda s: None).run()
+    method = METHODS["fednoro_detection"](spec, ctx)
+    return Simulation(method, ctx, progress=lambda s: None).run(), method
+
+
+@pytest.mark.parametrize("indicator,extra", [("loss", {"per_class": True, "norm": True, "logit_adjust": True}),
+                                             ("loss", {}), ("conf", {})])
+def test_loss_and_confidence_find_the_heavily_noisy_client(indicator, extra):
+    # client 0 has 90% flipped labels, the others none
+    m, _ = _detect(indicator, extra)
     last = m.iloc[-1]
     assert last["det_recall"] == 1.0 and last["det_precision"] == 1.0 and last["det_mr"] == 1.0
     assert m["det_recall"].iloc[:-1].isna().all()  # logged once, at the last round
+
+
+def test_lid_indicator_is_fedcorrs_client_mean_lid():
+    """LID does not separate this case (Table 3 reports it as a weak indicator too): check the values instead."""
+    import torch
+    from fnlcore.fl.local import predict
+    from fnlcore.methods.fedcorr import lid_scores
+
+    m, method = _detect("lid", {"lid_k": 5})
+    ctx = method.ctx
+    probs = torch.softmax(predict(ctx, method.global_model, ctx.data.train, ctx.data.clients[1], augment=False), 1)
+    assert method.features.shape == (4, 1) and np.isfinite(method.features).all()
+    assert 0 <= m["det_recall"].iloc[-1] <= 1 and 0 <= m["det_mr"].iloc[-1] <= 1
+    # with augmentation off, client 1's indicator is the mean LID of its softmax outputs
+    spec = method_from_dict({"name": "fednoro_detection", "indicator": "lid", "lid_k": 5, "detection_augment": False})
+    from fnlcore.methods.fednoro_detection import client_indicators
+
+    feats = client_indicators(ctx, method.global_model, spec)
+    assert feats[1, 0] == pytest.approx(float(lid_scores(probs, 5).mean()))

@@ -170,6 +170,14 @@ def test_models_are_a_registry_and_only_some_have_pretrained_weights():
 # the code before the slug scheme was unified: every entry of config/ and tests/configs/,
 # plus every registered spec at defaults and with each readable part and the hash exercised.
 SLUG_PINS = [
+    ('method', {'name': 'fedcorr'}, 'fedcorr-wu5-ft500'),
+    ('method', {'name': 'fedcorr', 'logit_adjust': True}, 'fedcorr-wu5-ft500-la'),
+    ('method', {'name': 'feddiv'}, 'feddiv-wu5'),
+    ('method', {'name': 'feddiv', 'filter': 'local', 'reg_coef': 1.0}, 'feddiv-wu5-localfilter-reg'),
+    ('method', {'name': 'rhfl'}, 'rhfl-betac0.5'),
+    ('method', {'name': 'fedlsr', 't_w': 60}, 'fedlsr-tw60'),
+    ('method', {'name': 'fednoro_detection', 'indicator': 'lid', 'gmm_seeds': 10000}, 'fednoro_detection-lid-h7d5cfe'),
+    ('method', {'name': 'fednoro_detection', 'indicator': 'loss', 'logit_adjust': True, 'per_class': True, 'norm': True}, 'fednoro_detection-loss-la-perclass-norm'),
     ('partition', {'name': 'bernoulli_dirichlet', 'num_clients': 10, 'p': 0.9, 'alpha': 2.0}, 'bd-p0.9-a2.0-K10'),
     ('noise', {'name': 'clean'}, 'clean'),
     ('noise', {'name': 'fedcorr', 'rho': 0.4, 'tau': 0.5}, 'fedcorr-rho0.4-tau0.5'),

@@ -3,7 +3,7 @@
 Three stages; the pre-processing rounds come BEFORE ``training.rounds``:
 
 1. ``preprocess`` (``iterations1`` iterations): each iteration is one pass over the
-   clients in groups (:func:`client_groups`, one client per group by default); each
+   clients in groups (:func:`~.parts.sequential_client_groups`, one client per group by default); each
    group is one engine round: local training from the global model (mixup CE plus
    beta * mu_k * ||w - w_g|| on every batch but the first of each epoch, mu_k = the
    client's noise level estimated in the previous iteration), per-sample softmax
@@ -55,7 +55,7 @@ from ..registry import param
 from .base import ClientUpdate, FLMethod, MethodParams, register
 from .fedla import LogitAdjusted, la_cross_entropy
 from .fedprox import proximal_term
-from .parts import client_outputs, mixup_cross_entropy, sequential_client_groups
+from .parts import client_outputs, group_shape, mixup_cross_entropy, sequential_client_groups
 
 STAGES = ("preprocess", "finetune", "usual")
 LID_EPS = 1e-6
@@ -179,30 +179,6 @@ def stage_schedule(r: int, iterations1: int, groups_per_iteration: int, rounds1:
     return Slot("usual", None, None)
 
 
-def group_shape(num_clients: int, frac1: float | None) -> tuple[int, int]:
-    """(clients per group, groups per iteration) of the stage-1 draw."""
-    if frac1 is None:
-        return 1, num_clients  # exact: K * (1/K) rounds below 1 for some K (49, 93, ...)
-    per_group = int(num_clients * frac1)
-    if per_group < 1:
-        raise ConfigError(f"method 'fedcorr': frac1={frac1} gives 0 clients per group for K={num_clients}; use >= 1/K")
-    return per_group, int(1.0 / frac1)
-
-
-def client_groups(rng: np.random.RandomState, num_clients: int, frac1: float | None) -> list[list[int]]:
-    """One iteration's groups: FedCorr's sequential draw (parts.sequential_client_groups)."""
-    if frac1 is not None:
-        return sequential_client_groups(rng, num_clients, frac1)
-    prob, groups = np.full(num_clients, 1.0 / num_clients), []
-    for _ in range(num_clients):  # the same draws as the shared block with fraction exactly 1/K
-        chosen = rng.choice(num_clients, 1, p=prob)
-        groups.append([int(chosen[0])])
-        prob[chosen] = 0.0
-        if prob.sum() > 0:
-            prob = prob / prob.sum()
-    return groups
-
-
 def mixup_la_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, alpha: float,
                            gen: torch.Generator | None, log_prior: torch.Tensor, tau: float) -> torch.Tensor:
     """lambda LA-CE(f(x~), y) + (1 - lambda) LA-CE(f(x~), y[pi]) (FedCorr+LA with mixup; baselines.md §8)."""
@@ -224,7 +200,10 @@ class FedCorr(LogitAdjusted, FLMethod):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
         k, n = ctx.data.num_clients, len(ctx.data.train)
-        self.per_group, self.groups_per_iteration = group_shape(k, params.frac1)
+        try:
+            self.per_group, self.groups_per_iteration = group_shape(k, params.frac1)
+        except ValueError as e:
+            raise ConfigError(f"method 'fedcorr': frac1: {e}") from None
         self.pre_rounds = params.iterations1 * self.groups_per_iteration
         self.groups: list[list[int]] = []  # this iteration's draw
         self.lid_acc = np.zeros(k)  # accumulated over iterations
@@ -270,7 +249,7 @@ class FedCorr(LogitAdjusted, FLMethod):
         slot = self.slot(r)
         if slot.stage == "preprocess":
             if slot.group == 0:
-                self.groups = client_groups(self.ctx.rng, self.ctx.data.num_clients, self.params.frac1)
+                self.groups = sequential_client_groups(self.ctx.rng, self.ctx.data.num_clients, self.params.frac1)
                 self.lid_client = np.zeros_like(self.lid_client)
                 self.losses = np.zeros_like(self.losses)
             self._ref = snapshot(self.global_model)

@@ -64,7 +64,7 @@ REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filte
 @dataclass(frozen=True)
 class FedDivParams(MethodParams):
     name = "feddiv"
-    slug_fields = ("warmup_iterations", "filter")
+    slug_fields = (("warmup_iterations", "wu"), ("filter", {"degraded": "degraded", "local": "localfilter"}), ("reg_coef", {1.0: "reg"}))
     switches = {
         "loss_form": "'double_softmax' (code: CE of softmax outputs) | 'logits' (paper)",
         "normalize_losses": "true (code: per-client min-max of the losses) | false (paper)",

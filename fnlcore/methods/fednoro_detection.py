@@ -35,7 +35,7 @@ from .fednoro import class_loss_matrix, minmax_columns
 @dataclass(frozen=True)
 class FedNoRoDetectionParams(MethodParams):
     name = "fednoro_detection"
-    slug_fields = ("indicator",)
+    slug_fields = (("indicator", ""), ("logit_adjust", {True: "la"}), ("per_class", {True: "perclass"}), ("norm", {True: "norm"}))
     indicator: str = param("loss", choices=("loss", "conf", "lid"))
     logit_adjust: bool = False
     per_class: bool = False
