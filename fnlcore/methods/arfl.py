@@ -50,7 +50,7 @@ CHUNK_ELEMENTS = 1 << 24  # bound on coordinates x n x (n - 1) per slope tensor
 @dataclass(frozen=True)
 class ARFLParams(MethodParams):
     name = "arfl"
-    slug_fields = ("huber_lambda", "delta")
+    slug_fields = ()
     huber_lambda: float = param(2.0, gt=0, doc="Λ: Huber threshold kappa = Λ sqrt(2/n) on standardised residuals")
     delta: float = param(0.1, ge=0, le=1, doc="values whose Huber weight is below delta are replaced by the fitted line")
 

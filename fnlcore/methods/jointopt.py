@@ -37,7 +37,7 @@ from .base import ClientUpdate, FLMethod, MethodParams, register
 @dataclass(frozen=True)
 class JointOptParams(MethodParams):
     name = "jointopt"
-    slug_fields = ("alpha", "beta")
+    slug_fields = ("warmup_rounds",)
     alpha: float = param(1.2, ge=0, doc="weight of the uniform-prior KL term")
     beta: float = param(0.8, ge=0, doc="weight of the entropy term")
     history: int = param(10, ge=1, doc="Q: predictions averaged per label update")
