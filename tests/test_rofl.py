@@ -72,6 +72,12 @@ def test_small_loss_selection_keeps_the_eight_lowest_of_ten():
     assert small_loss_indices(torch.tensor([1.0]), 0.2).tolist() == [0]  # never an empty selection
 
 
+def test_nearest_centroid_is_by_cosine_not_distance():
+    cents = torch.tensor([[10.0, 0.0], [0.0, 0.1], [0.0, 0.0]])  # a zero centroid scores cosine 0
+    feats = torch.tensor([[0.2, 1.0], [5.0, 0.1], [-1.0, -1.0]])
+    assert nearest_centroid(feats, cents).tolist() == [1, 0, 2]
+
+
 def _batch(n=10, c=3, d=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, c, generator=g)

@@ -126,9 +126,8 @@ def small_loss_indices(losses: torch.Tensor, forget_rate: float) -> torch.Tensor
 
 
 def nearest_centroid(features: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """argmax_c cos(f[c], φ_i) for every row of ``features``."""
-    sim = F.cosine_similarity(features.unsqueeze(1), centroids.unsqueeze(0), dim=2)
-    return sim.argmax(1)
+    """argmax_c cos(f[c], φ_i) for every row of ``features`` (one matmul of unit vectors)."""
+    return (F.normalize(features, dim=1) @ F.normalize(centroids, dim=1).T).argmax(1)
 
 
 class BatchLoss(NamedTuple):
