@@ -1,0 +1,253 @@
+"""RoFL (Yang et al. 2022, "Robust Federated Learning with Noisy Labels"; baselines.md §5, A4).
+
+Class-wise feature centroids shared between clients and server. Client k in round t:
+
+1. with the received global model (eval mode, no augmentation) compute a global pseudo-label
+   ŷ_i = argmax f_{w_g}(x_i) for every local sample;
+2. local centroids f_k = the mean feature per given class under w_g at t = 0 (empty class:
+   zero), else the received global centroids f_G;
+3. every mini-batch (train mode): keep the ⌊(1 − r_t)|B|⌋ smallest-CE samples S (forget rate r_t
+   linear 0 -> forget_rate over forget_ramp_rounds rounds); ỹ_i = argmax_c cos(f_k[c], φ_i),
+   mask m_i = [ỹ_i = y_i]; target y*_i = y_i where m_i else ŷ_i (ŷ_i := y_i while t < T_pl);
+   L = mean_S CE(z, y*) + λ_cen(t) Σ_S m_i ||φ_i − f_k[y_i]||² + λ_e mean_S H(softmax z),
+   λ_cen(t) = λ_cen · t / T_pl before T_pl;
+4. after every optimiser step, per class c: f̂_c = mean feature of S with given label c,
+   s = cos(f_k[c], f̂_c), f_k[c] <- (1 − s²) f_k[c] + s² f̂_c;
+5. upload w_k and f_k. Server: mean of the models; f_G[c] <- Σ_k s_kc f_k[c] / Σ_k s_kc with
+   s_kc = cos(f_G_old[c], f_k[c]). f_G starts standard normal (server state, checkpointed).
+
+Official code (jangsoohyuk/Robust-Federated-Learning-with-Noisy-Labels; FedNoRo ran it with
+T_pl = 10, "other parameters as the code") by default; each difference is a switch:
+- ``cen_grad`` false (code: φ detached, L_cen adds no gradient) | true (paper);
+- ``weighting`` 'uniform' (code: plain mean of client models) | 'size' (n_k weights);
+- ``fg_init`` 'random' (code: round-0 client centroids weighted by their cosine to the random
+  f_G; a denominator |Σ_k s_kc| < 1e-8 is replaced by 1, spec A4(d)) | 'round0_mean' (f_G := plain
+  mean of the round-0 client centroids).
+
+Decided where the spec is silent: the pseudo-label / round-0 feature pass runs on un-augmented
+images; at least one sample of each batch is kept (⌊0.8 · 1⌋ = 0 would make an empty mean, NaN);
+the centroid update uses the features of the step's forward pass (before the step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..fl.local import train_epochs
+from ..fl.state import load, snapshot
+from ..registry import param
+from .base import ClientUpdate, FLMethod, MethodParams, register
+
+DENOMINATOR_GUARD = 1e-8  # |Σ_k s_kc| below this is replaced by 1 (spec A4(d))
+
+
+@dataclass(frozen=True)
+class RoFLParams(MethodParams):
+    name = "rofl"
+    slug_fields = ("t_pl",)
+    switches = {
+        "cen_grad": "false (code: features detached, L_cen adds no gradient) | true (paper)",
+        "weighting": "'uniform' (code: plain mean of client models) | 'size' (n_k weights)",
+        "fg_init": "'random' (code: round-0 centroids weighted by cosine to a random f_G, tiny denominators -> 1)"
+                   " | 'round0_mean' (plain mean of round-0 client centroids)",
+    }
+    t_pl: int = param(100, ge=0, rounds=True, doc="round from which global pseudo-labels are used (FedNoRo: 10; code: 100)")
+    forget_rate: float = param(0.2, ge=0, lt=1, doc="final fraction of large-loss samples dropped per batch")
+    forget_ramp_rounds: int = param(10, ge=0, rounds=True, doc="rounds over which the forget rate grows linearly from 0")
+    lambda_cen: float = param(1.0, ge=0, doc="centroid loss weight (ramped up until t_pl)")
+    lambda_e: float = param(0.8, ge=0, doc="entropy minimisation weight")
+    cen_grad: bool = False
+    weighting: str = param("uniform", choices=("uniform", "size"))
+    fg_init: str = param("random", choices=("random", "round0_mean"))
+
+    def check_training(self, settings) -> None:
+        if self.t_pl >= settings.rounds:
+            raise ConfigError(
+                f"method 'rofl': t_pl={self.t_pl} must be < training.rounds={settings.rounds} "
+                "(pseudo-labels would never be used); lower t_pl"
+            )
+
+
+# -- schedules -----------------------------------------------------------------------------
+
+
+def forget_rate_at(t: int, rate: float, ramp_rounds: int) -> float:
+    """r_t: linspace(0, rate, ramp_rounds)[t] during the ramp, then ``rate`` (0, 0.0222, ..., 0.2 for 10 rounds)."""
+    if t >= ramp_rounds:
+        return rate
+    return rate * t / (ramp_rounds - 1) if ramp_rounds > 1 else 0.0
+
+
+def centroid_weight_at(t: int, lambda_cen: float, t_pl: int) -> float:
+    """λ_cen(t) = λ_cen · t / T_pl before T_pl, then λ_cen."""
+    return lambda_cen * t / t_pl if t < t_pl else lambda_cen
+
+
+# -- pure parts ----------------------------------------------------------------------------
+
+
+def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(C, d) mean feature per label; a class without samples gets the zero vector."""
+    sums = torch.zeros(num_classes, features.shape[1], dtype=features.dtype, device=features.device)
+    sums.index_add_(0, labels, features)
+    counts = torch.bincount(labels, minlength=num_classes).to(features.dtype)
+    return sums / counts.clamp_min(1).unsqueeze(1)
+
+
+def update_centroids(centroids: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """f[c] <- (1 − s²) f[c] + s² f̂_c, s = cos(f[c], f̂_c), f̂_c = batch mean of class c (zero: unchanged)."""
+    batch_means = class_means(features, labels, centroids.shape[0])
+    s2 = F.cosine_similarity(centroids, batch_means, dim=1).pow(2).unsqueeze(1)
+    return (1 - s2) * centroids + s2 * batch_means
+
+
+def aggregate_centroids(global_old: torch.Tensor, client_centroids: torch.Tensor) -> torch.Tensor:
+    """f_G[c] = Σ_k s_kc f_k[c] / Σ_k s_kc, s_kc = cos(f_G_old[c], f_k[c]); (K, C, d) clients.
+
+    The cosines to a random f_G (round 0) are ≈ 0 with mixed signs: a denominator below
+    1e-8 in magnitude is replaced by 1 (spec A4(d)'s guard) instead of dividing by ~0.
+    """
+    s = F.cosine_similarity(global_old.unsqueeze(0), client_centroids, dim=2)  # (K, C)
+    num = (s.unsqueeze(2) * client_centroids).sum(0)
+    den = s.sum(0)
+    den = torch.where(den.abs() < DENOMINATOR_GUARD, torch.ones_like(den), den)
+    return num / den.unsqueeze(1)
+
+
+def small_loss_indices(losses: torch.Tensor, forget_rate: float) -> torch.Tensor:
+    """Positions of the ⌊(1 − r)|B|⌋ smallest losses (at least one), smallest first."""
+    keep = max(int((1.0 - forget_rate) * losses.numel()), 1)
+    return torch.sort(losses.detach(), stable=True).indices[:keep]
+
+
+def nearest_centroid(features: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """argmax_c cos(f[c], φ_i) for every row of ``features`` (one matmul of unit vectors)."""
+    return (F.normalize(features, dim=1) @ F.normalize(centroids, dim=1).T).argmax(1)
+
+
+class BatchLoss(NamedTuple):
+    loss: torch.Tensor
+    selected: torch.Tensor  # positions in the batch that entered the loss
+    targets: torch.Tensor  # y* of the selected samples
+    mask: torch.Tensor  # m_i of the selected samples (bool)
+
+
+def rofl_batch_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, pseudo: torch.Tensor,
+                    centroids: torch.Tensor, forget_rate: float, lambda_cen: float, lambda_e: float,
+                    use_pseudo: bool, cen_grad: bool) -> BatchLoss:
+    """RoFL's local objective on one batch (§5 step 3-4); ``pseudo`` are the global pseudo-labels."""
+    per_sample = F.cross_entropy(logits, labels, reduction="none")
+    sel = small_loss_indices(per_sample, forget_rate)
+    z, y = logits[sel], labels[sel]
+    phi = features[sel] if cen_grad else features[sel].detach()
+    mask = nearest_centroid(phi.detach(), centroids) == y
+    targets = torch.where(mask, y, pseudo[sel]) if use_pseudo else y
+    l_c = F.cross_entropy(z, targets)
+    l_cen = (mask.unsqueeze(1) * (phi - centroids[y]).pow(2)).sum()
+    log_p = F.log_softmax(z, dim=1)
+    l_e = -(log_p.exp() * log_p).sum(1).mean()
+    return BatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, sel, targets, mask)
+
+
+@torch.no_grad()
+def logits_and_features(ctx, model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval-mode logits and penultimate features of training samples ``idx`` (no augmentation)."""
+    model.eval()
+    zs, fs = [], []
+    for xb, _ in ctx.data.train.batches(idx, ctx.settings.eval_batch_size):
+        z, f = model.forward_features(ctx.pipeline.eval(xb))
+        zs.append(z.float())
+        fs.append(f.float())
+    return torch.cat(zs), torch.cat(fs)
+
+
+@register
+class RoFL(FLMethod):
+    Params = RoFLParams
+    paper = "Yang et al. 2022; baseline in FedNoRo and (via FedCorr) FedDiv"
+
+    def __init__(self, params: RoFLParams, ctx):
+        super().__init__(params, ctx)
+        if ctx.data.multi_label:
+            raise ConfigError("method 'rofl' needs single-label data (class centroids); pick another method")
+        # f_G: standard normal, from a generator seeded off the run's method stream (no global RNG)
+        gen = torch.Generator().manual_seed(int(ctx.rng.randint(0, 2**31 - 1)))
+        self.f_g = torch.randn(ctx.data.num_classes, self.global_model.feature_dim, generator=gen).to(ctx.device)
+        self._pseudo = torch.zeros(len(ctx.data.train), dtype=torch.int64, device=ctx.device)
+        self._client_centroids: list[torch.Tensor] = []
+
+    def aggregation_weight(self, upd: ClientUpdate) -> float:
+        return float(upd.num_samples) if self.params.weighting == "size" else 1.0
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        p = self.params
+        self._forget = forget_rate_at(r, p.forget_rate, p.forget_ramp_rounds)
+        self._lambda_cen = centroid_weight_at(r, p.lambda_cen, p.t_pl)
+        self._client_centroids = []
+        self._counts = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)  # selected, masked, changed
+        self.round_info.update(forget_rate=self._forget, lambda_cen=self._lambda_cen)
+
+    def local_update(self, r: int, k: int) -> ClientUpdate:
+        ctx = self.ctx
+        load(self.worker, self.global_model.state_dict())
+        idx = ctx.data.clients[k]
+        logits, feats = logits_and_features(ctx, self.global_model, idx)
+        dev_idx = idx.to(ctx.device)
+        self._pseudo[dev_idx] = logits.argmax(1)
+        if r == 0:
+            self._centroids = class_means(feats, ctx.data.given[dev_idx], ctx.data.num_classes)
+        else:
+            self._centroids = self.f_g.clone()
+        self._step_features = None
+        loss = train_epochs(ctx, self.worker, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r,
+                            after_step=self._centroid_step)
+        self._client_centroids.append(self._centroids)
+        return ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss, "centroids": self._centroids})
+
+    def loss(self, model, x, idx, step, k, r):
+        p = self.params
+        dev_idx = idx.to(self.ctx.device, non_blocking=True)
+        labels = self.ctx.data.given[dev_idx]
+        logits, feats = model.forward_features(x)
+        out = rofl_batch_loss(logits, feats, labels, self._pseudo[dev_idx], self._centroids, self._forget,
+                              self._lambda_cen, p.lambda_e, r >= p.t_pl, p.cen_grad)
+        y = labels[out.selected]
+        self._step_features = (feats[out.selected].detach().float(), y)
+        self._counts += torch.stack([
+            torch.tensor(float(out.selected.numel()), dtype=torch.float64, device=y.device),
+            out.mask.sum().double(), (out.targets != y).sum().double(),
+        ])
+        return out.loss
+
+    def _centroid_step(self) -> None:
+        feats, labels = self._step_features
+        self._centroids = update_centroids(self._centroids, feats, labels)
+
+    def aggregate(self, r: int) -> None:
+        super().aggregate(r)
+        stacked = torch.stack(self._client_centroids)
+        if r == 0 and self.params.fg_init == "round0_mean":
+            self.f_g = stacked.mean(0)
+        else:
+            self.f_g = aggregate_centroids(self.f_g, stacked)
+        self._client_centroids = []
+
+    def end_round(self, r: int) -> None:
+        selected, masked, changed = self._counts.tolist()
+        if selected:
+            self.round_info.update(rofl_mask_rate=masked / selected, rofl_pseudo_target_rate=changed / selected)
+
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d["f_g"] = self.f_g.clone()
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        self.f_g = d["f_g"].to(self.ctx.device).clone()
