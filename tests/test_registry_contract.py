@@ -170,6 +170,13 @@ def test_models_are_a_registry_and_only_some_have_pretrained_weights():
 # the code before the slug scheme was unified: every entry of config/ and tests/configs/,
 # plus every registered spec at defaults and with each readable part and the hash exercised.
 SLUG_PINS = [
+    ('method', {'name': 'rofl'}, 'rofl-tpl100'),
+    ('method', {'name': 'rofl', 't_pl': 10}, 'rofl-tpl10'),
+    ('method', {'name': 'rofl', 't_pl': 10, 'cen_grad': True, 'weighting': 'size', 'fg_init': 'round0_mean'}, 'rofl-tpl10-h47a085'),
+    ('method', {'name': 'arfl'}, 'arfl'),
+    ('method', {'name': 'arfl', 'huber_lambda': 1.5, 'delta': 0.2}, 'arfl-h1c565c'),
+    ('method', {'name': 'jointopt'}, 'jointopt-warmuprounds50'),
+    ('method', {'name': 'jointopt', 'warmup_rounds': 100, 'history': 15}, 'jointopt-warmuprounds100-hddc96c'),
     ('method', {'name': 'fedcorr'}, 'fedcorr-wu5-ft500'),
     ('method', {'name': 'fedcorr', 'logit_adjust': True}, 'fedcorr-wu5-ft500-la'),
     ('method', {'name': 'feddiv'}, 'feddiv-wu5'),
