@@ -110,3 +110,68 @@ def test_params_reject_a_warmup_covering_the_whole_run():
     DivideMixParams(warmup_rounds=9).check_training(TrainSettings(rounds=10))
     with pytest.raises(ConfigError):
         DivideMixParams(evaluate="net2")
+
+
+# -- end to end ----------------------------------------------------------------------------
+
+
+def _method(rounds=3, epochs=1, **kw):
+    from fnlcore.methods.dividemix import DivideMix
+
+    from .engine_helpers import make_ctx
+
+    ctx = make_ctx(TrainSettings(rounds=rounds, local_epochs=epochs, batch_size=16, optimizer="adam", lr=3e-3,
+                                 client_fraction=0.5))
+    return DivideMix(DivideMixParams(warmup_rounds=1, rampup_rounds=2, **kw), ctx), ctx
+
+
+def test_a_short_run_warms_up_then_co_divides_and_mixes(tmp_path, monkeypatch):
+    from fnlcore.fl.simulation import Simulation
+    from fnlcore.methods.dividemix import DivideMix
+
+    m, ctx = _method()
+    calls = []
+    step = DivideMix.mixmatch_step
+
+    def counted(self, net, peer, labelled, unlabelled, weight_u):
+        calls.append((len(labelled[1]), len(unlabelled[1]), weight_u, peer.training))
+        return step(self, net, peer, labelled, unlabelled, weight_u)
+
+    monkeypatch.setattr(DivideMix, "mixmatch_step", counted)
+    df = Simulation(m, ctx, tmp_path / "ck.pt", progress=lambda s: None).run()
+    assert df["stage"].tolist() == ["warmup", "dividemix", "dividemix"]
+    assert np.isnan(df["labelled_frac"].iloc[0]) and df["labelled_frac"].iloc[1:].between(0, 1).all()
+    assert {"acc", "acc_net1", "acc_net2"} <= set(df.columns) and df["acc"].notna().all()
+    assert calls and not any(c[3] for c in calls)  # the peer stays frozen (eval mode)
+    ws = [c[2] for c in calls]
+    # W = 1, ramp 2 rounds: λ_u = 0 at the first step of round 1, 12.5 <= λ_u < 25 in round 2
+    assert ws[0] == 0.0 and 12.5 <= max(ws) < 25.0
+    a, b = (m.globals[n].state_dict()["head.weight"] for n in ("net1", "net2"))
+    assert not torch.equal(a, b)
+
+
+def test_an_empty_unlabelled_set_falls_back_to_ce_on_all_data(monkeypatch):
+    from fnlcore.methods.dividemix import DivideMix
+
+    m, ctx = _method()
+    monkeypatch.setattr(DivideMix, "mixmatch_step", lambda *a: pytest.fail("MixMatch ran on an empty set"))
+    idx = ctx.data.clients[1]
+    net, peer = m.workers["net1"], m.workers["net2"]
+    opt = ctx.optimizer(net.parameters(), 1)
+    w = torch.ones(len(idx))
+    before = net.state_dict()["head.weight"].clone()
+    loss = m._train_epoch(1, 0, net, peer, opt, idx, w, w > 0.5)
+    assert loss > 0 and not torch.equal(before, net.state_dict()["head.weight"])
+
+
+def test_evaluated_model_is_the_ensemble_or_net1():
+    from fnlcore.fl.local import predict
+
+    m, ctx = _method()
+    x_idx = torch.arange(5)
+    out = predict(ctx, m.eval_model(), ctx.data.test, x_idx)
+    p1 = torch.softmax(predict(ctx, m.globals["net1"], ctx.data.test, x_idx), 1)
+    p2 = torch.softmax(predict(ctx, m.globals["net2"], ctx.data.test, x_idx), 1)
+    assert torch.allclose(out.exp(), (p1 + p2) / 2, atol=1e-6)
+    m1, _ = _method(evaluate="net1")
+    assert m1.eval_model() is m1.globals["net1"]

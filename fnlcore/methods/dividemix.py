@@ -159,3 +159,116 @@ class EnsembleModel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.stack([F.softmax(net(x).float(), dim=1) for net in self.nets]).mean(0)
         return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+
+
+# -- the method ----------------------------------------------------------------------------
+
+PEERS = (("net1", "net2"), ("net2", "net1"))  # (trained network, peer whose division it uses), in order
+
+
+@register
+class DivideMix(MultiNetwork):
+    Params = DivideMixParams
+    paper = "Li et al. 2020 (ICLR), inside FL; baseline in FedGR (FL-DivideMix) and FedDiv (via FedCorr)"
+
+    def __init__(self, params: DivideMixParams, ctx):
+        if ctx.data.multi_label:
+            raise ConfigError("method 'dividemix' needs single-label data (soft labels over classes); pick another method")
+        super().__init__(params, ctx)
+        self.ensemble = EnsembleModel(*(self.globals[n] for n in self.network_names))
+        # each sample's clean posterior under the peer's latest GMM (overwritten every epoch, not state)
+        self._clean_w = torch.zeros(len(ctx.data.train), device=ctx.device)
+        self._division: dict[str, list[float]] = {}
+
+    def stage(self, r: int) -> str:
+        return "warmup" if r < self.params.warmup_rounds else "dividemix"
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self._division = {"labelled": [], "labelled_clean": []}
+
+    # -- co-divide ---------------------------------------------------------------------------
+    def divide(self, net: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
+        """Clean posteriors w (device, aligned with ``idx``) from ``net``'s per-sample CE (eval, no augmentation)."""
+        ctx, p = self.ctx, self.params
+        logits = predict(ctx, net, ctx.data.train, idx)
+        losses = F.cross_entropy(logits, ctx.data.given[idx.to(ctx.device)], reduction="none")
+        seed = int(ctx.rng.randint(2**31 - 1))  # drawn even when the guard skips the fit: one draw per division
+        w = clean_posterior(losses.cpu().numpy(), p.gmm_max_iter, p.gmm_tol, p.gmm_reg_covar, seed)
+        return torch.as_tensor(w, dtype=torch.float32, device=ctx.device)
+
+    def _log_division(self, idx: torch.Tensor, labelled: torch.Tensor) -> None:
+        data = self.ctx.data
+        lab = idx[labelled.cpu()].to(data.given.device)
+        self._division["labelled"].append(float(labelled.float().mean()))
+        if len(lab):
+            self._division["labelled_clean"].append(float((data.given[lab] == data.y_true[lab]).float().mean()))
+
+    # -- local training ------------------------------------------------------------------------
+    def local_networks(self, r: int, k: int, nets: dict, optimizers: dict) -> dict:
+        if r < self.params.warmup_rounds:
+            return super().local_networks(r, k, nets, optimizers)  # plain CE for each network
+        idx = self.ctx.data.clients[k]
+        epochs = self.ctx.settings.local_epochs
+        losses = {n: [] for n in nets}
+        for epoch in range(epochs):
+            weights = {n: self.divide(nets[n], idx) for n in self.network_names}  # both before either trains
+            for name, peer in PEERS:
+                w = weights[peer]
+                labelled = w > self.params.p_threshold
+                self._log_division(idx, labelled)
+                losses[name].append(self._train_epoch(r, epoch, nets[name], nets[peer], optimizers[name], idx, w, labelled))
+        return {f"train_loss_{n}": float(np.mean(v)) for n, v in losses.items()}
+
+    def _train_epoch(self, r, epoch, net, peer, opt, idx, w, labelled) -> float:
+        """One local epoch of ``net`` on the peer's division (MixMatch), or CE on all data when X or U is empty."""
+        ctx = self.ctx
+        mask = labelled.cpu()
+        lab, unl = idx[mask], idx[~mask]
+        if len(lab) == 0 or len(unl) == 0:  # §10(d)
+            return train_epochs(ctx, net, idx, lambda m, x, b, s: F.cross_entropy(m(x), self.labels(b)), r,
+                                epochs=1, optimizer=opt)
+        self._clean_w[idx.to(ctx.device)] = w
+        bs = ctx.settings.batch_size
+        steps = len(lab) // bs if ctx.settings.drop_last else -(-len(lab) // bs)
+        peer.eval()  # frozen: no BN statistics move, no gradient
+
+        def loss(model, batches, step):
+            t = r + (epoch + step / max(steps, 1)) / ctx.settings.local_epochs
+            weight_u = unlabelled_weight(t, self.params.lambda_u, self.params.warmup_rounds, self.params.rampup_rounds)
+            return self.mixmatch_step(model, peer, batches["labelled"], batches["unlabelled"], weight_u)
+
+        return train_streams(ctx, net, {"labelled": (lab, bs), "unlabelled": (unl, bs)}, loss, r,
+                             epochs=1, optimizer=opt)
+
+    def mixmatch_step(self, net, peer, labelled, unlabelled, weight_u: float) -> torch.Tensor:
+        """DivideMix's loss for one labelled + one unlabelled batch (uint8 images, sample indices)."""
+        ctx, p = self.ctx, self.params
+        (xl, il), (xu, _) = labelled, unlabelled
+        dev_il = il.to(ctx.device, non_blocking=True)
+        vx = ctx.pipeline.views(xl, ctx.aug_gen, ("weak:1", "weak:2"))
+        vu = ctx.pipeline.views(xu, ctx.aug_gen, ("weak:1", "weak:2"))
+        x1, x2, u1, u2 = vx["weak:1"], vx["weak:2"], vu["weak:1"], vu["weak:2"]
+        with torch.no_grad():
+            soft = lambda m, x: F.softmax(m(x).float(), dim=1)  # noqa: E731
+            q = co_guess([soft(net, u1), soft(net, u2), soft(peer, u1), soft(peer, u2)], p.temperature)
+            y = F.one_hot(self.labels(il), ctx.data.num_classes).float()
+            ybar = co_refine(y, self._clean_w[dev_il], [soft(net, x1), soft(net, x2)], p.temperature)
+        inputs = torch.cat([x1, x2, u1, u2])
+        targets = torch.cat([ybar, ybar, q, q])
+        mixed, ta, tb, lam = mixup(inputs, targets, p.alpha, ctx.aug_gen, keep_major=True)
+        mixed_targets = mix_targets(ta, tb, lam)
+        logits = net(mixed).float()
+        n_x = 2 * len(il)
+        return mixmatch_loss(logits[:n_x], mixed_targets[:n_x], logits[n_x:], mixed_targets[n_x:], weight_u)
+
+    # -- server side, outputs --------------------------------------------------------------------
+    def end_round(self, r: int) -> None:
+        for key, vals in self._division.items():
+            if vals:
+                self.round_info[f"{key}_frac"] = float(np.mean(vals))
+        for n in self.network_names:  # §10(c): log each network too
+            self.round_info[f"acc_{n}"] = evaluate_model(self.ctx, self.globals[n])["acc"]
+
+    def eval_model(self) -> torch.nn.Module:
+        return self.ensemble if self.params.evaluate == "ensemble" else self.globals["net1"]
