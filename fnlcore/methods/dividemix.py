@@ -21,7 +21,9 @@ Two global networks net1/net2, each FedAvg-aggregated on its own (:class:`MultiN
   An empty X or U (§10(d)): that network trains with CE on all local data for that epoch.
 * Evaluation (§10(c), A9): ``evaluate='ensemble'`` scores :class:`EnsembleModel`, whose forward
   returns log of the mean of both networks' softmax (argmax = DivideMix's test prediction);
-  'net1' scores net1 alone. Either way ``acc_net1``/``acc_net2`` are logged each round.
+  'net1' scores net1 alone. Either way ``acc_net1``/``acc_net2`` are logged each round, and after
+  warm-up ``labelled_frac`` (mean share of a client's samples in X) and ``labelled_clean_frac``
+  (share of X whose given label is the true one; a diagnostic, never used in training).
 
 There is no code≠paper switch: no official FL code exists (FedRN's FL DivideMix uses GMM
 max_iter 100; the default here is DivideMix's 10, a parameter).
@@ -35,7 +37,10 @@ Decided where the spec was silent:
   epoch length (DivideMix's num_iter), the unlabelled one cycles;
 - a degenerate loss distribution (fewer than 2 samples, or all losses equal: min-max would
   divide by 0, §19.4) gives w = 1 for every sample, so U is empty and the CE fallback runs;
-- the GMM's random_state is drawn from ctx.rng (one draw per fit), so a resumed run is exact;
+- the GMM's random_state is drawn from ctx.rng (one draw per division, also when the guard skips
+  the fit), so a resumed run is exact;
+- the two networks are initialised by two successive ``ctx.new_model()`` calls, i.e. differently
+  (§10(e), §19.5);
 - the mean local loss uploaded is the mean over epochs of each epoch's mean batch loss.
 """
 
