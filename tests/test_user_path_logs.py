@@ -96,3 +96,13 @@ def test_until_noise_on_a_table_plans_labels_only(tmp_path):
     counts = job_counts(out)
     assert counts.get("noise", 0) > 0 and not {"train", "table", "all"} & set(counts), counts
     assert "BUG" not in out
+
+
+def test_finished_message_after_until_says_the_table_is_not_built(tmp_path):
+    from fnlcore.app.plan import build_plan, validate_schema
+    from fnlcore.app.summary import finished_message
+
+    plan = build_plan(validate_schema({"tables": ["demo"], "data_grid": [], "results_dir": str(tmp_path)}))
+    assert "(1 configured table(s) not built yet)" in finished_message(plan)
+    empty = build_plan(validate_schema({"tables": [], "data_grid": [], "results_dir": str(tmp_path)}))
+    assert "(no table configured)" in finished_message(empty)
