@@ -26,6 +26,12 @@ include: "rules/validate.smk"
 report: "report/workflow.rst"
 
 
+# Job reasons name a few files and a count, not every input of a table (fnlcore.logs).
+from fnlcore.logs import shorten_snakemake_reasons
+
+shorten_snakemake_reasons()
+
+
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/partition.smk"
@@ -38,6 +44,11 @@ rule all:
     default_target: True
     input:
         PLAN.targets(),
+    # A count instead of Snakemake's list of every target (hundreds of paths for a paper)
+    message:
+        f"all: {len(PLAN.targets())} files ({len(PLAN.tables)} table(s): "
+        + (", ".join(t.name for t in PLAN.tables) or "none")
+        + f"; {len(PLAN.label_sets)} noisy label set(s) of the data grid) under {RESULTS}/"
 
 
 onsuccess:

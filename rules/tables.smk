@@ -36,7 +36,11 @@ rule table:
     params:
         table=lambda w: _table(w.paper, w.table),
         results=RESULTS,
+        n_runs=lambda w: len(_table(w.paper, w.table).runs),
     log:
         pattern("{results}/logs/tables/{paper}/{table}.log"),
+    # A count instead of Snakemake's list of every run's metrics file
+    message:
+        "table {wildcards.paper}/{wildcards.table}: {params.n_runs} runs' metrics -> {output.md} (log: {log})"
     script:
         "../workflow_scripts/make_table.py"

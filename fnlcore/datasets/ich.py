@@ -21,9 +21,11 @@ only, no decoding) before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,7 +34,17 @@ from ..errors import ConfigError, DataError, MissingManualDataError
 from ..rng import legacy_rng
 from .base import DatasetInfo, PrepareContext, register, write_prepared
 from .official_files import ICH_CLASS_COLUMNS, fetch_official, official_file, read_fednoro_ich_csv, read_fednoro_softlabels
-from .rawfiles import describe_missing_images, find_missing_files, missing_manual_data, parse_options, sha256_label
+from .rawfiles import (
+    describe_missing_images,
+    file_image_size,
+    find_missing_files,
+    image_size_setting,
+    keep_subset,
+    missing_manual_data,
+    parse_options,
+    read_id_subset,
+    sha256_label,
+)
 
 __all__ = [
     "ICH_CLASSES",
@@ -75,9 +87,24 @@ class IchFedNoRoOptions:
     ``soft_labels``: also fetch FedNoRo's ``ICH_softlabel.csv`` (needed by the
     H-IDN noise model, fednoro.md §3) and store its 5 probabilities as index
     columns ``soft_0..soft_4`` of the train rows (NaN for test rows).
+    ``subset``: path of a CSV with a column ``id`` listing the images to use
+    (train and test ids of FedNoRo's CSVs); only their PNGs must exist. The
+    rows keep FedNoRo's order; the file's path, sha256 and the counts kept go
+    to meta.json.
+    ``image_size``: None (default) keeps the files' own size, as FedNoRo's code
+    does (no Resize for ICH): the size of the first image, to which any image
+    of another size is resized when loaded; N or [H, W] resizes every image
+    (512 was this project's earlier fixed setting).
     """
 
     soft_labels: bool = False
+    subset: str | None = None
+    image_size: Any = None
+
+    def __post_init__(self) -> None:
+        if self.subset is not None and not (isinstance(self.subset, str) and self.subset.strip()):
+            raise ConfigError(f"option subset must be the path of a CSV of IDs, got {self.subset!r}")
+        image_size_setting(self.image_size)
 
 
 def prepare_ich_fednoro(ctx: PrepareContext) -> None:
@@ -111,14 +138,8 @@ def prepare_ich_fednoro(ctx: PrepareContext) -> None:
             "FedNoRo's train_ICH.csv/test_ICH.csv share or repeat an image id; the files are not the published ones"
         )
 
-    missing = find_missing_files(raw, index["path"].to_numpy())
-    if missing.any():
-        raise _fednoro_missing(
-            raw, [describe_missing_images(FEDNORO_IMAGE_DIR, index["path"].to_numpy(), missing, raw)]
-        )
-
     extra: dict[str, object] = {"label_source": f"{official_file('fednoro_ich_train').remote.urls[0]} (+ test_ICH.csv)"}
-    if opts.soft_labels:
+    if opts.soft_labels:  # before the subset: row i of ICH_softlabel.csv is row i of the full train_ICH.csv
         entry = official_file("fednoro_ich_softlabel")
         path = fetch_official("fednoro_ich_softlabel", raw, ctx.mirrors)
         soft = read_fednoro_softlabels(path, expected_rows=int((index["split"] == "train").sum()))
@@ -129,7 +150,36 @@ def prepare_ich_fednoro(ctx: PrepareContext) -> None:
             index[f"soft_{j}"] = col
         files[path.name] = sha256_label(path)
         extra["soft_label_source"] = entry.remote.urls[0]
-    write_prepared(ctx.out_dir, ICH_FEDNORO, index, None, extra, raw_dir=raw, files=files)
+    if opts.subset is not None:
+        index, extra["subset"] = keep_subset(index, *read_id_subset(opts.subset))
+
+    missing = find_missing_files(raw, index["path"].to_numpy())
+    if missing.any():
+        raise _fednoro_missing(
+            raw, [describe_missing_images(FEDNORO_IMAGE_DIR, index["path"].to_numpy(), missing, raw)]
+        )
+    extra["provenance"] = _provenance(raw, files, index)
+    info, extra["image_size_from"] = _image_size(raw, index, opts.image_size)
+    write_prepared(ctx.out_dir, info, index, None, extra, raw_dir=raw, files=files)
+
+
+def _provenance(raw: Path, files: dict[str, str], index: pd.DataFrame) -> dict[str, object]:
+    """Where the data came from and what was checked (meta.json's ``provenance``)."""
+    return {
+        "source_dir": str(raw.resolve()),
+        "label_files_verified": sorted(files),  # each checked against its pinned checksum or git blob id
+        "images": "existence checked (no published checksums for the PNGs)",
+        "n_samples": int(len(index)),
+    }
+
+
+def _image_size(raw: Path, index: pd.DataFrame, option: Any) -> tuple[DatasetInfo, str]:
+    """The dataset info with the size the network sees: the option's, or the first image file's."""
+    size = image_size_setting(option)
+    if size is not None:
+        return dataclasses.replace(ICH_FEDNORO, image_size=size), "option image_size"
+    first = str(index["path"].iloc[0])
+    return dataclasses.replace(ICH_FEDNORO, image_size=file_image_size(raw / first)), f"file {first}"
 
 
 def _fednoro_missing(raw: Path, missing: list[str]) -> MissingManualDataError:
@@ -300,7 +350,7 @@ ICH_FEDNORO = register(
         class_names=ICH_CLASSES,
         multi_label=False,
         channels=3,  # FedNoRo converts the grey PNGs to RGB
-        image_size=(512, 512),  # native resolution, no resize for ICH (fednoro.md §1.1, A1)
+        image_size=(512, 512),  # the Kaggle PNGs' native size; prepare records the files' own (option image_size)
         in_memory=False,
         source=f"{KAGGLE_SOURCE}; labels and split: FedNoRo's data/train_ICH.csv, data/test_ICH.csv",
         papers=("fednoro",),

@@ -222,3 +222,91 @@ def parse_options(dataset: str, options_cls: type, options: Mapping[str, Any] | 
 def sha256_label(path: str | os.PathLike) -> str:
     """``"sha256:<hex>"`` of a file (recorded in meta where no published checksum exists)."""
     return "sha256:" + file_digests(path, ("sha256",))["sha256"]
+
+
+# -- the researcher's own subset and image size -----------------------------------------------
+
+SUBSET_ID_COLUMNS = ("id", "image_id", "image")
+
+
+def read_id_subset(path: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:
+    """The IDs a subset file lists, and its provenance (absolute path, sha256, number of IDs).
+
+    The file is a CSV with a header and a column ``id`` (or ``image_id`` /
+    ``image``, any case), e.g. a trimmed copy of FedNoRo's ``train_ICH.csv``;
+    other columns are ignored. A repeated ID counts once.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"option subset: {p} is not a file; give the path of a CSV with a column 'id'")
+    try:
+        frame = pd.read_csv(p, dtype=str)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise DataError(f"{p}: cannot be read as a CSV of IDs ({exc})") from None
+    by_lower = {str(c).strip().lower(): c for c in frame.columns}
+    column = next((by_lower[c] for c in SUBSET_ID_COLUMNS if c in by_lower), None)
+    if column is None:
+        raise DataError(
+            f"{p}: no ID column; expected a header with one of {list(SUBSET_ID_COLUMNS)}, found {list(frame.columns)}"
+        )
+    ids = frame[column].dropna().str.strip()
+    ids = ids[ids != ""].drop_duplicates().to_numpy(dtype=object)
+    if not len(ids):
+        raise DataError(f"{p}: column {column!r} lists no IDs")
+    provenance = {"file": str(p.resolve()), "sha256": sha256_label(p).split(":", 1)[1], "n_ids": int(len(ids))}
+    return ids, provenance
+
+
+def keep_subset(index: pd.DataFrame, ids: np.ndarray, provenance: dict[str, Any], id_column: str = "image_id") -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The rows of ``index`` whose ``id_column`` is in ``ids``, in their order, renumbered per split.
+
+    Every listed ID must be a row of the index (a typo would otherwise shrink
+    the data silently) and each split must keep a row. The kept rows carry
+    ``full_sample_id`` (their sample_id in the full set). Returns the new index
+    and the provenance extended with the number of rows kept per split.
+    """
+    known = index[id_column].isin(pd.Index(ids))
+    unknown = pd.Index(ids).difference(pd.Index(index[id_column]))
+    if len(unknown):
+        first = ", ".join(map(str, unknown[:5]))
+        raise DataError(
+            f"{provenance['file']}: {len(unknown):,} of {len(ids):,} IDs are not in the dataset's label files "
+            f"(first: {first}); fix the subset file"
+        )
+    kept = index.loc[known].copy()
+    counts = {}
+    for split in ("train", "test"):
+        rows = (kept["split"] == split).to_numpy()
+        counts[f"n_{split}"] = int(rows.sum())
+        if not rows.any():
+            raise DataError(f"{provenance['file']}: the subset keeps no {split} sample; list IDs of both splits")
+    kept["full_sample_id"] = kept["sample_id"].to_numpy(np.int64)
+    kept["sample_id"] = kept.groupby("split", sort=False).cumcount().to_numpy(np.int64)
+    return kept.reset_index(drop=True), {**provenance, "kept": counts}
+
+
+def image_size_setting(value: Any) -> tuple[int, int] | None:
+    """The option ``image_size``: None (the files' own size), N (N×N) or [H, W]; anything else is a ConfigError."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int) and value > 0:
+        return (value, value)
+    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+    ):
+        return (int(value[0]), int(value[1]))
+    raise ConfigError(f"option image_size must be omitted (the files' own size), N or [H, W] (positive integers), got {value!r}")
+
+
+def file_image_size(path: str | os.PathLike) -> tuple[int, int]:
+    """(H, W) of an image file, from its header (no decoding)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+    except OSError as exc:
+        raise DataError(f"cannot read image {path}: {exc}; re-place it") from None
+    return (int(h), int(w))
