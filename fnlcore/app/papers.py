@@ -179,9 +179,9 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
             tdict = {**t["training"], **c.get("training", {}), **r.get("training", {})}
             table_rounds = _wrap(f"{rw}.training", TrainSettings.from_dict, tdict).rounds
             training = _wrap(f"{rw}.training", TrainSettings.from_dict, {**tdict, **scale.training})
-            mdict = dict(r["method"])
-            # a column may set method hyper-parameters that depend on its dataset (FedNoRo's warm-up)
-            mdict.update((c.get("methods") or {}).get(mdict.get("name"), {}))
+            # a column may set defaults for hyper-parameters that depend on its dataset (FedNoRo's
+            # warm-up, FedDiv's L_reg on non-IID columns); a value the row sets itself wins
+            mdict = {**(c.get("methods") or {}).get(r["method"].get("name"), {}), **r["method"]}
             method = _wrap(f"{rw}.method", method_from_dict, mdict)
             method = _wrap(f"{rw}.method", rescale_rounds, method, table_rounds, training.rounds)
             _wrap(f"{rw}.method", method.check_training, training)
