@@ -84,9 +84,9 @@ def table_dry_run(tmp_path_factory):
 def test_table_and_all_jobs_print_a_count_not_their_inputs(table_dry_run):
     rc, out = table_dry_run
     assert rc == 0, out[-3000:]
-    assert "table fednoro/1: 36 runs' metrics -> " in out
+    assert "table fednoro/1: 81 runs' metrics -> " in out  # 9 rows x 9 columns, one seed
     assert "all: 41 files (1 table(s): fednoro/1; 7 noisy label set(s) of the data grid)" in out
-    assert "... (36 files)" in out  # the table's reason: two files and a count
+    assert "... (81 files)" in out  # the table's reason: two files and a count
     assert max(len(ln) for ln in out.splitlines()) < 2000, "a job still prints every input"
 
 
