@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -74,13 +76,40 @@ def _resnet_cifar(depth):
     return build
 
 
+def imagenet_state_dict(weights) -> dict:
+    """A torchvision weights enum's state dict, from torch.hub's cache or downloaded there.
+
+    Without internet the download fails; the ConfigError then names the file and the
+    folder to put it in by hand (torchvision checks its hash either way).
+    """
+    import torch.hub
+
+    filename = os.path.basename(urlparse(weights.url).path)
+    folder = os.path.join(torch.hub.get_dir(), "checkpoints")
+    try:
+        return weights.get_state_dict(progress=False, check_hash=True)
+    except OSError as e:  # URLError, HTTPError, socket errors, unwritable cache
+        raise ConfigError(
+            f"pretrained weights: cannot download {weights.url} ({e}); copy the file {filename} "
+            f"into {folder} (from a machine with internet), or set pretrained: false"
+        ) from None
+    except RuntimeError as e:
+        if "hash" not in str(e):
+            raise
+        raise ConfigError(
+            f"pretrained weights: {filename} failed torchvision's hash check ({e}); copy a complete "
+            f"{filename} from {weights.url} into {folder}"
+        ) from None
+
+
 def _resnet_tv(arch):
     def build(num_classes, in_channels, image_size, pretrained):
         from ..tv_compat import import_torchvision
 
         tv = import_torchvision()
-        weights = "IMAGENET1K_V1" if pretrained else None
-        net = getattr(tv.models, arch)(weights=weights)  # torchvision verifies the weights' hash
+        net = getattr(tv.models, arch)(weights=None)
+        if pretrained:
+            net.load_state_dict(imagenet_state_dict(tv.models.get_model_weights(arch).IMAGENET1K_V1))
         dim = net.fc.in_features
         net.fc = nn.Identity()
         if in_channels != 3:

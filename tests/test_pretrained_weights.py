@@ -1,0 +1,55 @@
+"""Pretrained ImageNet weights: loaded through torchvision's weight enum; offline, the error names the file and folder."""
+
+from __future__ import annotations
+
+import math
+import urllib.error
+import pandas as pd
+import pytest
+import torch
+from fnlcore.app.papers import Scale, load_paper
+from fnlcore.errors import ConfigError
+from fnlcore.tables import load_reported
+
+
+def test_pretrained_weights_without_network_name_the_file_and_folder(monkeypatch, tmp_path):
+    from fnlcore.models import build_model
+
+    def no_network(url, dst, *a, **k):
+        raise urllib.error.URLError("no network")
+
+    old_dir = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path))  # an empty cache: the weights must be downloaded
+    try:
+        monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+        with pytest.raises(ConfigError) as e:
+            build_model("resnet50", 14, 3, (224, 224), pretrained=True)
+    finally:
+        torch.hub.set_dir(old_dir)
+    msg = str(e.value)
+    assert "resnet50-0676ba61.pth" in msg and str(tmp_path / "checkpoints") in msg, msg
+
+
+def test_pretrained_weights_are_read_from_the_hub_cache(tmp_path):
+    """A file put where the error says is loaded without any download."""
+    from fnlcore.models import build_model
+    from fnlcore.models.builder import imagenet_state_dict
+    from fnlcore.tv_compat import import_torchvision
+
+    tv = import_torchvision()
+    weights = tv.models.ResNet18_Weights.IMAGENET1K_V1
+    src = tv.models.resnet18(weights=None)
+    with torch.no_grad():
+        src.fc.bias.fill_(0.5)
+    name = weights.url.rsplit("/", 1)[1]
+    (tmp_path / "checkpoints").mkdir()
+    torch.save(src.state_dict(), tmp_path / "checkpoints" / name)
+    old_dir = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path))
+    try:
+        state = imagenet_state_dict(weights)
+        model = build_model("resnet18", 5, 3, (64, 64), pretrained=True)
+    finally:
+        torch.hub.set_dir(old_dir)
+    assert math.isclose(float(state["fc.bias"][0]), 0.5)
+    assert torch.equal(model.backbone.conv1.weight, src.conv1.weight)
