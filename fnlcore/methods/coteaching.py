@@ -1,0 +1,134 @@
+"""FL-Coteaching (Co-teaching, Han et al. 2018, inside FL; baselines.md §9, FedGR's baseline).
+
+Two global networks net1/net2, each aggregated by FedAvg on its own (MultiNetwork). A client
+trains both on the same augmented minibatches: per-sample CE l1 (net1) and l2 (net2), keep
+m = floor(R(r) |B|) samples with R(r) = 1 - tau min(r^c / T_k, 1) (r the 0-based round), S1 = the
+m smallest l1, S2 = the m smallest l2; net1 learns from the mean l1 over S2 and net2 from the
+mean l2 over S1 (cross exchange). Both networks step together: one optimiser per network (the
+run's), the loss l1(S2) + l2(S1) gives each network exactly its own gradient.
+
+tau = E[rho_k] of the noise (003 A.5): (rho_min + rho_max) / 2 on CIFAR (Sym U(0.5, 1.0): 0.75;
+Asym/Mixed U(0.2, 0.4): 0.3), 0.39 on Clothing1M; no default, a config states it.
+
+Switches (the spec's alternatives, §9(a)-(b)):
+- ``tau_scope`` 'all' (§9(a): the same tau on every client, no oracle) | 'noisy_only' (fedgr.md
+  ambiguity 11: tau = 0 on clients whose given labels all equal the true ones; an oracle);
+- ``evaluate`` 'net1' (§9(b)) | 'net2'; the other network's metrics are logged as ``net2_acc``...
+  (or ``net1_...``) when ``log_networks``.
+Decision where the spec is silent: m is at least 1 (a batch of one sample with R < 1 would keep
+none and give a NaN mean).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..fl.local import evaluate as evaluate_model
+from ..fl.local import train_epochs
+from ..registry import param
+from .base import MethodParams, MultiNetwork, register
+
+
+@dataclass(frozen=True)
+class CoteachingParams(MethodParams):
+    name = "coteaching"
+    slug_fields = ("tau",)
+    switches = {
+        "tau_scope": "'all' (spec §9(a): one tau for every client) | 'noisy_only' (fedgr.md A11: tau = 0 on clean clients, oracle)",
+        "evaluate": "'net1' (spec §9(b)) | 'net2'",
+    }
+    tau: float = param(ge=0, le=1, doc="final drop rate, E[rho_k] of the noise (0.75 Sym, 0.3 Asym/Mixed, 0.39 Clothing1M)")
+    t_k: int = param(25, ge=1, rounds=True, doc="rounds over which the drop rate ramps up to tau")
+    c: float = param(1.0, gt=0, doc="ramp exponent")
+    tau_scope: str = param("all", choices=("all", "noisy_only"))
+    evaluate: str = param("net1", choices=("net1", "net2"))
+    log_networks: bool = param(True, slug=False, doc="log the other network's test metrics too; not in the slug")
+
+
+def keep_rate(r: int, tau: float, t_k: int, c: float = 1.0) -> float:
+    """R(r) = 1 - tau min(r^c / T_k, 1): the fraction of each batch kept in round r."""
+    return 1.0 - tau * min(r**c / t_k, 1.0)
+
+
+def small_loss_indices(losses: torch.Tensor, m: int) -> torch.Tensor:
+    """Positions of the m smallest losses (ties broken by position: a stable sort)."""
+    return torch.argsort(losses.detach(), stable=True)[:m]
+
+
+def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean l1 over S2, mean l2 over S1): each network learns from its peer's small-loss samples."""
+    s1, s2 = small_loss_indices(l1, m), small_loss_indices(l2, m)
+    return l1[s2].mean(), l2[s1].mean()
+
+
+class _Pair(torch.nn.Module):
+    """Both networks as one module, so one training loop feeds them the same batches."""
+
+    def __init__(self, net1: torch.nn.Module, net2: torch.nn.Module):
+        super().__init__()
+        self.net1, self.net2 = net1, net2
+
+
+class _Together:
+    """Steps several optimisers as one (the training loop calls zero_grad and step)."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+
+@register
+class Coteaching(MultiNetwork):
+    Params = CoteachingParams
+    paper = "Han et al. 2018 (Co-teaching); FL-Coteaching in FedGR"
+
+    def __init__(self, params: CoteachingParams, ctx):
+        super().__init__(params, ctx)
+        data = ctx.data
+        # clients holding any wrong given label (only the 'noisy_only' scope reads it: an oracle)
+        wrong = (data.given != data.y_true).cpu()
+        self.noisy_clients = frozenset(k for k, idx in enumerate(data.clients) if bool(wrong[idx].any()))
+
+    def client_tau(self, k: int) -> float:
+        if self.params.tau_scope == "noisy_only" and k not in self.noisy_clients:
+            return 0.0
+        return self.params.tau
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self.round_info["keep_rate"] = keep_rate(r, self.params.tau, self.params.t_k, self.params.c)  # a client with tau
+
+    def local_networks(self, r, k, nets, optimizers):
+        rate = keep_rate(r, self.client_tau(k), self.params.t_k, self.params.c)
+        pair = _Pair(nets["net1"], nets["net2"])
+
+        def loss(model, x, idx, step):
+            y = self.labels(idx)
+            l1 = F.cross_entropy(model.net1(x), y, reduction="none")
+            l2 = F.cross_entropy(model.net2(x), y, reduction="none")
+            m = max(1, math.floor(rate * len(y)))
+            a, b = exchanged_losses(l1, l2, m)
+            return a + b  # disjoint parameters: each network gets only its own term's gradient
+
+        opt = _Together(optimizers["net1"], optimizers["net2"])
+        return {"train_loss": train_epochs(self.ctx, pair, self.ctx.data.clients[k], loss, r, optimizer=opt)}
+
+    def end_round(self, r: int) -> None:
+        super().end_round(r)
+        other = "net2" if self.params.evaluate == "net1" else "net1"
+        if self.params.log_networks and self.should_evaluate(r):
+            self.round_info.update({f"{other}_{k}": v for k, v in evaluate_model(self.ctx, self.globals[other]).items()})
+
+    def eval_model(self) -> torch.nn.Module:
+        return self.globals[self.params.evaluate]
