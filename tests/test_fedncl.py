@@ -100,8 +100,8 @@ def test_params_checks():
 SETTINGS = TrainSettings(rounds=4, local_epochs=1, batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9, lr_decay=0.99)
 
 
-def _run(**kw):
-    ctx = make_ctx(SETTINGS, seed=0, noisy_clients=(0,), rate=1.0)
+def _run(noisy_clients=(0,), rate=1.0, **kw):
+    ctx = make_ctx(SETTINGS, seed=0, noisy_clients=noisy_clients, rate=rate)
     params = FedNCLParams(correction_round=1, **kw)
     method = FedNCL(params, ctx)
     out = Simulation(method, ctx, progress=lambda s: None).run()
@@ -109,7 +109,7 @@ def _run(**kw):
 
 
 def test_short_run_detects_counts_and_relabels_from_original_labels():
-    ctx, method, out = _run(beta=0.6, alpha=0.0, eta=0.5)  # alpha 0: one detection in round 0 joins S_corr
+    ctx, method, out = _run((0, 1, 2, 3), 0.5, beta=0.6, alpha=0.0, eta=0.2)  # alpha 0: one detection joins
     assert len(out) == 4 and out["acc"].notna().all()
     assert set(out["penalty"]) <= {1.0, 10.0, 50.0}
     assert (method.counts <= 1).all()  # counted in round 0 only (t < T_corr = 1)
