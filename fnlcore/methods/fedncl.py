@@ -23,6 +23,9 @@ Every round all clients train with plain CE from the broadcast global model
 - ``size_factor``: False (code: no N^c in the layer weights) | True (paper Eq. 13);
 - ``beta`` 0.6 (paper; the spec's recommendation) vs 1 (code default ``std_num``);
 - ``alpha`` 0.6 (paper; recommended) vs 0.5 (code default ``pl_ratio``).
+Caution: two-sided with beta 0.6 flags EVERY client when q splits into two groups of
+comparable size (each sits ~1 std from the mean; 10 noisy of 20 at p = 0.6), so the
+penalty cancels out; beta 1 (code) or 'one_sided' (paper) do not (seen on digits).
 Table IV ablations (flags of commit 8115d9a): ``use_label_correction`` (w/o label
 correction), ``use_penalty`` (w/o penalty: m = 1), ``use_divergence`` (w/o Eq. 7,
 ``only_ce``: q = h / |D|), ``use_loss`` (w/o Eq. 8, ``only_modeldist``: q = e / |D|).
