@@ -134,7 +134,7 @@ def test_fedncl_bernoulli_spec_fixture(p, expected):
 def test_fedncl_bernoulli_draw_order():
     y = np.arange(12, dtype=np.int64) % 3
     a = ClientAssignment.from_lists(12, [[5, 1, 3], [0, 2, 4, 6], [7, 8, 9, 10, 11]])
-    res = fedncl_bernoulli_noise(y, a, 0.5, seed=7, num_classes=3)
+    res = fedncl_bernoulli_noise(y, a, 0.5, seed=7, num_classes=3, stream="numpy")
     r = np.random.RandomState(7)
     noisy = r.rand(3) <= 0.5
     expected = y.copy()
@@ -143,9 +143,36 @@ def test_fedncl_bernoulli_draw_order():
         expected[idx] = r.randint(0, 3, idx.size)
     np.testing.assert_array_equal(res.given, expected)
     # the paper variant never keeps a label of a noisy client
-    res_x = fedncl_bernoulli_noise(y, a, 0.5, seed=7, num_classes=3, include_true=False)
-    for k in res_x.noisy_clients():
-        assert res_x.is_noisy[a.clients[k]].all()
+    for stream in ("numpy", "python"):
+        res_x = fedncl_bernoulli_noise(y, a, 0.5, seed=7, num_classes=3, include_true=False, stream=stream)
+        for k in res_x.noisy_clients():
+            assert res_x.is_noisy[a.clients[k]].all()
+
+
+# The two fixtures below are the labels of the official procedure (Fed-NCL's main_fed_noise.py +
+# utils/data_preprocessing.py::generated_noise_data), obtained once with a 15-line throwaway script that
+# does only what the official code does, with NumPy and Python's random directly (no project code):
+#   np.random.seed(s); degree_k = 1.0 if np.random.rand() <= 1 - p else 0.0   (Bernoulli, per client)
+#                      or degree = np.random.normal(mu, sigma, K)              (Gaussian, no clipping)
+#   random.seed(s); for k in clients, for i in client k's list: if random.random() < degree_k:
+#                                                                   label[i] = random.randint(0, C - 1)
+# and pasted here as literals.
+def test_fedncl_bernoulli_official_labels_fixture():
+    y = np.arange(12, dtype=np.int64) % 3
+    a = ClientAssignment.from_lists(12, [[5, 1, 3], [0, 2, 4, 6], [7, 8, 9, 10, 11]])
+    res = fedncl_bernoulli_noise(y, a, 0.5, seed=7, num_classes=3)  # degrees (1, 0, 1)
+    assert res.noisy_clients() == [0, 2]
+    assert res.given.tolist() == [0, 0, 2, 2, 1, 0, 0, 1, 0, 0, 0, 2]
+
+
+def test_fedncl_gaussian_official_labels_fixture():
+    y = (3 * np.arange(20, dtype=np.int64)) % 10
+    a = ClientAssignment.from_lists(
+        20, [[4, 0, 2, 1, 3], [9, 8, 7, 6, 5], [10, 11, 12, 13, 14], [19, 15, 18, 16, 17]]
+    )
+    # degrees 0.6235, 0.3378, 0.6915, 1.0854 (> 1: every sample redrawn, as the clip to 1)
+    res = fedncl_gaussian_noise(y, a, 0.4, 0.45, seed=42, num_classes=10)
+    assert res.given.tolist() == [4, 3, 2, 9, 2, 5, 8, 1, 6, 7, 8, 7, 0, 9, 6, 5, 5, 0, 6, 2]
 
 
 def test_fedncl_bernoulli_extremes():
@@ -164,7 +191,7 @@ def test_fedncl_gaussian_spec_fixture(mu, sigma):
 def test_fedncl_gaussian_draw_order_and_truncnorm():
     y = np.random.RandomState(1).randint(0, 10, 600).astype(np.int64)
     a = ClientAssignment.from_lists(600, [range(i * 30, (i + 1) * 30) for i in range(20)])
-    res = fedncl_gaussian_noise(y, a, 0.4, 0.45, seed=42, num_classes=10)
+    res = fedncl_gaussian_noise(y, a, 0.4, 0.45, seed=42, num_classes=10, stream="numpy")
     r = np.random.RandomState(42)
     x = np.clip(r.normal(0.4, 0.45, 20), 0, 1)
     expected = y.copy()

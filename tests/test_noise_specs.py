@@ -18,6 +18,7 @@ SLUGS = [
     ({"name": "fednoro_hidn", "rho": 0.4, "eta_l": 0.3, "eta_u": 0.5}, "hidn-rho0.4-eta0.3-0.5"),
     ({"name": "fedncl_bernoulli", "p": 0.7}, "nclbern-p0.7"),
     ({"name": "fedncl_bernoulli", "p": 0.7, "include_true": False}, "nclbern-p0.7-excl"),
+    ({"name": "fedncl_bernoulli", "p": 0.7, "stream": "numpy"}, "nclbern-p0.7-npstream"),
     ({"name": "fedncl_gaussian", "mu": 0.4, "sigma": 0.45}, "nclgauss-mu0.4-sd0.45"),
     ({"name": "fedncl_gaussian", "mu": 0.4, "sigma": 0.45, "truncation": "truncnorm"}, "nclgauss-mu0.4-sd0.45-truncnorm"),
     ({"name": "fedgr", "noise_type": "sym", "phi": 0.6, "rho_min": 0.5, "rho_max": 1}, "fedgr-sym-phi0.6-r0.5-1.0"),

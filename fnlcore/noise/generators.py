@@ -8,6 +8,8 @@ the client's order. Samples that belong to no client are never touched.
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
 from ..assignment import ClientAssignment
@@ -77,6 +79,47 @@ def fedcorr_noise(
     return make_result("fedcorr", y, given, noisy, level, schedules.client_kinds(noisy, SYM_INCL))
 
 
+FEDNCL_STREAMS = ("python", "numpy")
+
+
+def fedncl_python_flips(
+    y: np.ndarray,
+    assignment: ClientAssignment,
+    level: np.ndarray,
+    seed: int,
+    num_classes: int,
+    include_true: bool = True,
+) -> np.ndarray:
+    """Fed-NCL's ``generated_noise_data`` draws, Python ``random`` seeded with ``seed`` (fedncl.md §3).
+
+    For every client in ascending id (clean ones too) and every sample in the
+    client's order: one ``random()``; when it is < the client's level, the label
+    becomes ``randint(0, C-1)`` (true class included). A level of 1 always flips,
+    0 never, so a raw Gaussian draw and its clip give the same labels.
+    ``include_true=False`` (paper) draws ``randint(1, C-1)`` and adds it to the true
+    label mod C instead. One Python step per sample: ``randint`` consumes a variable
+    number of bits, so the stream cannot be vectorised (60,000 samples: ~50 ms).
+    The official function then shuffles each client's list in place with NumPy;
+    that permutes only the order of a client's samples, never a label.
+    """
+    rnd = random.Random(seed)
+    given = y.copy()
+    for k, idx in enumerate(assignment.clients):
+        lvl = float(level[k])
+        out = given[idx]
+        true = y[idx]
+        for j in range(idx.size):
+            if rnd.random() < lvl:
+                out[j] = rnd.randint(0, num_classes - 1) if include_true else (true[j] + rnd.randint(1, num_classes - 1)) % num_classes
+        given[idx] = out
+    return given
+
+
+def _check_stream(stream: str) -> None:
+    if stream not in FEDNCL_STREAMS:
+        raise ConfigError(f"stream = {stream!r} is not one of {list(FEDNCL_STREAMS)}")
+
+
 def fedncl_bernoulli_noise(
     labels: np.ndarray,
     assignment: ClientAssignment,
@@ -84,27 +127,34 @@ def fedncl_bernoulli_noise(
     seed: int,
     num_classes: int,
     include_true: bool = True,
+    stream: str = "python",
 ) -> NoiseResult:
     """Fed-NCL Bernoulli client noise (fedncl.md §3).
 
-    ``u = rand(K)``; client k noisy iff u_k <= 1 - p. Then for each noisy client
-    in ascending id every sample gets ``randint(0, C, N_k)`` (the true class
-    included, so ~1/C of the labels stay correct). The official code re-seeds
-    numpy with 42 right before the schedule (noise seed 42 reproduces its
-    noisy clients); its per-sample draws use unseeded Python ``random`` and
-    cannot be reproduced, so they continue this RandomState.
+    ``u = rand(K)`` from ``np.random.seed(seed)``'s state; client k noisy iff
+    u_k <= 1 - p (the official code re-seeds NumPy with 42 right before, so
+    noise seed 42 reproduces its noisy clients). Per-sample draws:
+    ``stream="python"`` (default, official): :func:`fedncl_python_flips` with
+    Python ``random`` seeded with ``seed`` — the labels the official
+    ``generated_noise_data`` gives right after ``random.seed(seed)``;
+    ``stream="numpy"`` (earlier project convention): for each noisy client in
+    ascending id ``randint(0, C, N_k)`` continuing the NumPy state.
 
     [CODE≠PAPER] ``include_true=True`` (default, code: ``random.randint(0, K-1)``)
     vs ``False`` (paper: every label of a noisy client is corrupted; new label
-    uniform over the other C-1 classes, ``(y + randint(1, C, N_k)) mod C``).
+    uniform over the other C-1 classes).
     """
+    _check_stream(stream)
     y = single_labels(labels, num_classes, assignment)
     rng = legacy_rng(seed)
     noisy = schedules.fedncl_bernoulli_noisy(rng, assignment.num_clients, p_clean)
-    given = y.copy()
-    for k in np.flatnonzero(noisy):
-        idx = assignment.clients[k]
-        given[idx] = _fedncl_replace(rng, y[idx], num_classes, include_true)
+    if stream == "python":
+        given = fedncl_python_flips(y, assignment, noisy.astype(np.float64), seed, num_classes, include_true)
+    else:
+        given = y.copy()
+        for k in np.flatnonzero(noisy):
+            idx = assignment.clients[k]
+            given[idx] = _fedncl_replace(rng, y[idx], num_classes, include_true)
     kind = SYM_INCL if include_true else SYM
     return make_result(
         "fedncl_bernoulli", y, given, noisy, noisy.astype(np.float64), schedules.client_kinds(noisy, kind)
@@ -126,26 +176,31 @@ def fedncl_gaussian_noise(
     num_classes: int,
     truncation: str = "clip",
     include_true: bool = True,
+    stream: str = "python",
 ) -> NoiseResult:
     """Fed-NCL truncated-Gaussian client noise (fedncl.md §3).
 
-    x = :func:`schedules.fedncl_gaussian_levels`; for each client with x_k > 0 in
-    ascending id: ``r = rand(N_k)``, flipped = r <= x_k, new labels
-    ``randint(0, C, #flipped)`` (true class included). Same per-sample caveat as
-    :func:`fedncl_bernoulli_noise`: the draws continue this RandomState, in
-    FedCorr's order (all uniforms of a client, then its new labels).
+    x = :func:`schedules.fedncl_gaussian_levels` (NumPy state of ``seed``).
+    ``stream="python"`` (default, official): :func:`fedncl_python_flips` with level
+    x_k. ``stream="numpy"``: for each client with x_k > 0 in ascending id
+    ``r = rand(N_k)``, flipped = r <= x_k, new labels ``randint(0, C, #flipped)``
+    continuing the NumPy state.
 
     [CODE≠PAPER] ``truncation="clip"`` (default, code) vs ``"truncnorm"`` (paper);
     ``include_true`` as in :func:`fedncl_bernoulli_noise`.
     """
+    _check_stream(stream)
     y = single_labels(labels, num_classes, assignment)
     rng = legacy_rng(seed)
     level = schedules.fedncl_gaussian_levels(rng, assignment.num_clients, mu, sigma, truncation)
-    given = y.copy()
-    for k in np.flatnonzero(level > 0):
-        idx = assignment.clients[k]
-        chosen = idx[flips.select_bernoulli(rng, idx.size, level[k])]
-        given[chosen] = _fedncl_replace(rng, y[chosen], num_classes, include_true)
+    if stream == "python":
+        given = fedncl_python_flips(y, assignment, level, seed, num_classes, include_true)
+    else:
+        given = y.copy()
+        for k in np.flatnonzero(level > 0):
+            idx = assignment.clients[k]
+            chosen = idx[flips.select_bernoulli(rng, idx.size, level[k])]
+            given[chosen] = _fedncl_replace(rng, y[chosen], num_classes, include_true)
     noisy = level > 0
     kind = SYM_INCL if include_true else SYM
     return make_result("fedncl_gaussian", y, given, noisy, level, schedules.client_kinds(noisy, kind))

@@ -219,13 +219,16 @@ class FedNCLBernoulli(NoiseSpec):
     paper: ClassVar[str] = "Fed-NCL (Tam et al.) Sec. III case 1, Bernoulli"
     switches: ClassVar[dict[str, str]] = {
         "include_true": "true (code: random.randint(0, K-1), ~1/C of the labels stay correct) "
-        "| false (paper: every label of a noisy client is corrupted)"
+        "| false (paper: every label of a noisy client is corrupted)",
+        "stream": "'python' (code: per-sample Python random seeded with the noise seed, the official labels) "
+        "| 'numpy' (earlier project draws continuing the NumPy state)",
     }
     slug_head: ClassVar[str] = "nclbern"
-    slug_fields: ClassVar[tuple] = ("p", ("include_true", {False: "excl"}))
+    slug_fields: ClassVar[tuple] = ("p", ("include_true", {False: "excl"}), ("stream", {"numpy": "npstream"}))
 
     p: float = param(ge=0, le=1, doc="probability that a client is clean")
     include_true: bool = True
+    stream: str = param("python", choices=generators.FEDNCL_STREAMS, doc="per-sample random stream")
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
@@ -234,7 +237,7 @@ class FedNCLBernoulli(NoiseSpec):
         _no_soft(self, soft_labels)
         self.check_dataset(num_classes)
         return generators.fedncl_bernoulli_noise(
-            labels, assignment, self.p, _check_seed(seed), num_classes, self.include_true
+            labels, assignment, self.p, _check_seed(seed), num_classes, self.include_true, self.stream
         )
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int]:
@@ -256,16 +259,19 @@ class FedNCLGaussian(NoiseSpec):
     switches: ClassVar[dict[str, str]] = {
         "truncation": "'clip' (code: N(mu, sigma) clipped to [0, 1]) | 'truncnorm' (paper: truncated normal)",
         "include_true": "true (code) | false (paper), as for fedncl_bernoulli",
+        "stream": "'python' (code) | 'numpy', as for fedncl_bernoulli",
     }
     slug_head: ClassVar[str] = "nclgauss"
     slug_fields: ClassVar[tuple] = (
         "mu", ("sigma", "sd"), ("truncation", {"truncnorm": "truncnorm"}), ("include_true", {False: "excl"}),
+        ("stream", {"numpy": "npstream"}),
     )
 
     mu: float = param(ge=0, le=1, doc="mean per-client noise degree")
     sigma: float = param(ge=0, doc="standard deviation of the per-client noise degree")
     truncation: str = param("clip", choices=("clip", "truncnorm"))
     include_true: bool = True
+    stream: str = param("python", choices=generators.FEDNCL_STREAMS, doc="per-sample random stream")
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
@@ -282,6 +288,7 @@ class FedNCLGaussian(NoiseSpec):
             num_classes,
             self.truncation,
             self.include_true,
+            self.stream,
         )
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int]:
