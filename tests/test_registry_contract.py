@@ -170,7 +170,7 @@ def test_models_are_a_registry_and_only_some_have_pretrained_weights():
 # the code before the slug scheme was unified: every entry of config/ and tests/configs/,
 # plus every registered spec at defaults and with each readable part and the hash exercised.
 SLUG_PINS = [
-    ('method', {'name': 'fedncl'}, 'fedncl-beta0.6-alpha0.6'),
+    ('method', {'name': 'fedncl'}, 'fedncl-beta1.0-alpha0.6'),
     ('method', {'name': 'trimmed_mean'}, 'trimmed_mean-cleanfraction0.5'),
     ('method', {'name': 'coteaching', 'tau': 0.75}, 'coteaching-tau0.75'),
     ('method', {'name': 'dividemix'}, 'dividemix-warmuprounds50'),

@@ -71,7 +71,7 @@ def load_federated_data(
         y_true=as_t(y_true),
         given=as_t(given),
         y_test=as_t(ds.labels("test")),
-        clients=[torch.as_tensor(c, dtype=torch.int64) for c in assignment.clients],
+        clients=[torch.as_tensor(np.array(c, dtype=np.int64)) for c in assignment.clients],  # a writable copy
         num_classes=info.num_classes,
         multi_label=info.multi_label,
         active=None if active is None else torch.as_tensor(active, device=device),
