@@ -76,6 +76,7 @@ class Scale:
     num_clients: int | None = None
     training: Mapping[str, Any] = field(default_factory=dict)  # overrides for every run
     noises: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-noise-model overrides
+    partitions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-partitioner overrides
     seeds: tuple[int, ...] | None = None
     note: str = ""
 
@@ -168,6 +169,7 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
         pdict = dict(c.get("partition", t["partition"]))
         if scale.num_clients is not None:
             pdict["num_clients"] = min(int(pdict.get("num_clients", scale.num_clients)), scale.num_clients)
+        pdict.update(scale.partitions.get(pdict.get("name"), {}))
         pspec = _wrap(f"{cw}.partition", partition_spec_from_dict, pdict)
         ndict = dict(c.get("noise", {"name": "clean"}))
         ndict.update(scale.noises.get(ndict.get("name"), {}))
