@@ -47,6 +47,11 @@ def cell_runs(pt, row: str, col: str, seed: int | None = None):
         raise ConfigError(f"table {pt.name}: no row {row!r}; valid rows: {', '.join(map(repr, rows))}")
     if col not in cols:
         raise ConfigError(f"table {pt.name}: no column {col!r}; valid columns: {', '.join(map(repr, cols))}")
+    derived = next(c.average_of for c in pt.spec.columns if c.label == col)
+    if derived:
+        raise ConfigError(
+            f"table {pt.name}: column {col!r} is the average of {list(derived)} and runs nothing; run those cells"
+        )
     status = next(r.status for r in pt.spec.rows if r.label == row)
     if status != "implemented":
         raise ConfigError(f"table {pt.name}: row {row!r} is not implemented yet (rendered as n.i.)")

@@ -453,3 +453,42 @@ def test_plot_curves_errors(tmp_path):
     with pytest.raises(DataError, match="rounds repeat"):
         plot_curves({"A": pd.concat([_curve(0), _curve(1)]).drop(columns="seed")}, "acc", tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def _avg_spec(**over):
+    d = {
+        "paper": "p", "table": "t", "rows": ["A", "B"], "metrics": ["acc"],
+        "columns": ["c1", "c2", {"label": "Avg", "average_of": ["c1", "c2"]}], "std_ddof": 0,
+    }
+    d.update(over)
+    return TableSpec.from_dict(d)
+
+
+def test_average_column_is_the_per_seed_mean_of_its_columns():
+    # A: seed 0 (0.5, 0.7) -> 0.6, seed 1 (0.6, 1.0) -> 0.8: mean 70, population std 10 (percent).
+    # B: seed 0 has c1 only -> no average for that seed; seed 1 (0.2, 0.4) -> 0.3.
+    runs = pd.DataFrame(
+        [("A", "c1", "acc", 0, 0.5), ("A", "c2", "acc", 0, 0.7), ("A", "c1", "acc", 1, 0.6), ("A", "c2", "acc", 1, 1.0),
+         ("B", "c1", "acc", 0, 0.9), ("B", "c1", "acc", 1, 0.2), ("B", "c2", "acc", 1, 0.4)],
+        columns=["row", "column", "metric", "seed", "value"],
+    )
+    long = render(_avg_spec(), runs, None).long.set_index(["row", "column"])
+    assert long.loc[("A", "Avg"), "reproduced_mean"] == pytest.approx(70.0)
+    assert long.loc[("A", "Avg"), "reproduced_std"] == pytest.approx(10.0)
+    assert long.loc[("A", "Avg"), "n_seeds"] == 2
+    assert long.loc[("B", "Avg"), "reproduced_mean"] == pytest.approx(30.0)
+    assert long.loc[("B", "Avg"), "n_seeds"] == 1
+    # a NaN value in a listed column makes that seed's average NaN, never a partial mean
+    nan = runs.copy()
+    nan.loc[0, "value"] = float("nan")
+    long = render(_avg_spec(), nan, None).long.set_index(["row", "column"])
+    assert math.isnan(long.loc[("A", "Avg"), "reproduced_mean"])
+
+
+def test_average_column_must_name_measured_columns():
+    with pytest.raises(ConfigError, match="not measured columns"):
+        _avg_spec(columns=["c1", {"label": "Avg", "average_of": ["c1", "c3"]}])
+    with pytest.raises(ConfigError, match="not measured columns"):  # no average of an average
+        _avg_spec(columns=["c1", {"label": "Avg", "average_of": ["c1"]}, {"label": "Avg2", "average_of": ["Avg"]}])
+    with pytest.raises(ConfigError, match="average_of"):
+        _avg_spec(columns=["c1", {"label": "Avg", "average_of": []}])

@@ -142,7 +142,7 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
         metric_specs.append({k: v for k, v in m.items() if k not in ("source", "summary")})
     rows, cols, runs = [], [], []
     for j, c in enumerate(t["columns"]):
-        cols.append({k: v for k, v in c.items() if k in ("label", "key", "note")})
+        cols.append({k: v for k, v in c.items() if k in ("label", "key", "note", "average_of")})
     for j, r in enumerate(t["rows"]):
         rows.append({k: v for k, v in r.items() if k in ("label", "key", "note", "status")})
         if r.get("status", "implemented") == "implemented" and "method" not in r:
@@ -160,6 +160,11 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
     dataset_options: dict[str, dict] = {}
     for j, c in enumerate(t["columns"]):
         cw = f"{where}.columns[{j}] ({c.get('label')})"
+        if "average_of" in c:  # derived from the other columns' runs when the table is rendered
+            extra = sorted(set(c) & {"dataset", "partition", "noise", "training", "methods", "dataset_options"})
+            if extra:
+                raise ConfigError(f"{cw}: an average_of column runs nothing; remove {extra}")
+            continue
         real = c.get("dataset", t["dataset"])
         dataset = scale.datasets.get(real, real)
         if dataset == real:  # a stand-in is its own dataset: the real one's options do not apply

@@ -128,6 +128,7 @@ def render(spec: TableSpec, reproduced_runs: pd.DataFrame | None, reported: pd.D
         reproduced_runs = pd.DataFrame(columns=["row", "column", "metric", "seed", "value"])
     runs = check_runs(reproduced_runs)
     _check_labels(spec, runs)
+    runs = with_average_columns(spec, runs)
     agg = aggregate_runs(runs, ddof=spec.std_ddof)
     rep, unmatched = place_reported(spec, reported)
 
@@ -174,6 +175,27 @@ def render(spec: TableSpec, reproduced_runs: pd.DataFrame | None, reported: pd.D
         }
     )[LONG_COLUMNS]
     return RenderedTable(spec=spec, long=out.reset_index(drop=True), unmatched_reported=unmatched)
+
+
+def with_average_columns(spec: TableSpec, runs: pd.DataFrame) -> pd.DataFrame:
+    """Add the per-seed values of the derived (``average_of``) columns to checked runs.
+
+    For each row, metric and seed: the mean over the listed columns, only when every
+    one of them has that seed (a partial average would not be the paper's Avg).
+    """
+    derived = [c for c in spec.columns if c.average_of is not None]
+    if not derived or runs.empty:
+        return runs
+    parts = [runs[~runs["column"].isin([c.label for c in derived])]]
+    for c in derived:
+        sub = runs[runs["column"].isin(c.average_of)]
+        g = sub.groupby(["row", "metric", "seed"], sort=True)["value"]
+        nan = sub["value"].isna().groupby([sub["row"], sub["metric"], sub["seed"]], sort=True).sum()
+        stats = pd.DataFrame({"value": g.mean().where(nan == 0), "n": g.size()}).reset_index()  # NaN stays NaN
+        stats = stats[stats["n"] == len(c.average_of)]
+        if len(stats):
+            parts.append(stats.assign(column=c.label)[list(runs.columns)])
+    return pd.concat(parts, ignore_index=True)
 
 
 def _check_labels(spec: TableSpec, runs: pd.DataFrame) -> None:

@@ -85,17 +85,29 @@ class ColumnSpec:
     note: free text shown in the table notes.
     key: values of the table's ``column_fields`` in the reported CSV
         (``None`` = ``(label,)``, single field only).
+    average_of: labels of other columns; this column is then derived, not run: per
+        row, metric and seed, the mean of those columns' values (a seed counts only
+        when every listed column has it), then mean and std over seeds as any cell.
+        The papers' "Avg" columns (FedGR Tables 1-2, FedMLP Tables 1-2).
     """
 
     label: str
     note: str = ""
     key: tuple[str, ...] | None = None
+    average_of: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not self.label:
             raise ConfigError(f"column label {self.label!r}: must be a non-empty string")
         if self.key is not None:
             object.__setattr__(self, "key", _as_key(self.key))
+        if self.average_of is not None:
+            labels = (self.average_of,) if isinstance(self.average_of, str) else tuple(self.average_of)
+            if not labels or not all(isinstance(x, str) and x for x in labels):
+                raise ConfigError(
+                    f"column {self.label!r}: average_of={self.average_of!r} must list the labels of other columns"
+                )
+            object.__setattr__(self, "average_of", labels)
 
 
 @dataclass(frozen=True)
@@ -207,6 +219,14 @@ class TableSpec:
         _unique(where, "metric reported_name", [m.reported_key for m in self.metrics])
         _unique(where, "row key", [self.row_key(r) for r in self.rows])
         _unique(where, "column key", [self.column_key(c) for c in self.columns])
+        measured = {c.label for c in self.columns if c.average_of is None}
+        for c in self.columns:
+            bad = [x for x in c.average_of or () if x not in measured]
+            if bad:
+                raise ConfigError(
+                    f"{where}: column {c.label!r} averages {bad}, which are not measured columns of the table; "
+                    f"measured columns: {sorted(measured)}"
+                )
 
     # -- keys -----------------------------------------------------------------
 
