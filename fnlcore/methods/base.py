@@ -234,6 +234,22 @@ def client_pos_weights(data) -> torch.Tensor:
     return out
 
 
+def client_active_classes(data) -> torch.Tensor:
+    """(K, C) 0/1 float: the classes each client annotates (FedMLP's A_k; fedmlp.md §1, §3).
+
+    A class counts for client k when it is annotated on all of its samples (FedMLP's
+    partial labels are per client); every class when the data has no ``active`` mask.
+    """
+    dev = data.given.device
+    c = data.num_classes
+    if data.active is None:
+        return torch.ones(data.num_clients, c, device=dev)
+    act = data.active.float()
+    return torch.stack([
+        act[idx.to(act.device)].amin(0) if len(idx) else torch.zeros(c, device=act.device) for idx in data.clients
+    ]).to(dev)
+
+
 def partial_bce(
     logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor | None, batch_size: int,
     classes: torch.Tensor | None = None,

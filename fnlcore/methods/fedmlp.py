@@ -57,7 +57,7 @@ from ..errors import ConfigError
 from ..fl.local import train_streams
 from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, partial_bce, register
+from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
 
 UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
 
@@ -196,11 +196,7 @@ class FedMLP(FLMethod):
         params.check_training(ctx.settings)
         data = ctx.data
         n, c = len(data.train), data.num_classes
-        act = torch.ones(n, c, device=ctx.device) if data.active is None else data.active.float()
-        # a client's annotated classes: annotated on all its samples (FedMLPPartial: per client)
-        self.active = torch.stack([
-            act[idx.to(ctx.device)].amin(0) if len(idx) else torch.zeros(c, device=ctx.device) for idx in data.clients
-        ])  # (K, C) 0/1
+        self.active = client_active_classes(data)  # (K, C) 0/1
         self.pseudo = torch.full((n, c), UNLABELLED, dtype=torch.int8, device=ctx.device)
         self.protos_g: torch.Tensor | None = None  # (C, 2, D) global dual prototypes
         self.degree_g: torch.Tensor | None = None  # (C,) global learning degrees
