@@ -280,3 +280,18 @@ def test_plus_mld_ablation_is_fedavgs_loss_with_pseudo_labels_injected():
     pw = m.pos_weights()[0]
     expected = ((y * pw + (1 - y)) * math.log(2)).sum() / (ctx.settings.batch_size * 4)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_the_plan_rejects_a_method_on_the_wrong_label_kind():
+    from types import SimpleNamespace
+
+    from fnlcore.app.plan import _check_method_fits
+
+    multi, single = SimpleNamespace(multi_label=True), SimpleNamespace(multi_label=False)
+    with pytest.raises(ConfigError, match=r"^table t, row 'x': method 'fedmlp'.*single-label"):
+        _check_method_fits("table t, row 'x'", method_from_dict({"name": "fedmlp"}), single)
+    with pytest.raises(ConfigError, match="method 'rofl'"):
+        _check_method_fits("w", method_from_dict({"name": "rofl"}), multi)
+    _check_method_fits("w", method_from_dict({"name": "fedmlp"}), multi)
+    _check_method_fits("w", method_from_dict({"name": "fedavg"}), multi)
+    _check_method_fits("w", method_from_dict({"name": "fedavg"}), single)
