@@ -295,3 +295,46 @@ def test_the_plan_rejects_a_method_on_the_wrong_label_kind():
     _check_method_fits("w", method_from_dict({"name": "fedmlp"}), multi)
     _check_method_fits("w", method_from_dict({"name": "fedavg"}), multi)
     _check_method_fits("w", method_from_dict({"name": "fedavg"}), single)
+
+
+class _Zero(torch.nn.Module):
+    def forward(self, x):
+        return torch.zeros(len(x), 4)
+
+
+def _hand_la(y: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """l_LA at z = 0: p~ = pi, so -log pi for a positive and -log(1 - pi) for a negative."""
+    return -(y * torch.log(pi) + (1 - y) * torch.log1p(-pi))
+
+
+def test_warmup_loss_composes_wpc_and_distillation_by_hand():
+    ctx = make_ctx(multi_label=True, missing=2)  # no augmentation on digits: both views are equal
+    m = _fedmlp(ctx)
+    m._teacher_probs = lambda x: torch.full((len(x), 4), 0.25)
+    client = ctx.data.clients[0]
+    idx = client[:2]
+    loss = m._warmup_loss(0)(_Zero(), {"x": (ctx.data.train.images[idx], idx)}, 0)
+    pi = ctx.data.y_true[client].mean(0)  # n_c^+ / N_k
+    y = ctx.data.y_true[idx]
+    wpc = _hand_la(y[:, :2], pi[:2]).sum() / (16 * 2)  # client 0 annotates classes 0, 1; B = 16 nominal
+    dist = 2 * 2 * (0.5 - 0.25) ** 2 / (16 * 2)  # 2 samples x 2 missing classes
+    assert loss.item() == pytest.approx((wpc + dist).item(), rel=1e-6)  # 1/2 (W + W) + 1/2 (D + D)
+
+
+def test_stage2_loss_full_method_by_hand():
+    ctx = make_ctx(multi_label=True, missing=2)
+    m = _fedmlp(ctx)
+    m._teacher_probs = lambda x: torch.full((len(x), 4), 0.25)
+    client = ctx.data.clients[0]
+    idx = client[:2]
+    m.pseudo[idx[0], 2] = 1  # one pseudo-positive of missing class 2 on the client: pi_2 = 1/100
+    loss = m._stage2_loss(0, client)(_Zero(), {"x": (ctx.data.train.images[idx], idx)}, 0)
+    pi = ctx.data.y_true[client].mean(0)
+    y = ctx.data.y_true[idx]
+    sup = _hand_la(y[:, :2], pi[:2]).sum() + (-math.log(0.01))  # annotated entries + the pseudo-positive
+    unc = 3 * (0.5 - 0.25) ** 2  # (0, 3), (1, 2), (1, 3)
+    assert loss.item() == pytest.approx((sup + unc).item() / 8, rel=1e-6)  # / (sum s + sum u) = 2 x 4
+    no_cr = _fedmlp(ctx, cr="warmup")
+    no_cr.pseudo = m.pseudo
+    loss = no_cr._stage2_loss(0, client)(_Zero(), {"x": (ctx.data.train.images[idx], idx)}, 0)
+    assert loss.item() == pytest.approx(sup.item() / 5, rel=1e-6)  # HEAD code: / sum s
