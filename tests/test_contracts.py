@@ -219,8 +219,11 @@ def _fitting_params(name: str):
         return params
 
 
-def _method_run(name, **sim_kw):
-    ctx = make_ctx(SETTINGS, seed=0)
+def _method_run(name, multi_label=None, **sim_kw):
+    """A short run of ``name``; on the multi-label digits when it trains only on multi-label data."""
+    if multi_label is None:
+        multi_label = "single" not in METHODS[name].label_kinds
+    ctx = make_ctx(SETTINGS, seed=0, multi_label=multi_label)
     method = METHODS[name](_fitting_params(name), ctx)
     log: list[str] = []
     return Simulation(method, ctx, progress=log.append, **sim_kw), method, log
@@ -251,17 +254,23 @@ def test_state_comparison_sees_a_changed_tensor():
         assert_same_state({"g": {"w": torch.zeros(2)}}, {"g": {"w": torch.tensor([0.0, 1e-7])}})
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
-def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path, name):
-    full_sim, full_method, _ = _method_run(name)
+# every method on its first label kind, and the methods of both kinds on multi-label data too
+KILL_RESUME = [(n, None) for n in sorted(METHODS)] + [
+    (n, True) for n in sorted(METHODS) if set(METHODS[n].label_kinds) == {"single", "multi"}
+]
+
+
+@pytest.mark.parametrize("name,multi", KILL_RESUME, ids=[n + ("-multi" if m else "") for n, m in KILL_RESUME])
+def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path, name, multi):
+    full_sim, full_method, _ = _method_run(name, multi)
     full = full_sim.run()
     # a method may add rounds before the shared training.rounds (FedCorr's pre-processing)
     assert len(full) == full_method.num_rounds() >= ROUNDS
 
     ckpt = tmp_path / "run.ckpt.pt"
-    killed_sim, _, _ = _method_run(name, checkpoint_path=ckpt, stop_after=KILL_AFTER)
+    killed_sim, _, _ = _method_run(name, multi, checkpoint_path=ckpt, stop_after=KILL_AFTER)
     assert len(killed_sim.run()) == KILL_AFTER and ckpt.exists()
-    resumed_sim, resumed_method, log = _method_run(name, checkpoint_path=ckpt)
+    resumed_sim, resumed_method, log = _method_run(name, multi, checkpoint_path=ckpt)
     out = resumed_sim.run()
     assert any(f"at round {KILL_AFTER}" in line for line in log), log  # it did resume, not restart
 

@@ -203,6 +203,7 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
             where = f"table {t.name}, row {tr.row!r}, column {tr.column!r}"
             _check_partition_fits(where, r.partition, info)
             _check_noise_fits(where, r.noise, info)
+            _check_method_fits(where, r.method, info)
             _register(plan.partitions, r.partition, where)
             _register(plan.noises, r.noise, where)
             _register_slug(plan.trainings, train_slug(r.training), r.training, where)
@@ -263,6 +264,13 @@ def _check_partition_fits(where: str, spec: Any, info: Any) -> None:
             f"{where}: partitioner {spec.name!r} splits by class and needs single-label data, "
             f"but dataset {info.name!r} is multi-label; use 'iid' or 'fedmlp_equal'"
         )
+
+
+def _check_method_fits(where: str, spec: Any, info: Any) -> None:
+    from ..methods import METHODS
+    from ..methods.base import check_label_kind
+
+    check_label_kind(METHODS[spec.name], bool(info.multi_label), where)
 
 
 def _check_noise_fits(where: str, spec: Any, info: Any) -> None:

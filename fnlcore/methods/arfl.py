@@ -154,6 +154,7 @@ def arfl_aggregate(states: Sequence[Mapping[str, torch.Tensor]], huber_lambda: f
 @register
 class ARFL(FLMethod):
     Params = ARFLParams
+    label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "Fu et al. 2019; baseline (via FedCorr) in FedDiv"
 
     def __init__(self, params: ARFLParams, ctx):

@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from ..registry import Registry
 from ..fl import sampling
 from ..fl.context import RunContext
@@ -97,10 +98,15 @@ class FLMethod:
     paper: ClassVar[str] = ""
     # Stages whose rounds count for a table's Best/Last (None = every round); FedNoRo: stage 2 only.
     reported_stages: ClassVar[tuple[str, ...] | None] = None
+    # Label kinds the method trains on: "single" (one class per sample) and/or "multi"
+    # (multi-label, FedMLP's partial labels). Running on another kind is a ConfigError.
+    label_kinds: ClassVar[tuple[str, ...]] = ("single",)
 
     def __init__(self, params: MethodParams, ctx: RunContext):
+        check_label_kind(type(self), ctx.data.multi_label)
         self.params = params
         self.ctx = ctx
+        self._pos_weight: torch.Tensor | None = None
         self.global_model = ctx.new_model()
         self.worker = ctx.new_model()  # one reusable model for every local update
         self._round_avg: RunningAverage | None = None
@@ -136,11 +142,32 @@ class FLMethod:
         """Runs before each local epoch of client k (DivideMix: evaluation pass + GMM split)."""
 
     def loss(self, model: torch.nn.Module, x: torch.Tensor, idx: torch.Tensor, step: int, k: int, r: int) -> torch.Tensor:
-        """Local objective on one batch (default: cross-entropy on the given labels)."""
+        """Local objective on one batch.
+
+        Single-label: cross-entropy on the given labels. Multi-label: FedMLP's FedAvg loss
+        (fedmlp.md §6 "FedAvg", baselines.md §14): BCE-with-logits with pos_weight N_k / n_c^+
+        over ALL classes, unannotated (missing) classes as 0 (fedmlp.md §1), sum / (B * C)
+        with B the nominal batch size even for a smaller last batch (fedmlp.md §1).
+        """
+        if self.ctx.data.multi_label:
+            return partial_bce(model(x), self.multi_label_targets(idx), self.pos_weights()[k], self.ctx.settings.batch_size)
         return F.cross_entropy(model(x), self.labels(idx))
 
     def labels(self, idx: torch.Tensor) -> torch.Tensor:
         return self.ctx.data.given[idx.to(self.ctx.device, non_blocking=True)]
+
+    def multi_label_targets(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, C) float targets: the given labels, 0 on classes not annotated for the sample (fedmlp.md §1)."""
+        data = self.ctx.data
+        i = idx.to(self.ctx.device, non_blocking=True)
+        y = data.given[i].float()
+        return y if data.active is None else y * data.active[i]
+
+    def pos_weights(self) -> torch.Tensor:
+        """(K, C) BCE positive weights N_k / n_c^+ per client (fedmlp.md §6), see :func:`client_pos_weights`."""
+        if self._pos_weight is None:
+            self._pos_weight = client_pos_weights(self.ctx.data)
+        return self._pos_weight
 
     def aggregation_weight(self, upd: ClientUpdate) -> float:
         return float(upd.num_samples) if self.ctx.settings.weighting == "size" else 1.0
@@ -176,6 +203,67 @@ class FLMethod:
 
     def load_state_dict(self, d: dict) -> None:
         load(self.global_model, d["global"])
+
+
+def check_label_kind(cls: type[FLMethod], multi_label: bool, where: str = "") -> None:
+    """Raise a ConfigError when method class ``cls`` does not train on this kind of labels."""
+    kind = "multi" if multi_label else "single"
+    if kind in cls.label_kinds:
+        return
+    fits = sorted(n for n in METHODS if kind in METHODS[n].label_kinds)
+    prefix = f"{where}: " if where else ""
+    raise ConfigError(
+        f"{prefix}method {cls.Params.name!r} trains on {'/'.join(cls.label_kinds)}-label data only, but the "
+        f"dataset is {kind}-label; pick a method for {kind}-label data: {', '.join(fits) or '(none)'}"
+    )
+
+
+def client_pos_weights(data) -> torch.Tensor:
+    """(K, C) pos_weight_c = N_k / n_c^+ with n_c^+ the client's TRUE positives of class c (fedmlp.md §6).
+
+    The true counts equal the observed ones on annotated classes; on missing classes every
+    target is 0, so the weight has no effect there. A class without local positives gets 1
+    (its weight multiplies only positive targets, of which there are none; N_k / 0 would
+    turn the loss into NaN).
+    """
+    y = data.y_true.float()
+    out = torch.ones(data.num_clients, data.num_classes, device=y.device)
+    for k, idx in enumerate(data.clients):
+        pos = y[idx.to(y.device)].sum(0)
+        out[k] = torch.where(pos > 0, len(idx) / pos.clamp_min(1), torch.ones_like(pos))
+    return out
+
+
+def client_active_classes(data) -> torch.Tensor:
+    """(K, C) 0/1 float: the classes each client annotates (FedMLP's A_k; fedmlp.md §1, §3).
+
+    A class counts for client k when it is annotated on all of its samples (FedMLP's
+    partial labels are per client); every class when the data has no ``active`` mask.
+    """
+    dev = data.given.device
+    c = data.num_classes
+    if data.active is None:
+        return torch.ones(data.num_clients, c, device=dev)
+    act = data.active.float()
+    return torch.stack([
+        act[idx.to(act.device)].amin(0) if len(idx) else torch.zeros(c, device=act.device) for idx in data.clients
+    ]).to(dev)
+
+
+def partial_bce(
+    logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor | None, batch_size: int,
+    classes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FedMLP's FedAvg / FedAvg-PL loss (fedmlp.md §6, baselines.md §14).
+
+    Σ_i Σ_{c} BCEwithlogits_pw(z_ic, y_ic) / (B * C), or with ``classes`` (a (C,) 0/1 mask of
+    the client's annotated classes, FedAvg-PL) the sum over those classes / (B * |A_k|);
+    B = the nominal batch size (``batch_size``), also for a smaller last batch.
+    """
+    per = F.binary_cross_entropy_with_logits(logits.float(), y, pos_weight=pos_weight, reduction="none")
+    if classes is None:
+        return per.sum() / (batch_size * logits.shape[1])
+    return (per * classes).sum() / (batch_size * classes.sum().clamp_min(1))
 
 
 class MultiNetwork(FLMethod):

@@ -177,8 +177,6 @@ class DivideMix(MultiNetwork):
     paper = "Li et al. 2020 (ICLR), inside FL; baseline in FedGR (FL-DivideMix) and FedDiv (via FedCorr)"
 
     def __init__(self, params: DivideMixParams, ctx):
-        if ctx.data.multi_label:
-            raise ConfigError("method 'dividemix' needs single-label data (soft labels over classes); pick another method")
         super().__init__(params, ctx)
         self.ensemble = EnsembleModel(*(self.globals[n] for n in self.network_names))
         # each sample's clean posterior under the peer's latest GMM (overwritten every epoch, not state)

@@ -266,8 +266,6 @@ class FedDiv(FLMethod):
     def __init__(self, params: FedDivParams, ctx):
         super().__init__(params, ctx)
         data = ctx.data
-        if data.multi_label:
-            raise ConfigError("method 'feddiv': needs single-label data (relabelling, class priors)")
         k, c = data.num_clients, data.num_classes
         self.frac1 = params.frac1  # None: one client per group, K groups (parts.group_shape)
         try:

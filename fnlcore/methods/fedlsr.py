@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
 from ..fl.local import train_streams
 from ..fl.state import snapshot, load
 from ..registry import param
@@ -91,11 +90,6 @@ def fedlsr_loss(z1, z2, y, lam: float, gamma_t: float, p: FedLSRParams) -> torch
 class FedLSR(FLMethod):
     Params = FedLSRParams
     paper = "Jiang et al. (CIKM'22); baseline in FedNoRo and FedMLP"
-
-    def __init__(self, params: FedLSRParams, ctx):
-        if ctx.data.multi_label:
-            raise ConfigError("method 'fedlsr': single-label data only (FedMLP's multi-label FedLSR is not this method)")
-        super().__init__(params, ctx)
 
     def local_update(self, r, k):
         load(self.worker, self.global_model.state_dict())

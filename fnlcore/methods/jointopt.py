@@ -97,8 +97,6 @@ class JointOpt(FLMethod):
     def __init__(self, params: JointOptParams, ctx):
         super().__init__(params, ctx)
         data = ctx.data
-        if data.multi_label:
-            raise ConfigError("method 'jointopt' needs single-label data (soft labels over classes); pick another method")
         n, c = len(data.train), data.num_classes
         self.soft = F.one_hot(data.given.long(), c).float().to(ctx.device)
         self.history = torch.zeros(n, params.history, c, device=ctx.device)

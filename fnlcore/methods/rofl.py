@@ -173,8 +173,6 @@ class RoFL(FLMethod):
 
     def __init__(self, params: RoFLParams, ctx):
         super().__init__(params, ctx)
-        if ctx.data.multi_label:
-            raise ConfigError("method 'rofl' needs single-label data (class centroids); pick another method")
         # f_G: standard normal, from a generator seeded off the run's method stream (no global RNG)
         gen = torch.Generator().manual_seed(int(ctx.rng.randint(0, 2**31 - 1)))
         self.f_g = torch.randn(ctx.data.num_classes, self.global_model.feature_dim, generator=gen).to(ctx.device)

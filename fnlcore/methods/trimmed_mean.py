@@ -67,6 +67,7 @@ def trimmed_mean(states: list[State], keep: int, rule: str = "code_scalar") -> S
 @register
 class TrimmedMean(FLMethod):
     Params = TrimmedMeanParams
+    label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "Yin et al. 2018, as in Fed-NCL's code; baseline of Fed-NCL Tables I-III"
 
     def __init__(self, params: TrimmedMeanParams, ctx):

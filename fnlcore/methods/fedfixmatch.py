@@ -1,0 +1,111 @@
+"""FedFixMatch (FixMatch on FedAvg) as FedMLP adapts it to partial labels (baselines.md §16, fedmlp.md §6).
+
+Per batch, a weak view v_w and a strong view v_s (weak + RandAugment + Cutout, ``ctx.pipeline``):
+- L_sup: FedAvg-PL's loss on the weak-view logits (BCE-with-logits, pos_weight N_k / n_c^+, the
+  annotated classes A_k, sum / (B |A_k|), B nominal);
+- confident set I: samples whose weak-view probabilities are > ``upper`` or < ``lower`` for EVERY
+  missing class; hard pseudo-labels 1[sigma(z_w) > 0.5] (no gradient);
+- L_u = sum_{i in I} sum_{c in M_k} BCE(z_s,ic, y^_ic) / (|I| |M_k|);
+- L = L_sup + lambda_u L_u (L_sup alone when I or M_k is empty).
+
+Switch (baselines.md §16 [AMBIG]): ``unsup_pos_weight`` 'none' (recommended: unweighted L_u) |
+'client_index' (code: pos_weight N_k / n_k^+ on the class whose index equals the client id, 1
+elsewhere; never a missing class in the one-class-per-client setting, where both agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..fl.local import train_streams
+from ..fl.state import load, snapshot
+from ..registry import param
+from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
+
+
+@dataclass(frozen=True)
+class FedFixMatchParams(MethodParams):
+    name = "fedfixmatch"
+    switches = {
+        "unsup_pos_weight": "'none' (baselines.md §16 recommendation: unweighted L_u) | 'client_index' (code: "
+                            "pos_weight N_k/n_k^+ on class index = client id)",
+    }
+    lambda_u: float = param(1.0, ge=0, doc="weight of the unsupervised loss")
+    upper: float = param(0.8, ge=0.5, le=1, doc="a missing-class probability above this is confident")
+    lower: float = param(0.2, ge=0, le=0.5, doc="a missing-class probability below this is confident")
+    unsup_pos_weight: str = param("none", choices=("none", "client_index"))
+
+
+def confident_pseudo_labels(p_weak: torch.Tensor, missing: torch.Tensor, upper: float, lower: float):
+    """(confident sample mask (B,), hard labels (B, C)): confident on every missing class; 1[p > 0.5]."""
+    sure = (p_weak > upper) | (p_weak < lower) | ~missing.bool()[None]
+    return sure.all(1), (p_weak > 0.5).float()
+
+
+def unsupervised_loss(z_strong: torch.Tensor, hard: torch.Tensor, confident: torch.Tensor, missing: torch.Tensor,
+                      pos_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_{i in I} sum_{c in M_k} BCE(z_s, y^) / (|I| |M_k|); 0 when I or M_k is empty."""
+    n_i, n_m = confident.sum(), missing.sum()
+    if n_i == 0 or n_m == 0:
+        return z_strong.sum() * 0.0
+    per = F.binary_cross_entropy_with_logits(z_strong.float(), hard, pos_weight=pos_weight, reduction="none")
+    return (per * confident.float()[:, None] * missing[None]).sum() / (n_i * n_m)
+
+
+@register
+class FedFixMatch(FLMethod):
+    Params = FedFixMatchParams
+    paper = "Sohn et al. 2020 (FixMatch) on FedAvg; baseline in FedMLP (MICCAI'24)"
+    label_kinds = ("multi",)
+
+    def __init__(self, params: FedFixMatchParams, ctx):
+        super().__init__(params, ctx)
+        self.active = client_active_classes(ctx.data)
+
+    def _unsup_pos_weight(self, k: int) -> torch.Tensor | None:
+        if self.params.unsup_pos_weight == "none" or k >= self.ctx.data.num_classes:
+            return None
+        w = torch.ones(self.ctx.data.num_classes, device=self.ctx.device)
+        w[k] = self.pos_weights()[k, k]
+        return w
+
+    def local_update(self, r: int, k: int) -> ClientUpdate:
+        p, ctx = self.params, self.ctx
+        load(self.worker, self.global_model.state_dict())
+        idx = ctx.data.clients[k]
+        active, bs = self.active[k], ctx.settings.batch_size
+        missing = 1.0 - active
+        pw, upw = self.pos_weights()[k], self._unsup_pos_weight(k)
+        stats = {"confident": 0, "seen": 0}
+
+        def loss_fn(model, batches, step):
+            x, bidx = batches["x"]
+            v = ctx.pipeline.views(x, ctx.aug_gen, ("weak", "strong"))
+            z_w = model(v["weak"])
+            loss = partial_bce(z_w, self.multi_label_targets(bidx), pw, bs, classes=active)
+            confident, hard = confident_pseudo_labels(torch.sigmoid(z_w.detach().float()), missing, p.upper, p.lower)
+            stats["confident"] += confident.sum()
+            stats["seen"] += len(bidx)
+            if p.lambda_u > 0:
+                loss = loss + p.lambda_u * unsupervised_loss(model(v["strong"]), hard, confident, missing, upw)
+            return loss
+
+        loss = train_streams(ctx, self.worker, {"x": (idx, bs)}, loss_fn, r)
+        seen = stats["seen"]
+        return ClientUpdate(k, len(idx), snapshot(self.worker),
+                            {"train_loss": loss, "confident": float(stats["confident"]), "seen": float(seen)})
+
+    def accumulate(self, r: int, upd: ClientUpdate) -> None:
+        super().accumulate(r, upd)
+        info = self.round_info
+        info["_confident"] = info.get("_confident", 0.0) + upd.uploads["confident"]
+        info["_seen"] = info.get("_seen", 0.0) + upd.uploads["seen"]
+
+    def aggregate(self, r: int) -> None:
+        super().aggregate(r)
+        info = self.round_info
+        # share of the round's samples confident on every missing class (FixMatch's mask)
+        info["fixmatch_confident_share"] = info.pop("_confident", 0.0) / max(info.pop("_seen", 0.0), 1.0)

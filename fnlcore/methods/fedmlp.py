@@ -1,0 +1,391 @@
+"""FedMLP (Sun et al., MICCAI'24; fedmlp.md §2): federated multi-label learning with missing classes.
+
+Client k annotates its classes A_k; the others (M_k) are 0 in its labels (fedmlp.md §1).
+
+- Multi-label logit adjustment (§2.1): p~_c = sigma(z_c + tau log(pi_c / (1 - pi_c))), l_LA =
+  BCE(p~, y) (log clamped at -100 as ``F.binary_cross_entropy``); pi_c = n_c^+ / N_k on the client,
+  for missing classes |P^k_{c,1}| / N_k (its pseudo-positives so far; 0 in the warm-up, unused).
+  Computed in logit space (the code's p pi / (p pi + (1 - p)(1 - pi)) with NaN -> 0 is the same
+  function; pi = 0 or 1 gives a shift of -inf / +inf, i.e. p~ = 0 / 1 with no NaN).
+- Weighted-partial-class loss (§2.2): L_WPC = sum over the batch and A_k of l_LA / (B |A_k|),
+  B the nominal batch size.
+- Warm-up, rounds < warmup_rounds (§2.3): two weak views; L = 1/2 [L_WPC(x1) + L_WPC(x2)] +
+  1/2 [D(x1) + D(x2)], D = sum over M_k of (sigma(z) - sigma(z^G))^2 / (B |M_k|), teacher = the
+  received global model in eval mode (the distillation is in the code, not the paper's text).
+- Dual prototypes and learning degrees (§2.4), after local training from round warmup_rounds - 1
+  on: the trained local model (eval mode, one augmented view, no shuffling) gives per active class
+  the mean feature of its negatives P_{c,0} and positives P_{c,1} (0 if none), per missing class
+  the learning degree d_c = |{p < L or p > U}| / N_k. The server averages prototypes over the
+  clients that label c and degrees over those that miss it (N_k-weighted; NaN prototype: nobody
+  labels c, no pseudo-labels; d^G = 1: nobody misses c); the new averages replace the old.
+- Missing-label detection with the self-adaptive threshold (§2.5), at the start of every stage-2
+  local update: received global model (eval, one augmented view) features f_i;
+  s_ic = cos(f_i, P^G_{c,0}) - cos(f_i, P^G_{c,1}) over the samples R_c not yet pseudo-labelled
+  for c; S_0 = {s >= 0}, S_1 = {s < 0}; the floor(lambda_0 d^G_c |S_0|) samples with the largest s
+  become 0, the floor(lambda_1 d^G_c |S_1|) with the smallest s become 1 (stable order; permanent).
+- Stage 2 (§2.6), one weak view: supervised entries (A_k, pseudo-labelled) get l_LA, the uncertain
+  ones (sigma(z) - sigma(z^G))^2; L = [sum s l_LA + sum u mse] / [sum s + sum u].
+
+Switches (code≠paper, fedmlp.md §0 and §9.1; the released code is an ablation snapshot):
+- ``tau`` 1.0 (paper Eq. 3; the code's commented "abu1" lines) | 0 (HEAD code: LA commented out);
+- ``st`` true (paper: tau_n = lambda_n d^G_c) | false (HEAD code: tau_n = lambda_n);
+- ``cr`` 'both' (paper Sec. 2.4 / the commented stage-2 line) | 'warmup' (HEAD code: stage-2
+  consistency term commented out, L = sum s l_LA / sum s) | 'none'.
+Table 3 ablation rows (fedmlp.md §8, cumulative): FedAvg = method ``fedavg``; +MLD = ``wpc: false,
+cr: none, st: false`` (pseudo-labels injected into FedAvg's BCE(pos_weight) over all classes, the
+uncertain missing entries 0, / (B C)); +MLD+WPC = ``cr: none, st: false``; +MLD+WPC+CR =
+``st: false``; full = the defaults. ``mld: false`` drops the detection (every missing entry stays
+uncertain). HEAD code = ``tau: 0, st: false, cr: warmup``.
+
+Decisions where the spec is silent: the warm-up keeps its two views whatever the switches;
+``wpc: false`` with CR puts the uncertain entries into the MSE term (and the labelled ones into
+BCE(pos_weight)) with the stage-2 normalisation; a client's annotated classes are those annotated
+on all of its samples; pseudo-label counts and their agreement with the true labels (an oracle,
+logged only) are reported per round.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..fl.local import train_streams
+from ..fl.state import load, snapshot
+from ..registry import param
+from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
+
+UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
+
+
+@dataclass(frozen=True)
+class FedMLPParams(MethodParams):
+    name = "fedmlp"
+    slug_fields = ("warmup_rounds",)
+    switches = {
+        "tau": "1.0 (paper Eq. 3: multi-label logit adjustment) | 0 (HEAD code: LA commented out, plain BCE)",
+        "st": "true (paper: self-adaptive tau_n = lambda_n d^G_c) | false (HEAD code: tau_n = lambda_n)",
+        "cr": "'both' (paper: warm-up distillation + stage-2 MSE on uncertain entries) | 'warmup' (HEAD code) | 'none'",
+    }
+    warmup_rounds: int = param(50, ge=0, rounds=True, doc="stage-1 rounds T_w (rounds_FedMLP_stage1)")
+    tau: float = param(1.0, ge=0, doc="logit-adjustment strength (0: none)")
+    low: float = param(0.3, ge=0, le=1, doc="L: a missing-class probability below L counts as learned")
+    high: float = param(0.7, ge=0, le=1, doc="U: a missing-class probability above U counts as learned")
+    lambda0: float = param(0.005, ge=0, le=1, doc="clean_threshold: share of S_0 pseudo-labelled 0 per round (x d^G)")
+    lambda1: float = param(0.01, ge=0, le=1, doc="noise_threshold: share of S_1 pseudo-labelled 1 per round (x d^G)")
+    mld: bool = param(True, doc="missing-label detection with the dual prototypes (Table 3 MLD)")
+    wpc: bool = param(True, doc="weighted partial-class loss; false: FedAvg's BCE(pos_weight) over all classes")
+    cr: str = param("both", choices=("both", "warmup", "none"), doc="consistency regularisation on missing/uncertain entries")
+    st: bool = param(True, doc="self-adaptive threshold (Table 3 ST)")
+
+    def validate(self) -> None:
+        if self.low > self.high:
+            raise self.error("low", f"is larger than high={self.high}; swap them")
+
+    def check_training(self, settings) -> None:
+        if self.warmup_rounds >= settings.rounds:
+            raise ConfigError(
+                f"method 'fedmlp': warmup_rounds={self.warmup_rounds} must be < training.rounds={settings.rounds}"
+            )
+
+
+# -- losses ---------------------------------------------------------------------------------
+
+
+def la_shift(prior: torch.Tensor, tau: float) -> torch.Tensor:
+    """tau log(pi / (1 - pi)) per class (fedmlp.md §2.1): -inf at pi = 0, +inf at pi = 1, 0 when tau = 0."""
+    if tau == 0:
+        return torch.zeros_like(prior)
+    return tau * (torch.log(prior) - torch.log1p(-prior))
+
+
+def la_bce(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Per-entry l_LA = BCE(sigma(z + shift), y), log clamped at -100 (``F.binary_cross_entropy``)."""
+    return F.binary_cross_entropy(torch.sigmoid(logits.float() + shift), y, reduction="none")
+
+
+def wpc_loss(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, active: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """L_WPC = sum_i sum_{c in A_k} l_LA / (B |A_k|) (fedmlp.md §2.2); ``active`` a (C,) 0/1 mask."""
+    per = la_bce(logits, y, shift)
+    return (per * active).sum() / (batch_size * active.sum().clamp_min(1))
+
+
+def missing_distillation(p: torch.Tensor, p_global: torch.Tensor, missing: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """D = sum_i sum_{c in M_k} (p - p^G)^2 / (B |M_k|) (fedmlp.md §2.3); 0 when nothing is missing."""
+    m = missing.sum()
+    if m == 0:
+        return p.sum() * 0.0
+    return (((p - p_global) ** 2) * missing).sum() / (batch_size * m)
+
+
+def stage2_loss(per_entry: torch.Tensor, mse: torch.Tensor | None, supervised: torch.Tensor) -> torch.Tensor:
+    """[sum s l + sum u mse] / [sum s + sum u] (fedmlp.md §2.6); ``mse`` None: sum s l / sum s (no CR)."""
+    s = supervised.float()
+    if mse is None:
+        return (per_entry * s).sum() / s.sum().clamp_min(1)
+    u = 1.0 - s
+    return ((per_entry * s).sum() + (mse * u).sum()) / (s.sum() + u.sum()).clamp_min(1)
+
+
+# -- prototypes, learning degrees, detection ---------------------------------------------------
+
+
+def class_prototypes(features: torch.Tensor, y: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """(C, 2, D): [c, n] = mean feature of the samples with y_c = n, for annotated classes; 0 when empty or missing."""
+    yb = (y > 0.5).float() * active  # (n, C), positives of annotated classes
+    neg = (1.0 - (y > 0.5).float()) * active
+    counts = torch.stack([neg.sum(0), yb.sum(0)], 1)  # (C, 2)
+    sums = torch.stack([neg.t() @ features, yb.t() @ features], 1)  # (C, 2, D)
+    return torch.where(counts[..., None] > 0, sums / counts.clamp_min(1)[..., None], torch.zeros_like(sums))
+
+
+def learning_degree(p: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """(C,) share of samples with p < low or p > high (fedmlp.md §2.4, Eq. 10)."""
+    return ((p < low) | (p > high)).float().mean(0)
+
+
+def aggregate_prototypes(protos: list[torch.Tensor], sizes: list[int], actives: list[torch.Tensor]) -> torch.Tensor:
+    """(C, 2, D) N_k-weighted mean over the clients that label each class; NaN where none does."""
+    w = torch.stack([a.float() * n for a, n in zip(actives, sizes)])  # (K, C)
+    total = torch.stack(protos).mul(w[:, :, None, None]).sum(0)
+    return total / w.sum(0)[:, None, None]  # 0/0 = NaN: nobody labels the class (fedmlp.md §2.4)
+
+
+def aggregate_degrees(degrees: list[torch.Tensor], sizes: list[int], actives: list[torch.Tensor]) -> torch.Tensor:
+    """(C,) N_k-weighted mean over the clients that miss each class; 1 where none does."""
+    w = torch.stack([(1.0 - a.float()) * n for a, n in zip(actives, sizes)])
+    num = (torch.stack(degrees) * w).sum(0)
+    den = w.sum(0)
+    return torch.where(den > 0, num / den.clamp_min(1e-12), torch.ones_like(den))
+
+
+def confidence(features: torch.Tensor, proto0: torch.Tensor, proto1: torch.Tensor) -> torch.Tensor:
+    """s = cos(f, P_0) - cos(f, P_1): >= 0 looks negative (the code's sign, fedmlp.md §2.5)."""
+    return F.cosine_similarity(features, proto0[None], dim=1) - F.cosine_similarity(features, proto1[None], dim=1)
+
+
+def select_pseudo_labels(s: torch.Tensor, degree: float, lambda0: float, lambda1: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions labelled 0, positions labelled 1) among the residual samples with confidences ``s``.
+
+    n_0 = floor(lambda0 d |S_0|) largest s (S_0 = {s >= 0}), n_1 = floor(lambda1 d |S_1|) smallest
+    (S_1 = {s < 0}); ties by a stable sort in residual order (fedmlp.md §2.5).
+    """
+    n_s0 = int((s >= 0).sum())
+    n0 = math.floor(lambda0 * degree * n_s0)
+    n1 = math.floor(lambda1 * degree * (len(s) - n_s0))
+    neg = torch.argsort(s, descending=True, stable=True)[:n0]
+    pos = torch.argsort(s, stable=True)[:n1]
+    return neg, pos
+
+
+# -- the method ----------------------------------------------------------------------------------
+
+
+@register
+class FedMLP(FLMethod):
+    Params = FedMLPParams
+    paper = "FedMLP (MICCAI'24)"
+    label_kinds = ("multi",)
+
+    def __init__(self, params: FedMLPParams, ctx):
+        super().__init__(params, ctx)
+        params.check_training(ctx.settings)
+        data = ctx.data
+        n, c = len(data.train), data.num_classes
+        self.active = client_active_classes(data)  # (K, C) 0/1
+        self.pseudo = torch.full((n, c), UNLABELLED, dtype=torch.int8, device=ctx.device)
+        self.protos_g: torch.Tensor | None = None  # (C, 2, D) global dual prototypes
+        self.degree_g: torch.Tensor | None = None  # (C,) global learning degrees
+        self._uploads: list[ClientUpdate] = []
+
+    def stage(self, r: int) -> str:
+        return "warmup" if r < self.params.warmup_rounds else "stage2"
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self._uploads = []
+
+    # -- client -----------------------------------------------------------------------------
+    def local_update(self, r: int, k: int) -> ClientUpdate:
+        p, ctx = self.params, self.ctx
+        load(self.worker, self.global_model.state_dict())
+        idx = ctx.data.clients[k]
+        warm = r < p.warmup_rounds
+        if not warm and p.mld and self.protos_g is not None:
+            self._detect(k, idx)
+        loss_fn = self._warmup_loss(k) if warm else self._stage2_loss(k, idx)
+        loss = train_streams(ctx, self.worker, {"x": (idx, ctx.settings.batch_size)}, loss_fn, r)
+        uploads = {"train_loss": loss}
+        if p.mld and r >= p.warmup_rounds - 1:
+            uploads.update(self._client_statistics(k, idx))
+        return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
+
+    def _targets(self, bidx: torch.Tensor) -> torch.Tensor:
+        return self.multi_label_targets(bidx)
+
+    def _priors(self, k: int, idx: torch.Tensor) -> torch.Tensor:
+        """pi_c: n_c^+ / N_k on annotated classes, |P^k_{c,1}| / N_k on missing ones (fedmlp.md §2.1)."""
+        i = idx.to(self.ctx.device)
+        a = self.active[k]
+        pos = (self.ctx.data.given[i].float() * a).sum(0)
+        pseudo_pos = (self.pseudo[i] == 1).float().sum(0) * (1.0 - a)
+        return (pos + pseudo_pos) / max(len(idx), 1)
+
+    def _teacher_probs(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.sigmoid(self.global_model.eval()(x).float())
+
+    def _warmup_loss(self, k: int):
+        p, ctx = self.params, self.ctx
+        bs = ctx.settings.batch_size
+        active = self.active[k]
+        missing = 1.0 - active
+        shift = la_shift(self._priors(k, ctx.data.clients[k]), p.tau)
+        pw = self.pos_weights()[k]
+        distil = p.cr in ("both", "warmup")
+
+        def loss_fn(model, batches, step):
+            x, bidx = batches["x"]
+            y = self._targets(bidx)
+            views = ctx.pipeline.views(x, ctx.aug_gen, ("weak:1", "weak:2"))
+            total = 0.0
+            for v in views.values():
+                z = model(v)
+                sup = wpc_loss(z, y, shift, active, bs) if p.wpc else partial_bce(z, y, pw, bs)
+                total = total + 0.5 * sup
+                if distil:
+                    total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), self._teacher_probs(v), missing, bs)
+            return total
+
+        return loss_fn
+
+    def _stage2_loss(self, k: int, idx: torch.Tensor):
+        p, ctx = self.params, self.ctx
+        bs = ctx.settings.batch_size
+        active = self.active[k]
+        shift = la_shift(self._priors(k, idx), p.tau)
+        pw = self.pos_weights()[k]
+        consistency = p.cr == "both"
+
+        def loss_fn(model, batches, step):
+            x, bidx = batches["x"]
+            pseudo = self.pseudo[bidx.to(ctx.device)]
+            labelled = pseudo != UNLABELLED
+            # targets: annotated classes their labels, missing ones their pseudo-labels, else 0
+            y = torch.where(active.bool()[None] | ~labelled, self._targets(bidx), pseudo.float())
+            supervised = active.bool()[None] | labelled
+            v = ctx.pipeline.train(x, ctx.aug_gen)
+            z = model(v)
+            if not p.wpc and not consistency:  # FedAvg + MLD: BCE(pos_weight) over all entries / (B C)
+                return partial_bce(z, y, pw, bs)
+            per = la_bce(z, y, shift) if p.wpc else F.binary_cross_entropy_with_logits(
+                z.float(), y, pos_weight=pw, reduction="none"
+            )
+            mse = (torch.sigmoid(z.float()) - self._teacher_probs(v)) ** 2 if consistency else None
+            return stage2_loss(per, mse, supervised)
+
+        return loss_fn
+
+    @torch.no_grad()
+    def _features(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, features) of ``model`` in eval mode on one augmented view of ``idx``, in order."""
+        ctx = self.ctx
+        model.eval()
+        zs, fs = [], []
+        for xb, _ in ctx.data.train.batches(idx, ctx.settings.eval_batch_size):
+            z, f = model.forward_features(ctx.pipeline.train(xb, ctx.aug_gen))
+            zs.append(z.float())
+            fs.append(f.float().flatten(1))
+        return torch.cat(zs), torch.cat(fs)
+
+    def _detect(self, k: int, idx: torch.Tensor) -> None:
+        """Missing-label detection on client k with the received global model (fedmlp.md §2.5)."""
+        p = self.params
+        missing = (self.active[k] == 0).nonzero().flatten().tolist()
+        if not missing or not len(idx):
+            return
+        _, feats = self._features(self.global_model, idx)
+        rows = idx.to(self.ctx.device)
+        for c in missing:
+            proto = self.protos_g[c]
+            if torch.isnan(proto).any():  # nobody labels c (fedmlp.md §9.7)
+                continue
+            residual = (self.pseudo[rows, c] == UNLABELLED).nonzero().flatten()
+            if not len(residual):
+                continue
+            s = confidence(feats[residual], proto[0], proto[1])
+            d = float(self.degree_g[c]) if p.st else 1.0
+            neg, pos = select_pseudo_labels(s, d, p.lambda0, p.lambda1)
+            self.pseudo[rows[residual[neg]], c] = 0
+            self.pseudo[rows[residual[pos]], c] = 1
+
+    def _client_statistics(self, k: int, idx: torch.Tensor) -> dict:
+        """Dual prototypes of annotated classes and learning degrees of missing ones (fedmlp.md §2.4)."""
+        logits, feats = self._features(self.worker, idx)
+        y = self._targets(idx)
+        return {
+            "prototypes": class_prototypes(feats, y, self.active[k]),
+            "degrees": learning_degree(torch.sigmoid(logits), self.params.low, self.params.high),
+        }
+
+    # -- server -----------------------------------------------------------------------------
+    def accumulate(self, r: int, upd: ClientUpdate) -> None:
+        super().accumulate(r, upd)
+        if "prototypes" in upd.uploads:
+            self._uploads.append(upd)
+
+    def aggregate(self, r: int) -> None:
+        super().aggregate(r)
+        ups = self._uploads
+        if ups:
+            sizes = [u.num_samples for u in ups]
+            actives = [self.active[u.client] for u in ups]
+            self.protos_g = aggregate_prototypes([u.uploads["prototypes"] for u in ups], sizes, actives)
+            self.degree_g = aggregate_degrees([u.uploads["degrees"] for u in ups], sizes, actives)
+        self._uploads = []
+
+    def end_round(self, r: int) -> None:
+        if r < self.params.warmup_rounds or not self.params.mld:
+            return
+        labelled = self.pseudo != UNLABELLED
+        agree = labelled & (self.pseudo.float() == self.ctx.data.y_true.float())
+        n = int(labelled.sum())
+        self.round_info.update(
+            mld_pseudo_pos=int((self.pseudo == 1).sum()), mld_pseudo_neg=int((self.pseudo == 0).sum()),
+            mld_agreement=float(agree.sum()) / n if n else float("nan"),  # oracle, logged only
+        )
+
+    # -- outputs ----------------------------------------------------------------------------
+    def client_results(self):
+        data = self.ctx.data
+        rows = []
+        for k, idx in enumerate(data.clients):
+            i = idx.to(self.ctx.device)
+            ps = self.pseudo[i]
+            lab = ps != UNLABELLED
+            agree = int((lab & (ps.float() == data.y_true[i].float())).sum())
+            rows.append({
+                "client": k, "n": len(idx),
+                "active_classes": ",".join(str(c) for c in self.active[k].nonzero().flatten().tolist()),
+                "pseudo_pos": int((ps == 1).sum()), "pseudo_neg": int((ps == 0).sum()),
+                "pseudo_agreement": agree / int(lab.sum()) if int(lab.sum()) else float("nan"),
+            })
+        return pd.DataFrame(rows)
+
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d["pseudo"] = self.pseudo.detach().cpu().clone()
+        d["protos_g"] = None if self.protos_g is None else self.protos_g.detach().cpu().clone()
+        d["degree_g"] = None if self.degree_g is None else self.degree_g.detach().cpu().clone()
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        dev = self.ctx.device
+        self.pseudo = d["pseudo"].to(dev).clone()
+        self.protos_g = None if d["protos_g"] is None else d["protos_g"].to(dev).clone()
+        self.degree_g = None if d["degree_g"] is None else d["degree_g"].to(dev).clone()
