@@ -156,3 +156,17 @@ def test_paper_dataset_options_reach_the_dataset_and_the_user_wins(monkeypatch):
     cfg = {"tables": ["demo"], "data_grid": [], "data": {"datasets": {"digits": {"options": {"other": "user"}}}}}
     plan = build_plan(validate_schema(cfg))
     assert dict(plan.datasets["digits"].options) == {"flag": 1, "other": "user"}
+
+
+def test_scale_partition_overrides_and_fixed_client_counts():
+    """Smoke scale: Bernoulli-Dirichlet gets p = 1; FedMLP keeps K = C clients and every sample."""
+    from fnlcore.app.papers import Scale, load_paper
+
+    smoke = Scale.load("smoke")
+    feddiv2 = next(t for t in load_paper("feddiv", smoke) if t.table == "2")
+    assert {(tr.run.partition.p, tr.run.partition.num_clients) for tr in feddiv2.runs} == {(1.0, 4)}
+    for t in load_paper("fedmlp", smoke):
+        ks = {(tr.run.dataset, tr.run.partition.num_clients, tr.run.partition.subsample) for tr in t.runs}
+        assert ks <= {("synthetic_ich_fedmlp", 5, None), ("synthetic_chestxray14", 8, None)}, ks
+    paper = next(t for t in load_paper("fedmlp", Scale.load("paper")) if t.table == "1")
+    assert {(tr.run.partition.num_clients, tr.run.partition.subsample) for tr in paper.runs} == {(5, 5000)}

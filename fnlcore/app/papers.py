@@ -172,7 +172,7 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
             if dataset_options.setdefault(real, opts) != opts:
                 raise ConfigError(f"{cw}: dataset_options for {real!r} differ between the columns of one table")
         pdict = dict(c.get("partition", t["partition"]))
-        if scale.num_clients is not None:
+        if scale.num_clients is not None and _scales_clients(pdict.get("name")):
             pdict["num_clients"] = min(int(pdict.get("num_clients", scale.num_clients)), scale.num_clients)
         pdict.update(scale.partitions.get(pdict.get("name"), {}))
         pspec = _wrap(f"{cw}.partition", partition_spec_from_dict, pdict)
@@ -221,6 +221,12 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
         compare=list(t.get("compare", [])),
         dataset_options={k: v for k, v in dataset_options.items() if v},
     )
+
+
+def _scales_clients(partitioner: Any) -> bool:
+    from ..partition import PARTITIONERS
+
+    return partitioner not in PARTITIONERS or PARTITIONERS[partitioner].scales_clients
 
 
 def rescale_rounds(params, from_rounds: int, to_rounds: int):

@@ -42,6 +42,9 @@ class PartitionSpec(Spec):
     kind: ClassVar[str] = "partition"
     registry: ClassVar[Registry] = PARTITIONERS
     uses_labels: ClassVar[bool] = False
+    # False where the client count is part of the setting, not a size (FedMLP: K = C, client k
+    # annotates class k in the one-class setting): a scale's num_clients then leaves it alone.
+    scales_clients: ClassVar[bool] = True
 
     @property
     def _where(self) -> str:
@@ -195,6 +198,7 @@ class FedMLPEqualPartition(PartitionSpec):
     """FedMLP's split: FedCorr ``iid_sampling`` then ``random.sample`` per client."""
 
     name: ClassVar[str] = "fedmlp_equal"
+    scales_clients: ClassVar[bool] = False  # K = C (fedmlp.md §3)
     paper: ClassVar[str] = "FedMLP (ICH: K=5, subsample 5000; ChestXray14: K=8, no subsample)"
 
     slug_head: ClassVar[str] = "fedmlp"
