@@ -260,3 +260,11 @@ def test_cbafed_two_rounds_pseudo_label_missing_classes():
     # warm-up: each class is annotated by 2 of the 4 clients (missing = 2): p = 0.25 each, std 0 -> 0.7
     assert taus[0].tolist() == pytest.approx([0.7] * 4)
     assert df["cbafed_pseudo_labels"].iloc[1] > 0
+
+
+def test_rscfed_distance_is_the_sum_of_per_tensor_norms():
+    from fnlcore.fl.state import per_tensor_distance
+
+    a = {"w": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0]), "n": torch.tensor(3)}
+    b = {"w": torch.zeros(2), "b": torch.tensor([-1.0]), "n": torch.tensor(5)}
+    assert rscfed._distance(a, b) == pytest.approx(7.0) == per_tensor_distance(a, b)  # 5 + 2

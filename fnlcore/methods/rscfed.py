@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ConfigError
 from ..fl.local import train_streams
-from ..fl.state import load, per_tensor_distance, snapshot, weighted_average
+from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
 from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
 
@@ -68,9 +68,15 @@ def subconsensus_weights(sizes, distances, beta: float) -> torch.Tensor:
 def group_consensus(states, sizes, beta: float):
     """(sub-consensus state, weights) of one group: distance-weighted mean around the uniform mean."""
     mean = weighted_average(states, [1.0] * len(states))
-    dist = [per_tensor_distance(s, mean) for s in states]
+    dist = [_distance(s, mean) for s in states]
     w = subconsensus_weights(sizes, dist, beta)
     return weighted_average(states, w.tolist()), w
+
+
+def _distance(a, b) -> float:
+    """Sum over float entries of ||a - b||_2 (``per_tensor_distance``, with one host sync instead of one per tensor)."""
+    norms = [torch.linalg.vector_norm((v - b[k]).double()) for k, v in a.items() if v.is_floating_point()]
+    return float(torch.stack(norms).sum()) if norms else 0.0
 
 
 def ema_update(teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
