@@ -92,3 +92,179 @@ def test_partial_label_baselines_train_on_multi_label_digits():
     share = fm["fixmatch_confident_share"]
     assert fm["bacc"].notna().all() and 0 < share.iloc[-1] <= 1
     assert fm["bacc"].tolist() != pl["bacc"].tolist()  # L_u changed the training
+
+
+# -- RSCFed, FedIRM, CBAFed (baselines.md §15, §17, §18) ------------------------------------------
+
+from fnlcore.errors import ConfigError  # noqa: E402
+from fnlcore.fl.state import RunningAverage, snapshot  # noqa: E402
+from fnlcore.methods import cbafed, fedirm, rscfed  # noqa: E402
+
+
+def test_rscfed_subconsensus_weights_and_group_model_by_hand():
+    # baselines.md §15: n = [1, 3], scalar models 0 and 4 -> mean 2, d = [2, 2]
+    w = rscfed.subconsensus_weights([1, 3], [2.0, 2.0], 0.01)
+    # 0.25 e^-0.02 = 0.2450493, 0.75 e^-0.0066667 = 0.7450166, normalised
+    assert w.tolist() == pytest.approx([0.2475077, 0.7524923], abs=1e-6)
+    states = [{"w": torch.tensor([0.0]), "n": torch.tensor(7)}, {"w": torch.tensor([4.0]), "n": torch.tensor(9)}]
+    model, w2 = rscfed.group_consensus(states, [1, 3], 0.01)
+    assert model["w"].item() == pytest.approx(3.0099692, abs=1e-5) and model["n"].item() == 7
+    assert w2.tolist() == pytest.approx(w.tolist())
+    # log space: a huge beta (the original's s = 1e4) does not underflow to 0/0
+    assert rscfed.subconsensus_weights([1, 1], [1e6, 2e6], 1e4).tolist() == [1.0, 0.0]
+
+
+def test_rscfed_identical_clients_give_that_model():
+    s = {"w": torch.tensor([1.5, -2.0])}
+    model, _ = rscfed.group_consensus([s, dict(s), dict(s)], [3, 1, 5], 0.01)
+    assert torch.allclose(model["w"], s["w"])
+
+
+def test_rscfed_ema_and_missing_mse_by_hand():
+    t, s = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        t.weight.zero_(), t.bias.zero_(), s.weight.fill_(1.0), s.bias.fill_(1.0)
+    rscfed.ema_update(t, s, 0.999)
+    assert t.weight.item() == pytest.approx(0.001) and t.bias.item() == pytest.approx(0.001)
+    ps, pt = torch.tensor([[0.5, 0.9], [0.2, 0.4]]), torch.tensor([[0.1, 0.5], [0.3, 0.2]])
+    # class 1 missing only: (0.4^2 + 0.2^2) / (2 samples * 1 class)
+    assert rscfed.missing_mse(ps, pt, torch.tensor([0.0, 1.0])).item() == pytest.approx(0.1)
+    assert rscfed.missing_mse(ps, pt, torch.zeros(2)).item() == 0.0
+
+
+def test_rscfed_group_larger_than_the_clients_is_a_clear_error():
+    ctx = make_ctx(multi_label=True)  # 4 clients
+    with pytest.raises(ConfigError, match="group_size=6.*4 clients.*4 for ICH"):
+        METHODS["rscfed"](method_from_dict({"name": "rscfed"}), ctx)
+
+
+def test_rscfed_groups_and_plain_mean_of_subconsensus_models():
+    ctx = make_ctx(multi_label=True)
+    m = METHODS["rscfed"](method_from_dict({"name": "rscfed", "group_size": 3, "num_groups": 5}), ctx)
+    m.select_clients(0)
+    assert len(m.groups) == 5 and all(len(set(g)) == 3 for g in m.groups)
+    # scalar-valued states 0, 2, 4 (every float entry), equal sizes; groups {0,1} and {1,2}
+    base = snapshot(m.global_model)
+    states = [{k: torch.full_like(v, 2.0 * i) if v.is_floating_point() else v for k, v in base.items()} for i in range(3)]
+    m._states = {i: (states[i], 10) for i in range(3)}
+    m.groups = [[0, 1], [1, 2]]
+    m.aggregate(0)
+    w = next(v for v in m.global_model.state_dict().values() if v.is_floating_point())
+    assert torch.allclose(w, torch.full_like(w, 2.0))  # mean of the sub-consensus models 1 and 3
+
+
+def test_fedirm_ramp_by_hand():
+    assert fedirm.ramp_weight(0) == pytest.approx(math.exp(-5))  # 0.0067
+    assert fedirm.ramp_weight(15) == pytest.approx(math.exp(-1.25))  # 0.2865
+    assert fedirm.ramp_weight(30) == 1.0 and fedirm.ramp_weight(45) == 1.0
+    assert fedirm.ramp_weight(3, consistency=2.0, ramp_rounds=0) == 2.0
+
+
+def test_fedirm_relation_matrix_and_server_average_by_hand():
+    rows, has = fedirm.relation_rows(torch.tensor([[2.0, 0.0]]), torch.tensor([[True, False]]))
+    assert rows.tolist()[0] == pytest.approx([0.7310586, 0.5]) and rows.tolist()[1] == [0.5, 0.5]
+    assert has.tolist() == [True, False]
+    rows, _ = fedirm.relation_rows(torch.tensor([[2.0, 0.0], [0.0, 4.0]]), torch.tensor([[False, True], [False, True]]))
+    assert rows[1].tolist() == pytest.approx([0.6224593, 0.7310586])  # sigma(mean [1, 2] / 2)
+    a = torch.tensor([[0.8, 0.4], [0.5, 0.5]])
+    b = torch.tensor([[0.6, 0.2], [0.3, 0.9]])
+    g = fedirm.aggregate_relations([a, b], [1, 3], [torch.tensor([True, False]), torch.tensor([True, True])])
+    assert g[0].tolist() == pytest.approx([0.65, 0.25]) and g[1].tolist() == pytest.approx([0.3, 0.9])
+    g = fedirm.aggregate_relations([a], [1], [torch.tensor([True, False])])
+    assert g[1].tolist() == [0.5, 0.5]  # nobody labels class 1
+
+
+def test_fedirm_symmetric_kl_mask_and_ema_alpha_by_hand():
+    m = torch.tensor([[0.7, 0.2], [0.4, 0.4]])
+    assert fedirm.relation_kl(m, m.clone()).item() == pytest.approx(0.0, abs=1e-7)
+    # rows normalised: [0.6, 0.2] -> [0.75, 0.25] vs [0.5, 0.5]; KL = 0.130812 and 0.143841
+    kl = fedirm.relation_kl(torch.tensor([[0.6, 0.2]]), torch.tensor([[0.5, 0.5]])).item()
+    assert kl == pytest.approx(0.1373265, abs=1e-6)
+    p = torch.tensor([[0.9, 0.1], [0.9, 0.5], [0.99, 0.01]])
+    assert fedirm.confident_mask(p, 0.7, 0.3, 2.0).tolist() == [True, False, True]
+    # summed binary entropy: 2 H(0.9) = 0.650 > 0.5, 2 H(0.99) = 0.112
+    assert fedirm.confident_mask(p, 0.7, 0.3, 0.5).tolist() == [False, False, True]
+    assert [fedirm.ema_alpha(s, 0.99) for s in (0, 1, 1000)] == [0.0, 0.5, 0.99]
+
+
+def test_cbafed_thresholds_and_residual_by_hand():
+    tau = cbafed.class_thresholds(torch.tensor([1.0, 3.0, 2.0]), 10.0, 0.45, 0.55, 0.95)
+    assert tau.tolist() == pytest.approx([0.55, 0.65, 0.55])  # p + 0.45 - 0.1 = [0.45, 0.65, 0.55], clipped
+    tau = cbafed.class_thresholds(torch.tensor([9.0, 1.0]), 10.0, 0.45, 0.55, 0.95)
+    assert tau.tolist() == pytest.approx([0.784315, 0.55], abs=1e-6)  # std 0.565685: [0.784315, -0.015685]
+    new, rec = {"w": torch.tensor([1.0])}, {"w": torch.tensor([0.0])}
+    assert cbafed.residual_mix(new, rec, 0.2)["w"].item() == pytest.approx(0.2)
+    assert cbafed.residual_mix(new, rec, 0.5)["w"].item() == pytest.approx(0.5)
+
+
+def test_cbafed_pseudo_label_selection_and_loss_by_hand():
+    p = torch.tensor([[0.9, 0.9], [0.15, 0.5], [0.5, 0.7]])
+    pos, neg = cbafed.select_missing(p, torch.tensor([0.8, 0.6]), torch.tensor([1.0, 0.0]))
+    assert pos.tolist() == [[True, False], [False, False], [False, False]]
+    assert neg.tolist() == [[False, False], [True, False], [False, False]]  # 1 - 0.8 = 0.2; class 1 annotated
+    z = torch.tensor([[2.0, 0.0], [-1.0, 0.0], [0.0, 0.0]])
+    # class 0: P = {0}, Q = {1}: pw = 2 / 1; (2 softplus(-2) + softplus(-1)) / 2; class 1: nothing selected
+    loss = cbafed.missing_class_loss(z, pos, neg).item()
+    assert loss == pytest.approx((2 * 0.126928 + 0.313262) / 2, abs=1e-5)
+
+
+def test_cbafed_residual_aggregation_schedule():
+    ctx = make_ctx(TrainSettings(rounds=8, local_epochs=1, batch_size=16, optimizer="adam", lr=3e-3), multi_label=True)
+    m = METHODS["cbafed"](method_from_dict({"name": "cbafed", "warmup_rounds": 3, "period": 2}), ctx)
+    base = snapshot(m.global_model)
+    got = []
+    for r, v in enumerate([1.0, 2.0, 3.0, 5.0, 6.0, 7.0]):
+        m.begin_round(r)
+        m._round_avg = RunningAverage()
+        m._round_avg.add({k: torch.full_like(x, v) if x.is_floating_point() else x for k, x in base.items()}, 1.0)
+        m._counts, m._data = torch.tensor([1.0, 3.0, 2.0, 4.0], dtype=torch.float64), 10.0
+        m.aggregate(r)
+        w = next(x for x in m.global_model.state_dict().values() if x.is_floating_point())
+        got.append(w.flatten()[0].item())
+    # r0: w_rec = 1; r1: plain; r2: 0.2*3 + 0.8*1; r3 (= warm-up): reset w_rec = 5; r4: plain; r5: 0.5*7 + 0.5*5
+    assert got == pytest.approx([1.0, 2.0, 1.4, 5.0, 6.0, 6.0])
+    assert m.thresholds is not None and m.thresholds.tolist() == pytest.approx([0.55, 0.6209, 0.55, 0.7209], abs=1e-4)
+
+
+def _run2(name, **kw):
+    ctx = make_ctx(TrainSettings(rounds=2, local_epochs=1, batch_size=32, optimizer="adam", lr=3e-3), multi_label=True)
+    m = METHODS[name](method_from_dict({"name": name, **kw}), ctx)
+    return Simulation(m, ctx, progress=lambda s: None).run(), m
+
+
+def test_rscfed_two_rounds_keep_a_persistent_teacher():
+    df, m = _run2("rscfed", group_size=3, num_groups=4)
+    assert df["bacc"].notna().all() and len(df) == 2
+    g = m.global_model.state_dict()
+    key = next(k for k, v in g.items() if v.is_floating_point())
+    init = METHODS["rscfed"](method_from_dict({"name": "rscfed", "group_size": 3}), make_ctx(multi_label=True))
+    t0 = init.teachers[0][key]
+    for t in m.teachers:  # moved away from the initial model, never reset to the global one
+        assert not torch.equal(t[key], t0) and not torch.equal(t[key], g[key])
+        assert (t[key] - t0).abs().max() < (g[key] - t0).abs().max()  # decay 0.999: a small step
+
+
+def test_fedirm_two_rounds_match_relations_after_the_supervised_round():
+    df, m = _run2("fedirm", sup_rounds=1, ramp_rounds=2)
+    assert df["stage"].tolist() == ["supervised", "relation"] and df["bacc"].notna().all()
+    assert m.relation_g.shape == (4, 4) and ((m.relation_g > 0) & (m.relation_g < 1)).all()
+    assert all(t is not None for t in m.teachers) and all(s > 0 for s in m.steps)
+    assert 0 <= df["fedirm_masked_share"].iloc[1] <= 1
+
+
+def test_cbafed_two_rounds_pseudo_label_missing_classes():
+    df, m = _run2("cbafed", warmup_rounds=1)
+    assert df["stage"].tolist() == ["warmup", "pseudo"] and df["bacc"].notna().all()
+    taus = df[[f"cbafed_tau_{c}" for c in range(4)]].to_numpy()
+    assert ((taus >= 0.55) & (taus <= 0.95)).all()
+    # warm-up: each class is annotated by 2 of the 4 clients (missing = 2): p = 0.25 each, std 0 -> 0.7
+    assert taus[0].tolist() == pytest.approx([0.7] * 4)
+    assert df["cbafed_pseudo_labels"].iloc[1] > 0
+
+
+def test_rscfed_distance_is_the_sum_of_per_tensor_norms():
+    from fnlcore.fl.state import per_tensor_distance
+
+    a = {"w": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0]), "n": torch.tensor(3)}
+    b = {"w": torch.zeros(2), "b": torch.tensor([-1.0]), "n": torch.tensor(5)}
+    assert rscfed._distance(a, b) == pytest.approx(7.0) == per_tensor_distance(a, b)  # 5 + 2

@@ -1,0 +1,252 @@
+"""FedIRM (Liu et al., MICCAI'21) as FedMLP's code adapts it to partial labels (baselines.md §17, fedmlp.md §6).
+
+Client k (annotated classes A_k, missing M_k), two weak views v1, v2 of each batch; L_sup(v) =
+FedAvg-PL's BCE-with-logits (pos_weight N_k / n_c^+) over A_k, sum / (B |A_k|), B nominal.
+
+- Supervised rounds r < sup_rounds (20): L = L_sup(v1) + L_sup(v2).
+- Relation matrix (C x C), from round sup_rounds - 1 on, accumulated over the round's batches: row c
+  of a batch = sigma(mean of the student's v1 logit vectors over the batch's samples labelled positive
+  for c / temperature); the client's row c = the mean over the batches that had such samples (0.5,
+  i.e. sigma(0), when none). Server: global row c = N_k-weighted mean of the rows of the clients that
+  annotate c and saw a positive of it (0.5 when none), fully replaced every round.
+- Inter-client relation matching, r >= sup_rounds, per step:
+  mask = samples whose sigma(student(v1)) is > upper or < lower on EVERY class and whose summed binary
+  entropy (nats) over classes < max_entropy; pseudo-labels 1[sigma > 0.5]; the source matrix from the
+  masked samples' logits (with gradient) as above (0.5 rows where no masked sample is positive);
+  L_cons = sum over all entries of (sigma(student(v1)) - sigma(teacher(v2)))^2 / B;
+  L_rel = sum over rows of 1/2 [KL(P_c || Q_c) + KL(Q_c || P_c)] / C, P the source and Q the global
+  matrix, each row normalised to sum 1 ("each row treated as a distribution");
+  L = w(r) (L_cons + L_rel) + L_sup(v1) + L_sup(v2), w(r) = consistency exp(-5 (1 - min(r, R_w)/R_w)^2)
+  (0-based round r, R_w = ramp_rounds 30).
+- EMA teacher per client: initialised from the received global model at the client's first
+  relation-matching update, then client-persistent; after every step teacher <- alpha teacher +
+  (1 - alpha) student with alpha = min(1 - 1/(step + 1), ema_decay), the step counter persistent.
+Server aggregation: FedAvg.
+
+[CODE≠PAPER / AMBIG] The code hard-codes 8 x 8 relation matrices (ChestXray14's 8 classes); here the
+matrices are C x C (needed for ICH's 5 classes; baselines.md A15, fedmlp.md §9.9) — see ``switches``.
+
+Decisions where the spec is silent: the teacher's forward runs in eval mode; a client's row of a class
+it annotates but saw no positive of is left out of the server average (it would be the 0.5 of
+"no positives"); the rows of a KL are clamped at 1e-8 before the logarithms; the relation rows come
+from the training forward pass (train mode) of view 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+from ..fl.local import train_streams
+from ..fl.state import load, snapshot
+from ..registry import param
+from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
+from .rscfed import ema_update
+
+
+@dataclass(frozen=True)
+class FedIRMParams(MethodParams):
+    name = "fedirm"
+    slug_fields = ("sup_rounds",)
+    switches = {
+        "matrix": "C x C relation matrices (baselines.md A15; needed for ICH's 5 classes) — the code's hard-coded 8 x 8 "
+                  "fits only ChestXray14's 8 classes and is not offered",
+    }
+    sup_rounds: int = param(20, ge=1, rounds=True, doc="supervised rounds before relation matching")
+    ramp_rounds: int = param(30, ge=0, rounds=True, doc="R_w: rounds of the consistency ramp-up w(r)")
+    consistency: float = param(1.0, ge=0, doc="final weight of L_cons + L_rel")
+    temperature: float = param(2.0, gt=0, doc="logits are divided by it before the sigmoid of a relation row")
+    upper: float = param(0.7, ge=0.5, le=1, doc="a probability above this is confident")
+    lower: float = param(0.3, ge=0, le=0.5, doc="a probability below this is confident")
+    max_entropy: float = param(2.0, gt=0, doc="summed binary entropy (nats) a masked sample must stay below")
+    ema_decay: float = param(0.99, ge=0, le=1, doc="upper bound of the EMA teacher's alpha = min(1 - 1/(step+1), .)")
+
+    def check_training(self, settings) -> None:
+        if self.sup_rounds >= settings.rounds:
+            raise ConfigError(
+                f"method 'fedirm': sup_rounds={self.sup_rounds} must be < training.rounds={settings.rounds} "
+                "(no round would match relations)"
+            )
+
+
+# -- pure rules ------------------------------------------------------------------------------
+
+
+def ramp_weight(r: int, consistency: float = 1.0, ramp_rounds: int = 30) -> float:
+    """w(r) = consistency exp(-5 (1 - min(r, R_w)/R_w)^2); consistency when R_w = 0."""
+    if ramp_rounds == 0:
+        return consistency
+    t = 1.0 - min(r, ramp_rounds) / ramp_rounds
+    return consistency * math.exp(-5.0 * t * t)
+
+
+def relation_rows(logits: torch.Tensor, positives: torch.Tensor, temperature: float = 2.0):
+    """(rows (C, C), has (C,) bool): row c = sigma(mean logits of the samples positive for c / T); 0.5 if none."""
+    pos = positives.float()
+    n = pos.sum(0)  # (C,)
+    mean = (pos.t() @ logits.float()) / n.clamp_min(1)[:, None]
+    rows = torch.sigmoid(mean / temperature)
+    has = n > 0
+    return torch.where(has[:, None], rows, torch.full_like(rows, 0.5)), has
+
+
+def aggregate_relations(mats, sizes, valid) -> torch.Tensor:
+    """(C, C) global matrix: row c = sum_k N_k valid_kc M_k[c] / sum_k N_k valid_kc; 0.5 rows where no client counts."""
+    w = torch.stack([v.float() * n for v, n in zip(valid, sizes)])  # (K, C)
+    num = (torch.stack(mats) * w[:, :, None]).sum(0)
+    den = w.sum(0)[:, None]
+    return torch.where(den > 0, num / den.clamp_min(1e-12), torch.full_like(num, 0.5))
+
+
+def relation_kl(source: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """sum_c 1/2 [KL(P_c || Q_c) + KL(Q_c || P_c)] / C, rows normalised to sum 1."""
+    p = source / source.sum(1, keepdim=True)
+    q = target / target.sum(1, keepdim=True)
+    lp, lq = p.clamp_min(eps).log(), q.clamp_min(eps).log()
+    sym = 0.5 * ((p * (lp - lq)).sum(1) + (q * (lq - lp)).sum(1))
+    return sym.sum() / source.shape[0]
+
+
+def confident_mask(p: torch.Tensor, upper: float, lower: float, max_entropy: float) -> torch.Tensor:
+    """(B,) samples confident on every class (> upper or < lower) with summed binary entropy < max_entropy."""
+    sure = ((p > upper) | (p < lower)).all(1)
+    q = p.clamp(1e-12, 1 - 1e-12)
+    ent = -(q * q.log() + (1 - q) * (1 - q).log()).sum(1)
+    return sure & (ent < max_entropy)
+
+
+def ema_alpha(step: int, cap: float) -> float:
+    """alpha = min(1 - 1/(step + 1), cap): 0 at step 0 (the teacher becomes the student), 0.5 at step 1."""
+    return min(1.0 - 1.0 / (step + 1), cap)
+
+
+# -- the method --------------------------------------------------------------------------------
+
+
+class _RowMean:
+    """Mean of relation rows over the batches that defined them."""
+
+    def __init__(self, c: int, device):
+        self.sum = torch.zeros(c, c, device=device)
+        self.count = torch.zeros(c, device=device)
+
+    def add(self, rows: torch.Tensor, has: torch.Tensor) -> None:
+        self.sum += rows.detach() * has[:, None]
+        self.count += has.float()
+
+    def result(self):
+        rows = torch.where(self.count[:, None] > 0, self.sum / self.count.clamp_min(1)[:, None], torch.full_like(self.sum, 0.5))
+        return rows, self.count > 0
+
+
+@register
+class FedIRM(FLMethod):
+    Params = FedIRMParams
+    paper = "Liu et al. MICCAI'21 (FedIRM), as FedMLP (MICCAI'24) adapts it to partial labels"
+    label_kinds = ("multi",)
+
+    def __init__(self, params: FedIRMParams, ctx):
+        super().__init__(params, ctx)
+        params.check_training(ctx.settings)
+        self.active = client_active_classes(ctx.data)
+        k = ctx.data.num_clients
+        self.teachers: list[dict | None] = [None] * k
+        self.steps = [0] * k
+        self.teacher = ctx.new_model()
+        self.relation_g: torch.Tensor | None = None  # (C, C) global relation matrix
+        self._relations: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+
+    def stage(self, r: int) -> str:
+        return "supervised" if r < self.params.sup_rounds else "relation"
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self._relations = []
+
+    def local_update(self, r: int, k: int) -> ClientUpdate:
+        p, ctx = self.params, self.ctx
+        c = ctx.data.num_classes
+        load(self.worker, self.global_model.state_dict())
+        idx = ctx.data.clients[k]
+        active, bs = self.active[k], ctx.settings.batch_size
+        pw = self.pos_weights()[k]
+        matching = r >= p.sup_rounds
+        collect = r >= p.sup_rounds - 1
+        rows = _RowMean(c, ctx.device)
+        stats = {"masked": 0, "seen": 0}
+        if matching:
+            load(self.teacher, self.teachers[k] if self.teachers[k] is not None else self.global_model.state_dict())
+            self.teacher.eval()
+            target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=ctx.device)
+            w = ramp_weight(r, p.consistency, p.ramp_rounds)
+
+        def loss_fn(model, batches, step):
+            x, bidx = batches["x"]
+            y = self.multi_label_targets(bidx)
+            v = ctx.pipeline.views(x, ctx.aug_gen, ("weak:1", "weak:2"))
+            z1, z2 = model(v["weak:1"]), model(v["weak:2"])
+            loss = partial_bce(z1, y, pw, bs, classes=active) + partial_bce(z2, y, pw, bs, classes=active)
+            if collect:
+                rows.add(*relation_rows(z1.detach(), (y > 0.5) & active.bool()[None], p.temperature))
+            if not matching:
+                return loss
+            p1 = torch.sigmoid(z1.float())
+            with torch.no_grad():
+                pt = torch.sigmoid(self.teacher(v["weak:2"]).float())
+            cons = ((p1 - pt) ** 2).sum() / bs
+            mask = confident_mask(p1.detach(), p.upper, p.lower, p.max_entropy)
+            stats["masked"] += mask.sum()
+            stats["seen"] += len(bidx)
+            source, _ = relation_rows(z1, (p1.detach() > 0.5) & mask[:, None], p.temperature)
+            return w * (cons + relation_kl(source, target)) + loss
+
+        def after_step():
+            if matching:
+                a = ema_alpha(self.steps[k], p.ema_decay)
+                ema_update(self.teacher, self.worker, a)
+                self.steps[k] += 1
+
+        loss = train_streams(ctx, self.worker, {"x": (idx, bs)}, loss_fn, r, after_step=after_step)
+        uploads = {"train_loss": loss}
+        if matching:
+            self.teachers[k] = snapshot(self.teacher)
+            uploads["masked"], uploads["seen"] = float(stats["masked"]), float(stats["seen"])
+        if collect:
+            uploads["relation"], uploads["relation_valid"] = rows.result()
+        return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
+
+    def accumulate(self, r: int, upd: ClientUpdate) -> None:
+        super().accumulate(r, upd)
+        u = upd.uploads
+        if "relation" in u:
+            self._relations.append((u["relation"], u["relation_valid"] & self.active[upd.client].bool(), upd.num_samples))
+        if "masked" in u:
+            self.round_info["_masked"] = self.round_info.get("_masked", 0.0) + u["masked"]
+            self.round_info["_seen"] = self.round_info.get("_seen", 0.0) + u["seen"]
+
+    def aggregate(self, r: int) -> None:
+        super().aggregate(r)
+        if self._relations:
+            mats, valid, sizes = zip(*self._relations)
+            self.relation_g = aggregate_relations(list(mats), list(sizes), list(valid))
+        self._relations = []
+        info = self.round_info
+        if "_seen" in info:
+            info["fedirm_masked_share"] = info.pop("_masked") / max(info.pop("_seen"), 1.0)
+
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d["teachers"] = [None if t is None else {n: v.detach().cpu().clone() for n, v in t.items()} for t in self.teachers]
+        d["steps"] = list(self.steps)
+        d["relation_g"] = None if self.relation_g is None else self.relation_g.detach().cpu().clone()
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        dev = self.ctx.device
+        self.teachers = [None if t is None else {n: v.to(dev).clone() for n, v in t.items()} for t in d["teachers"]]
+        self.steps = list(d["steps"])
+        self.relation_g = None if d["relation_g"] is None else d["relation_g"].to(dev).clone()
