@@ -205,6 +205,8 @@ SLUG_PINS = [
     ('method', {'name': 'fedmlp', 'st': False}, 'fedmlp-warmuprounds50-h27ad89'),
     ('method', {'name': 'fedmlp', 'wpc': False, 'cr': 'none', 'st': False}, 'fedmlp-warmuprounds50-h7b0db0'),
     ('method', {'name': 'rscfed'}, 'rscfed-groupsize6'),
+    ('method', {'name': 'fedlsr_ml'}, 'fedlsr_ml-tw40'),
+    ('method', {'name': 'fednoro_ml'}, 'fednoro_ml'),
     ('method', {'name': 'rscfed', 'group_size': 4}, 'rscfed-groupsize4'),
     ('method', {'name': 'fedirm'}, 'fedirm-suprounds20'),
     ('method', {'name': 'cbafed'}, 'cbafed-warmuprounds50'),
