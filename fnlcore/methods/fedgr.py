@@ -78,7 +78,7 @@ from .base import ClientUpdate, FLMethod, MethodParams, register
 @dataclass(frozen=True)
 class FedGRParams(MethodParams):
     name = "fedgr"
-    slug_fields = ("warmup_rounds", ("lambda_r", "lr"))
+    slug_fields = ("warmup_rounds", ("lambda_r", "lamR"))
     switches = {
         "sieving": "'federated' (FS: global-model loss proxies, one GMM on the server) | 'local' "
                    "(Table 4 'w/o FS': local-model losses, one GMM per client)",
@@ -323,6 +323,29 @@ class FedGR(FLMethod):
         idx = self.ctx.data.clients[k].to(self.ctx.device)
         return float(self.noisy_flag[idx].float().mean()) if len(idx) else 0.0
 
+    def label_refining(self, r: int, k: int, pseudo: torch.Tensor) -> int:
+        """Update Y*_k from the current partition and this round's pseudo-labels (aligned with the
+        client's samples, -1 = none); Y*_k is written into the working labels. Returns the number changed."""
+        didx = self.ctx.data.clients[k].to(self.ctx.device)
+        self.pseudo[didx] = torch.where(pseudo >= 0, pseudo, self.pseudo[didx])
+        labels, has = refine_reliable(self.noisy_flag[didx], self.noisy_labels[didx], pseudo,
+                                      self.ctx.data.given[didx], self.has_reliable[didx])
+        self.has_reliable[didx] = has
+        return self.ctx.data.relabel(didx, labels, r, self.stage(r), k)
+
+    def revise_ema(self, r: int, k: int, noise_ratio: float, reliable_frac: float) -> float:
+        """Put client k's EMA model, revised by the global model (Eqs. 12 and 15), in ``self.ema_model``;
+        returns the γ_g used (0 = replaced by the global model; also a client's first EMA model)."""
+        p = self.params
+        decay = revision_decay(r, p.warmup_rounds, noise_ratio, reliable_frac, p.beta, p.mu, p.gamma_g,
+                               p.ema_reset_strict)
+        if k in self.ema and decay > 0:
+            load(self.ema_model, self.ema[k])
+            ema_blend(self.ema_model, self.global_model, decay)
+            return decay
+        load(self.ema_model, self.global_model.state_dict())
+        return 0.0
+
     def local_update(self, r: int, k: int) -> ClientUpdate:
         ctx, p = self.ctx, self.params
         idx = ctx.data.clients[k]
@@ -340,23 +363,13 @@ class FedGR(FLMethod):
                 self.loss_mean[didx], self.loss_count[didx], obs)
         # 3: Label Refining (the relabels write Y*_k into the working labels)
         if main:
-            pse = fixmatch_labels(out["weak"], p.confidence)
-            self.pseudo[didx] = torch.where(pse >= 0, pse, self.pseudo[didx])
-            cur = ctx.data.given[didx]
-            labels, has = refine_reliable(self.noisy_flag[didx], given, pse, cur, self.has_reliable[didx])
-            ctx.data.relabel(didx, labels, r, self.stage(r), k)
-            self.has_reliable[didx] = has
+            self.label_refining(r, k, fixmatch_labels(out["weak"], p.confidence))
         r_k = self.noise_ratio(k)
         reliable_frac = float(self.has_reliable[didx].float().mean()) if len(idx) else 0.0
         high_noise = r_k >= p.beta
 
         # 4: revise the client's EMA model, cache the teacher's logits
-        decay = revision_decay(r, p.warmup_rounds, r_k, reliable_frac, p.beta, p.mu, p.gamma_g, p.ema_reset_strict)
-        if k in self.ema and decay > 0:
-            load(self.ema_model, self.ema[k])
-            ema_blend(self.ema_model, self.global_model, decay)
-        else:
-            load(self.ema_model, self.global_model.state_dict())
+        decay = self.revise_ema(r, k, r_k, reliable_frac)
         distil = main and p.lambda_b > 0
         teacher = None
         if distil and p.teacher == "revised":
