@@ -268,6 +268,9 @@ SLUG_PINS = [
     ('method', {'name': 'fedgr'}, 'fedgr-warmuprounds100-lamR0.2'),
     ('method', {'name': 'fedgr', 'warmup_rounds': 50, 'lambda_r': 0.1}, 'fedgr-warmuprounds50-lamR0.1'),
     ('method', {'name': 'fedgr', 'lambda_r': 0.1, 'sieving': 'local'}, 'fedgr-warmuprounds100-lamR0.1-h4d0c08'),
+    ('method', {'name': 'fedfixer'}, 'fedfixer-bmax2.0'),
+    ('method', {'name': 'fedfixer', 'beta_max': 20.0}, 'fedfixer-bmax20.0'),
+    ('method', {'name': 'fedfixer', 'personalised': 'persistent', 'lam': 0.0}, 'fedfixer-bmax2.0-h81d445'),
 ]
 
 
