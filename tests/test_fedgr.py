@@ -274,3 +274,14 @@ def test_warmup_must_leave_a_main_phase():
     p = FedGRParams()
     assert (p.warmup_rounds, p.lambda_b, p.confidence, p.beta, p.mu, p.gamma_g, p.gamma_l, p.tau_b, p.tau_r) == (
         100, 1.0, 0.9, 0.8, 0.5, 0.9, 0.99, 0.5, 0.5)
+
+
+def test_without_label_refining_no_label_is_written_but_the_reliable_set_is_counted():
+    m, ctx = _method(FedGRParams(warmup_rounds=1, label_refining=False))
+    idx = ctx.data.clients[0]
+    m.noisy_flag[idx[:2]] = True
+    pseudo = torch.full((len(idx),), -1, dtype=torch.int64)
+    pseudo[0] = (m.noisy_labels[idx[0]] + 1) % 10
+    assert m.label_refining(1, 0, pseudo) == 0 and len(ctx.data.relabels) == 0
+    assert torch.equal(ctx.data.given, m.noisy_labels)
+    assert int(m.has_reliable[idx].sum()) == len(idx) - 1  # all clean-flagged + sample 0

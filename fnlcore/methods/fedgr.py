@@ -294,15 +294,19 @@ class FedGR(FLMethod):
 
     # -- client side ------------------------------------------------------------------------
     def _views(self, x: torch.Tensor, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Weak/strong views of a uint8 batch, honouring the augmentation ablations."""
+        """Weak/strong views of a uint8 batch, honouring the augmentation ablations: without weak
+        augmentation the weak view is the un-augmented image; without strong augmentation the
+        strong view is the batch's weak view."""
         p, gen = self.params, self.ctx.aug_gen
+        weak_name = "weak" if p.weak_aug else "eval"
         out = {}
         if "weak" in names:
-            out["weak"] = self.pipeline.view("weak" if p.weak_aug else "eval", x, gen)
+            out["weak"] = self.pipeline.view(weak_name, x, gen)
         if "strong" in names:
-            out["strong"] = self.pipeline.view("strong", x, gen) if p.strong_aug else out.get("weak")
-            if out["strong"] is None:
-                out["strong"] = self.pipeline.view("weak" if p.weak_aug else "eval", x, gen)
+            if p.strong_aug:
+                out["strong"] = self.pipeline.view("strong", x, gen)
+            else:
+                out["strong"] = out["weak"] if "weak" in out else self.pipeline.view(weak_name, x, gen)
         return out
 
     @torch.no_grad()
@@ -325,12 +329,15 @@ class FedGR(FLMethod):
 
     def label_refining(self, r: int, k: int, pseudo: torch.Tensor) -> int:
         """Update Y*_k from the current partition and this round's pseudo-labels (aligned with the
-        client's samples, -1 = none); Y*_k is written into the working labels. Returns the number changed."""
+        client's samples, -1 = none); Y*_k is written into the working labels (not under 'w/o LR', where
+        only its size is kept for the EMA rule, as the dev code). Returns the number of labels changed."""
         didx = self.ctx.data.clients[k].to(self.ctx.device)
         self.pseudo[didx] = torch.where(pseudo >= 0, pseudo, self.pseudo[didx])
         labels, has = refine_reliable(self.noisy_flag[didx], self.noisy_labels[didx], pseudo,
                                       self.ctx.data.given[didx], self.has_reliable[didx])
         self.has_reliable[didx] = has
+        if not self.params.label_refining:  # 'w/o LR': |Y*_k| still feeds the EMA rule, no label is written
+            return 0
         return self.ctx.data.relabel(didx, labels, r, self.stage(r), k)
 
     def revise_ema(self, r: int, k: int, noise_ratio: float, reliable_frac: float) -> float:
