@@ -124,3 +124,23 @@ def test_persistent_personal_models_are_kept_per_client_and_restored():
     fresh.load_state_dict(m.state_dict())
     assert list(fresh.personal) == list(m.personal)
     assert all(torch.equal(fresh.personal[k][n], v) for n, v in m.personal[k].items())
+
+
+def test_persistent_personal_models_survive_a_kill_and_resume(tmp_path):
+    params = FedFixerParams(begin_sel=0, inner_steps=1, personalised="persistent")
+    s = TrainSettings(rounds=3, local_epochs=1, batch_size=16, optimizer="sgd", lr=0.02, momentum=0.5,
+                      client_fraction=0.5, checkpoint_every=1)
+
+    def run(**kw):
+        ctx = make_ctx(s, seed=0, n_train=80, noisy_clients=(0, 1))
+        m = METHODS["fedfixer"](params, ctx)
+        return Simulation(m, ctx, progress=lambda x: None, **kw).run(), m
+
+    full, m_full = run()
+    ckpt = tmp_path / "c.pt"
+    run(checkpoint_path=ckpt, stop_after=1)
+    resumed, m_res = run(checkpoint_path=ckpt)
+    cols = [c for c in full.columns if c != "seconds"]
+    assert full[cols].equals(resumed[cols])
+    assert list(m_res.personal) == list(m_full.personal)
+    assert all(torch.equal(m_res.personal[k][n], v) for k, st in m_full.personal.items() for n, v in st.items())
