@@ -277,6 +277,12 @@ SLUG_PINS = [
     ('method', {'name': 'fednoro', 'warmup_rounds': 1, 'ramp_begin': 1, 'ramp_end': 2}, 'fednoro-warmuprounds1-h8ff958'),
     ('method', {'name': 'fednoro', 'warmup_rounds': 10, 'detection_votes': 1, 'detection_augment': False, 'distance': 'global_l2'}, 'fednoro-warmuprounds10-hb365a2'),
     ('method', {'name': 'fednoro', 'tau': 0.5, 'kd_temperature': 1.5, 'lambda_max': 0.5}, 'fednoro-warmuprounds10-h4c6ab5'),
+    ('method', {'name': 'fedgr'}, 'fedgr-warmuprounds100-lamR0.2'),
+    ('method', {'name': 'fedgr', 'warmup_rounds': 50, 'lambda_r': 0.1}, 'fedgr-warmuprounds50-lamR0.1'),
+    ('method', {'name': 'fedgr', 'lambda_r': 0.1, 'sieving': 'local'}, 'fedgr-warmuprounds100-lamR0.1-h4d0c08'),
+    ('method', {'name': 'fedfixer'}, 'fedfixer-bmax2.0'),
+    ('method', {'name': 'fedfixer', 'beta_max': 20.0}, 'fedfixer-bmax20.0'),
+    ('method', {'name': 'fedfixer', 'personalised': 'persistent', 'lam': 0.0}, 'fedfixer-bmax2.0-h81d445'),
 ]
 
 

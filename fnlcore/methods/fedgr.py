@@ -1,0 +1,503 @@
+"""FedGR (Global Reviser for federated learning with noisy labels, ICML 2026; fedgr.md §1).
+
+Local objective (Eq. 4) on a weak view x^w and a strong view x^s of every batch sample:
+L_k = L^SR + λ_B B_k + λ_R R_k, the supervised loss always on the strong view.
+
+Round t (0-based; warm-up, the "label-noise sniffing" rounds, are t < α):
+
+* sampling (§1.2): in warm-up clients are drawn without replacement across rounds
+  (:class:`~fnlcore.fl.sampling.CyclicSampler`: shuffle the K clients, take the next m each
+  round, reshuffle when exhausted); afterwards m distinct clients uniformly per round.
+* client k, before local training, with the received global model w_g^{t-1} in eval mode:
+  1. loss observation ℓ_i = CE(w_g^{t-1}(x_i), ŷ_i) on the un-augmented image, folded into the
+     running mean ℓ̄_i over the client's selections (Eqs. 9-10);
+  2. FixMatch pseudo-label on a weak view: argmax if its max probability > ε;
+  3. Label Refining (t ≥ α, §1.4): the persistent reliable-label set Y*_k (Eq. 16) gets the
+     given label of every clean-flagged sample and the pseudo-label of every noisy-flagged
+     sample with a confident one (older entries are kept otherwise). Y*_k lives in the run's
+     working labels: ``ctx.data.relabel`` writes it (recorded in relabels.parquet), a mask marks
+     which samples have an entry, and the original noisy labels ŷ are kept aside;
+  4. revision of the client's persistent EMA model (Eqs. 12, 15): t < α or (r_k ≥ β and
+     |Y*_k| / n_k < μ) → w_ema ← w_g^{t-1}; otherwise w_ema ← γ_g w_ema + (1 - γ_g) w_g^{t-1}
+     (parameters and float buffers); teacher logits of the revised EMA model on one weak view
+     per sample are cached for the round (Eq. 14).
+* E local epochs; after every optimiser step w_ema ← γ_l w_ema + (1 - γ_l) w_k.
+  - L^SR: t < α: CE(p^s, ŷ); t ≥ α with r_k < β: q_i CE(p^s, ŷ_i) + (1 - q_i) CE(p^s, Y*_i)
+    (second term 0 without an entry); r_k ≥ β: CE(p^s, Y*_i) (0 without an entry); mean over
+    the batch (missing labels count as zeros).
+  - B_k (t ≥ α): KL(softmax(p^{le,w}/τ) ‖ softmax(p^s/τ)), batchmean, no τ² factor.
+  - R_k (all rounds): KL(softmax(f_g(x^w)/τ) ‖ softmax(f_k(x^s)/τ)) over the feature dimension,
+    f = the backbone's (pooled) feature, global backbone frozen in eval mode.
+* upload (n_k, w_k, {(sample id, ℓ̄_i)}); the server FedAvg-aggregates and runs Federated
+  Sieving (§1.3) on the proxies uploaded this round: a 2-component 1-D GMM (max_iter 50,
+  tol 1e-2, reg_covar 5e-4, raw losses), q_i = posterior of the smaller-mean component, clean
+  iff q_i ≥ 0.5; partition and q persist per sample until the client is selected again;
+  r_k = noisy-flagged share of client k. FS runs in every round.
+
+Strong view: the run's weak augmentation with reflect padding, then RandAugment of the
+'fixmatch_uniform' kind with n = 3 ops and a Cutout (fedgr.md §4); the method sets it on its
+own copy of the run's pipeline.
+
+Ablations and design variants (Tables 4 and 5) are switches, listed in ``switches``.
+
+Decided where the spec is silent:
+- a sample never sieved yet (a client first selected after warm-up, possible only with
+  ``warmup_sampling='uniform'``) counts as clean with q = 1;
+- a client's first EMA model is the global model it first receives;
+- the GMM's random_state is drawn from ctx.rng once per fit (also when a degenerate proxy
+  set, fewer than 2 samples or all equal, skips the fit and flags everything clean);
+- "w/o weak aug": every weak view (pseudo-labelling, teacher, R target) is the un-augmented
+  image; "w/o strong aug": the student sees the batch's weak view instead of a strong one;
+- "w/o FS" (``sieving='local'``): after local training the client observes its samples' losses
+  with its trained local model (un-augmented images), folds them into its running means and fits
+  its own GMM (same settings); the partition is used at its next selection;
+- per-client EMA models are kept on the CPU between selections (100-500 clients would not fit
+  on one accelerator) and moved to the device for the client's round;
+- the dev code's EMA decay ramp min(γ_l, 1 - 1/(s+1)) is not applied (Eq. 12 as written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.mixture import GaussianMixture
+
+from ..errors import ConfigError
+from ..fl import sampling
+from ..fl.local import train_streams
+from ..fl.state import State, load, snapshot
+from ..randaugment import RandAugmentSpec
+from ..registry import param
+from .base import ClientUpdate, FLMethod, MethodParams, register
+
+
+@dataclass(frozen=True)
+class FedGRParams(MethodParams):
+    name = "fedgr"
+    slug_fields = ("warmup_rounds", ("lambda_r", "lamR"))
+    switches = {
+        "sieving": "'federated' (FS: global-model loss proxies, one GMM on the server) | 'local' "
+                   "(Table 4 'w/o FS': local-model losses, one GMM per client)",
+        "label_refining": "true | false (Table 4 'w/o LR': train on clean-flagged samples only, CE(ŷ)·1[clean])",
+        "lambda_r": "0 = Table 4 'w/o R_k'",
+        "lambda_b": "0 = Table 4 'w/o B_k'",
+        "weak_aug": "true | false (Table 5 'w/o weak aug': weak views are the un-augmented images)",
+        "strong_aug": "true | false (Table 5 'w/o strong aug': the student sees the weak view)",
+        "teacher": "'revised' (Eq. 14: revised EMA logits cached once per round) | 'online' "
+                   "(Table 5 'Online EMA distill': the current EMA model on the batch's weak view)",
+        "warmup_sampling": "'cyclic' (without replacement across warm-up rounds) | 'uniform' "
+                           "(Table 5: random sampling in warm-up too)",
+        "high_noise_labels": "'reliable' (dev code: r_k ≥ β trains on Y*_k, clean-flagged samples keep ŷ) | "
+                             "'pseudo_only' (paper Eq. 11: pseudo-labels only)",
+        "ema_reset_strict": "false (paper Eq. 15: reset when r_k ≥ β) | true (dev code: r_k > β)",
+        "tau_r": "0.5 (paper Table 17) | 0.1 (dev code's representation temperature)",
+        "freeze_sieving": "false (dev default: FS every round) | true (FS only in warm-up)",
+    }
+    warmup_rounds: int = param(100, ge=0, rounds=True,
+                               doc="α: warm-up (label-noise sniffing) rounds (CIFAR 100, Clothing1M 50)")
+    lambda_b: float = param(1.0, ge=0, doc="λ_B: weight of the revised-EMA distillation (from round α)")
+    lambda_r: float = param(0.2, ge=0, doc="λ_R: weight of the representation regulariser (0.1 for CIFAR-10)")
+    confidence: float = param(0.9, ge=0, lt=1, doc="ε: FixMatch confidence threshold (strictly exceeded)")
+    beta: float = param(0.8, ge=0, le=1, doc="β: client noise-ratio threshold")
+    mu: float = param(0.5, ge=0, le=1, doc="μ: reliable-label proportion threshold of the EMA reset")
+    gamma_g: float = param(0.9, ge=0, le=1, doc="γ_g: decay of the global revision of the local EMA")
+    gamma_l: float = param(0.99, ge=0, le=1, doc="γ_l: decay of the per-step local EMA update")
+    tau_b: float = param(0.5, gt=0, doc="τ of the distillation B_k")
+    tau_r: float = param(0.5, gt=0, doc="τ of the representation regulariser R_k")
+    p_threshold: float = param(0.5, gt=0, lt=1, doc="a sample is clean iff its clean posterior q ≥ this")
+    gmm_max_iter: int = param(50, ge=1, doc="EM iterations of the sieving GMM")
+    gmm_tol: float = param(1e-2, gt=0, doc="EM tolerance of the sieving GMM")
+    gmm_reg_covar: float = param(5e-4, gt=0, doc="variance floor of the sieving GMM")
+    randaugment_n: int = param(3, ge=1, doc="ops per strong view (RandAugment, uniform magnitudes)")
+    sieving: str = param("federated", choices=("federated", "local"))
+    label_refining: bool = True
+    weak_aug: bool = True
+    strong_aug: bool = True
+    teacher: str = param("revised", choices=("revised", "online"))
+    warmup_sampling: str = param("cyclic", choices=("cyclic", "uniform"))
+    high_noise_labels: str = param("reliable", choices=("reliable", "pseudo_only"))
+    ema_reset_strict: bool = False
+    freeze_sieving: bool = False
+
+    def check_training(self, settings) -> None:
+        if self.warmup_rounds >= settings.rounds:
+            raise ConfigError(
+                f"method 'fedgr': warmup_rounds={self.warmup_rounds} must be < training.rounds={settings.rounds} "
+                "(the main phase would never run); lower warmup_rounds"
+            )
+
+
+# -- pure parts ----------------------------------------------------------------------------
+
+
+def running_mean_update(mean: torch.Tensor, count: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 10 incrementally: mean over the observations so far after adding ``obs`` (count + 1 of them)."""
+    count = count + 1
+    return mean + (obs.to(mean.dtype) - mean) / count.to(mean.dtype), count
+
+
+def fixmatch_labels(logits: torch.Tensor, threshold: float) -> torch.Tensor:
+    """argmax of softmax where its max probability exceeds ``threshold`` strictly, else -1."""
+    conf, pred = F.softmax(logits.float(), dim=1).max(1)
+    return torch.where(conf > threshold, pred, torch.full_like(pred, -1))
+
+
+def sieve(proxies: np.ndarray, p_threshold: float, max_iter: int, tol: float, reg_covar: float,
+          seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Federated Sieving on 1-D proxies: (q = posterior of the smaller-mean component, clean = q ≥ p_threshold).
+
+    Raw (un-normalised) values; a degenerate set (fewer than 2 values, or all equal) gives q = 1.
+    """
+    x = np.asarray(proxies, dtype=np.float64).reshape(-1, 1)
+    if len(x) < 2 or not float(x.max()) > float(x.min()):
+        q = np.ones(len(x))
+    else:
+        gmm = GaussianMixture(n_components=2, max_iter=max_iter, tol=tol, reg_covar=reg_covar, random_state=seed)
+        gmm.fit(x)
+        q = gmm.predict_proba(x)[:, int(np.argmin(gmm.means_.reshape(-1)))]
+    return q, q >= p_threshold
+
+
+def refine_reliable(noisy_flag: torch.Tensor, given: torch.Tensor, pseudo: torch.Tensor, reliable: torch.Tensor,
+                    has_reliable: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label Refining's update of Y* (Eq. 16, dev realisation): clean-flagged → ŷ; noisy-flagged with a
+    pseudo-label (≥ 0) → it; other noisy-flagged samples keep their previous entry (or none).
+
+    Returns (labels, has-entry mask); labels without an entry are left as they were.
+    """
+    conf = pseudo >= 0
+    take_given = ~noisy_flag
+    take_pseudo = noisy_flag & conf
+    labels = torch.where(take_given, given, torch.where(take_pseudo, pseudo, reliable))
+    return labels, has_reliable | take_given | take_pseudo
+
+
+def refined_loss(logits: torch.Tensor, given: torch.Tensor, reliable: torch.Tensor, has_reliable: torch.Tensor,
+                 q: torch.Tensor, high_noise: bool) -> torch.Tensor:
+    """L^SR for t ≥ α, mean over the batch (samples without a label count as zeros).
+
+    r_k < β: q CE(p, ŷ) + (1 - q) CE(p, Y*) (second term 0 without an entry);
+    r_k ≥ β (``high_noise``): CE(p, Y*) (0 without an entry).
+    """
+    target = torch.where(has_reliable, reliable, torch.zeros_like(reliable))
+    ce_rel = F.cross_entropy(logits, target, reduction="none") * has_reliable.to(logits.dtype)
+    if high_noise:
+        return ce_rel.mean()
+    ce_given = F.cross_entropy(logits, given, reduction="none")
+    q = q.to(logits.dtype)
+    return (q * ce_given + (1.0 - q) * ce_rel).mean()
+
+
+def clean_only_loss(logits: torch.Tensor, given: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """Table 4 'w/o LR': mean over the batch of CE(p, ŷ)·1[clean-flagged]."""
+    return (F.cross_entropy(logits, given, reduction="none") * clean.to(logits.dtype)).mean()
+
+
+def distill_kl(student: torch.Tensor, target: torch.Tensor, tau: float) -> torch.Tensor:
+    """KL(softmax(target/τ) ‖ softmax(student/τ)) over dim 1, batchmean (no τ² factor): B_k and R_k."""
+    return F.kl_div(F.log_softmax(student.float() / tau, dim=1), F.softmax(target.float() / tau, dim=1),
+                    reduction="batchmean")
+
+
+def revision_decay(r: int, warmup: int, noise_ratio: float, reliable_frac: float, beta: float, mu: float,
+                   gamma_g: float, strict: bool = False) -> float:
+    """γ_g of Eq. 15: 0 in warm-up or for a high-noise client short of reliable labels, else γ_g."""
+    if r < warmup:
+        return 0.0
+    high = noise_ratio > beta if strict else noise_ratio >= beta
+    return 0.0 if high and reliable_frac < mu else gamma_g
+
+
+@torch.no_grad()
+def ema_blend(ema: torch.nn.Module | State, source: torch.nn.Module | State, decay: float) -> None:
+    """ema ← decay·ema + (1 - decay)·source on every float entry (parameters and buffers), in place;
+    integer entries (BN batch counters) are copied from ``source``."""
+    e = ema.state_dict() if isinstance(ema, torch.nn.Module) else ema
+    s = source.state_dict() if isinstance(source, torch.nn.Module) else source
+    floats_e, floats_s = [], []
+    for key, v in e.items():
+        src = s[key]
+        if v.is_floating_point():
+            floats_e.append(v)
+            floats_s.append(src.to(v.device, v.dtype))
+        else:
+            v.copy_(src)
+    if floats_e:
+        torch._foreach_lerp_(floats_e, floats_s, 1.0 - decay)
+
+
+class EmaTracker:
+    """The per-step local EMA update ema ← γ_l·ema + (1 - γ_l)·model (Eq. 12, m_k ≥ 1), its tensor lists
+    built once per local update (float entries lerped together, integer buffers copied)."""
+
+    def __init__(self, ema: torch.nn.Module, model: torch.nn.Module, decay: float):
+        e, s = ema.state_dict(), model.state_dict()
+        self.ema_f = [v for v in e.values() if v.is_floating_point()]
+        self.src_f = [s[k] for k, v in e.items() if v.is_floating_point()]
+        self.ints = [(v, s[k]) for k, v in e.items() if not v.is_floating_point()]
+        self.weight = 1.0 - decay
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        if self.ema_f:
+            torch._foreach_lerp_(self.ema_f, self.src_f, self.weight)
+        for dst, src in self.ints:
+            dst.copy_(src)
+
+
+# -- the method ----------------------------------------------------------------------------
+
+
+@register
+class FedGR(FLMethod):
+    Params = FedGRParams
+    paper = "FedGR: Learning Locally, Revising Globally (ICML 2026)"
+
+    def __init__(self, params: FedGRParams, ctx):
+        if ctx.data.multi_label:
+            raise ConfigError("method 'fedgr' needs single-label data; pick another method")
+        super().__init__(params, ctx)
+        n, dev = len(ctx.data.train), ctx.device
+        strong = RandAugmentSpec(kind="fixmatch_uniform", n=params.randaugment_n)
+        self.pipeline = dataclasses.replace(ctx.pipeline, strong=strong, strong_padding="reflect")
+        self.noisy_labels = ctx.data.given.clone()  # ŷ: the working labels hold Y* from round α on
+        self.loss_mean = torch.zeros(n, dtype=torch.float64, device=dev)  # ℓ̄_i
+        self.loss_count = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.clean_prob = torch.ones(n, dtype=torch.float32, device=dev)  # q_i (1 until sieved)
+        self.noisy_flag = torch.zeros(n, dtype=torch.bool, device=dev)
+        self.has_reliable = torch.zeros(n, dtype=torch.bool, device=dev)  # entry in Y*_k
+        self.pseudo = torch.full((n,), -1, dtype=torch.int64, device=dev)  # latest confident pseudo-label
+        self.ema: dict[int, State] = {}  # client -> its EMA model's state (CPU)
+        self.sampler = sampling.CyclicSampler(ctx.data.num_clients, ctx.settings.client_fraction)
+        self.ema_model = ctx.new_model()  # working copy of the selected client's EMA model
+        self._teacher: torch.Tensor | None = None  # cached teacher logits (overwritten per client, not state)
+        self._proxies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._stats: dict[str, list[float]] = {}
+
+    # -- schedule ---------------------------------------------------------------------------
+    def stage(self, r: int) -> str:
+        return "warmup" if r < self.params.warmup_rounds else "main"
+
+    def select_clients(self, r: int) -> list[int]:
+        if r < self.params.warmup_rounds and self.params.warmup_sampling == "cyclic":
+            return self.sampler.next(self.ctx.rng)
+        return super().select_clients(r)
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self._proxies = []
+        self._stats = {"noise_ratio": [], "reliable_frac": [], "ema_reset": []}
+
+    # -- client side ------------------------------------------------------------------------
+    def _views(self, x: torch.Tensor, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Weak/strong views of a uint8 batch, honouring the augmentation ablations: without weak
+        augmentation the weak view is the un-augmented image; without strong augmentation the
+        strong view is the batch's weak view."""
+        p, gen = self.params, self.ctx.aug_gen
+        weak_name = "weak" if p.weak_aug else "eval"
+        out = {}
+        if "weak" in names:
+            out["weak"] = self.pipeline.view(weak_name, x, gen)
+        if "strong" in names:
+            if p.strong_aug:
+                out["strong"] = self.pipeline.view("strong", x, gen)
+            else:
+                out["strong"] = out["weak"] if "weak" in out else self.pipeline.view(weak_name, x, gen)
+        return out
+
+    @torch.no_grad()
+    def _pass(self, model: torch.nn.Module, idx: torch.Tensor, views: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Logits of ``model`` (eval mode) on the named views ('eval', 'weak') of samples ``idx``, in order."""
+        model.eval()
+        outs = {v: [] for v in views}
+        bs = self.ctx.settings.eval_batch_size
+        for xb, _ in self.ctx.data.train.batches(idx, bs):
+            for v in views:
+                x = self.pipeline.eval(xb) if v == "eval" else self._views(xb, ("weak",))["weak"]
+                outs[v].append(model(x).float())
+        c = self.ctx.data.num_classes
+        return {v: torch.cat(o) if o else torch.zeros(0, c, device=self.ctx.device) for v, o in outs.items()}
+
+    def noise_ratio(self, k: int) -> float:
+        """r_k: share of client k's samples flagged noisy by the latest sieving."""
+        idx = self.ctx.data.clients[k].to(self.ctx.device)
+        return float(self.noisy_flag[idx].float().mean()) if len(idx) else 0.0
+
+    def label_refining(self, r: int, k: int, pseudo: torch.Tensor) -> int:
+        """Update Y*_k from the current partition and this round's pseudo-labels (aligned with the
+        client's samples, -1 = none); Y*_k is written into the working labels (not under 'w/o LR', where
+        only its size is kept for the EMA rule, as the dev code). Returns the number of labels changed."""
+        didx = self.ctx.data.clients[k].to(self.ctx.device)
+        self.pseudo[didx] = torch.where(pseudo >= 0, pseudo, self.pseudo[didx])
+        labels, has = refine_reliable(self.noisy_flag[didx], self.noisy_labels[didx], pseudo,
+                                      self.ctx.data.given[didx], self.has_reliable[didx])
+        self.has_reliable[didx] = has
+        if not self.params.label_refining:  # 'w/o LR': |Y*_k| still feeds the EMA rule, no label is written
+            return 0
+        return self.ctx.data.relabel(didx, labels, r, self.stage(r), k)
+
+    def revise_ema(self, r: int, k: int, noise_ratio: float, reliable_frac: float) -> float:
+        """Put client k's EMA model, revised by the global model (Eqs. 12 and 15), in ``self.ema_model``;
+        returns the γ_g used (0 = replaced by the global model; also a client's first EMA model)."""
+        p = self.params
+        decay = revision_decay(r, p.warmup_rounds, noise_ratio, reliable_frac, p.beta, p.mu, p.gamma_g,
+                               p.ema_reset_strict)
+        if k in self.ema and decay > 0:
+            load(self.ema_model, self.ema[k])
+            ema_blend(self.ema_model, self.global_model, decay)
+            return decay
+        load(self.ema_model, self.global_model.state_dict())
+        return 0.0
+
+    def local_update(self, r: int, k: int) -> ClientUpdate:
+        ctx, p = self.ctx, self.params
+        idx = ctx.data.clients[k]
+        didx = idx.to(ctx.device)
+        main = r >= p.warmup_rounds
+        load(self.worker, self.global_model.state_dict())
+        given = self.noisy_labels[didx]
+
+        # 1-2: loss observations and FixMatch pseudo-labels with the received global model
+        views = ("eval", "weak") if main else ("eval",)
+        out = self._pass(self.global_model, idx, views)
+        if p.sieving == "federated":
+            obs = F.cross_entropy(out["eval"], given, reduction="none")
+            self.loss_mean[didx], self.loss_count[didx] = running_mean_update(
+                self.loss_mean[didx], self.loss_count[didx], obs)
+        # 3: Label Refining (the relabels write Y*_k into the working labels)
+        if main:
+            self.label_refining(r, k, fixmatch_labels(out["weak"], p.confidence))
+        r_k = self.noise_ratio(k)
+        reliable_frac = float(self.has_reliable[didx].float().mean()) if len(idx) else 0.0
+        high_noise = r_k >= p.beta
+
+        # 4: revise the client's EMA model, cache the teacher's logits
+        decay = self.revise_ema(r, k, r_k, reliable_frac)
+        distil = main and p.lambda_b > 0
+        teacher = None
+        if distil and p.teacher == "revised":
+            if self._teacher is None:
+                self._teacher = torch.zeros(len(ctx.data.train), ctx.data.num_classes, device=ctx.device)
+            teacher = self._teacher
+            teacher[didx] = self._pass(self.ema_model, idx, ("weak",))["weak"]
+        self._stats["noise_ratio"].append(r_k)
+        self._stats["reliable_frac"].append(reliable_frac)
+        self._stats["ema_reset"].append(float(decay == 0.0))
+
+        # local training
+        self.global_model.eval()
+        self.ema_model.eval()
+
+        def loss(model, batches, step):
+            xb, bidx = batches["data"]
+            b = bidx.to(ctx.device, non_blocking=True)
+            need = ("weak", "strong") if (p.lambda_r > 0 or (distil and p.teacher == "online")) else ("strong",)
+            v = self._views(xb, need)
+            logits, feat = model.forward_features(v["strong"])
+            logits = logits.float()
+            y = self.noisy_labels[b]
+            if not main:
+                total = F.cross_entropy(logits, y)
+            elif not p.label_refining:
+                total = clean_only_loss(logits, y, ~self.noisy_flag[b])
+            elif high_noise and p.high_noise_labels == "pseudo_only":
+                ps = self.pseudo[b]
+                total = refined_loss(logits, y, ps, ps >= 0, self.clean_prob[b], True)
+            else:
+                total = refined_loss(logits, y, ctx.data.given[b], self.has_reliable[b], self.clean_prob[b], high_noise)
+            if distil:
+                if teacher is not None:
+                    t_logits = teacher[b]
+                else:
+                    with torch.no_grad():
+                        t_logits = self.ema_model(v["weak"]).float()
+                total = total + p.lambda_b * distill_kl(logits, t_logits, p.tau_b)
+            if p.lambda_r > 0:
+                with torch.no_grad():
+                    g_feat = self.global_model.features(v["weak"])
+                total = total + p.lambda_r * distill_kl(feat, g_feat, p.tau_r)
+            return total
+
+        bs = ctx.settings.batch_size
+        after_step = EmaTracker(self.ema_model, self.worker, p.gamma_l)
+        train_loss = train_streams(ctx, self.worker, {"data": (idx, bs)}, loss, r, after_step=after_step)
+        self.ema[k] = {key: v.detach().to("cpu", copy=True) for key, v in self.ema_model.state_dict().items()}
+
+        uploads = {"train_loss": train_loss}
+        if p.sieving == "federated":
+            uploads["proxy"] = (idx.clone(), self.loss_mean[didx].clone())
+        else:  # 'w/o FS': the client observes with its trained model and sieves on its own
+            self._local_sieve(r, idx)
+        return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
+
+    def _local_sieve(self, r: int, idx: torch.Tensor) -> None:
+        if self.params.freeze_sieving and r >= self.params.warmup_rounds:
+            return
+        didx = idx.to(self.ctx.device)
+        logits = self._pass(self.worker, idx, ("eval",))["eval"]
+        obs = F.cross_entropy(logits, self.noisy_labels[didx], reduction="none")
+        self.loss_mean[didx], self.loss_count[didx] = running_mean_update(self.loss_mean[didx], self.loss_count[didx], obs)
+        self._apply_sieve(idx, self.loss_mean[didx])
+
+    def _apply_sieve(self, idx: torch.Tensor, proxies: torch.Tensor) -> None:
+        p = self.params
+        seed = int(self.ctx.rng.randint(2**31 - 1))
+        q, clean = sieve(proxies.cpu().numpy(), p.p_threshold, p.gmm_max_iter, p.gmm_tol, p.gmm_reg_covar, seed)
+        didx = idx.to(self.ctx.device)
+        self.clean_prob[didx] = torch.as_tensor(q, dtype=torch.float32, device=self.ctx.device)
+        self.noisy_flag[didx] = torch.as_tensor(~clean, device=self.ctx.device)
+
+    # -- server side ---------------------------------------------------------------------------
+    def accumulate(self, r: int, upd: ClientUpdate) -> None:
+        super().accumulate(r, upd)
+        if "proxy" in upd.uploads:
+            self._proxies.append(upd.uploads["proxy"])
+
+    def aggregate(self, r: int) -> None:
+        super().aggregate(r)
+        frozen = self.params.freeze_sieving and r >= self.params.warmup_rounds
+        if self._proxies and not frozen:  # Federated Sieving on this round's uploads, pooled
+            idx = torch.cat([i for i, _ in self._proxies])
+            vals = torch.cat([v for _, v in self._proxies])
+            self._apply_sieve(idx, vals)
+        self._proxies = []
+
+    def end_round(self, r: int) -> None:
+        super().end_round(r)
+        for key, vals in self._stats.items():
+            if vals:
+                self.round_info[f"{key}_mean"] = float(np.mean(vals))
+        data = self.ctx.data
+        seen = self.loss_count > 0
+        if bool(seen.any()):  # diagnostics against the truth, never used in training
+            wrong = self.noisy_labels != data.y_true
+            flagged = self.noisy_flag & seen
+            self.round_info["sieve_noisy_frac"] = float(flagged.sum() / seen.sum())
+            self.round_info["sieve_acc"] = float((flagged == wrong)[seen].float().mean())
+        if bool(self.has_reliable.any()):
+            self.round_info["reliable_label_acc"] = float((data.given == data.y_true)[self.has_reliable].float().mean())
+
+    # -- checkpoint ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d.update({
+            "noisy_labels": self.noisy_labels.detach().clone(),
+            "loss_mean": self.loss_mean.detach().clone(), "loss_count": self.loss_count.detach().clone(),
+            "clean_prob": self.clean_prob.detach().clone(), "noisy_flag": self.noisy_flag.detach().clone(),
+            "has_reliable": self.has_reliable.detach().clone(), "pseudo": self.pseudo.detach().clone(),
+            "ema": {int(k): {n: v.clone() for n, v in st.items()} for k, st in self.ema.items()},
+            "sampler": self.sampler.state_dict(),
+        })
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        dev = self.ctx.device
+        for key in ("noisy_labels", "loss_mean", "loss_count", "clean_prob", "noisy_flag", "has_reliable", "pseudo"):
+            setattr(self, key, d[key].to(dev).clone())
+        self.ema = {int(k): {n: v.to("cpu").clone() for n, v in st.items()} for k, st in d["ema"].items()}
+        self.sampler.load_state_dict(d["sampler"])

@@ -1,0 +1,287 @@
+"""FedGR (fedgr.md §1): the pure parts on hand-computed cases, the views, then short runs and variants."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fnlcore.errors import ConfigError
+from fnlcore.fl.pipeline import InputPipeline
+from fnlcore.fl.settings import TrainSettings
+from fnlcore.fl.simulation import Simulation
+from fnlcore.fl.state import snapshot
+from fnlcore.methods import METHODS
+from fnlcore.methods.base import ClientUpdate
+from fnlcore.methods.fedgr import (
+    EmaTracker,
+    FedGRParams,
+    clean_only_loss,
+    distill_kl,
+    ema_blend,
+    fixmatch_labels,
+    refine_reliable,
+    refined_loss,
+    revision_decay,
+    running_mean_update,
+    sieve,
+)
+
+from .engine_helpers import make_ctx
+
+B = torch.tensor
+LOG4, LOG43 = math.log(4.0), math.log(4.0 / 3.0)
+
+
+def _method(params: FedGRParams | None = None, settings: TrainSettings | None = None, crop: bool = False, **kw):
+    ctx = make_ctx(settings, seed=0, **kw)
+    if crop:  # the digits context has no training augmentation; give it CIFAR's weak one
+        ctx.pipeline = InputPipeline(mean=(0.5,), std=(0.25,), augmentation="crop_flip")
+    return METHODS["fedgr"](params or FedGRParams(warmup_rounds=1), ctx), ctx
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+
+def test_running_mean_of_loss_observations():
+    mean, count = running_mean_update(B([0.0, 2.0], dtype=torch.float64), B([0, 1]), B([3.0, 4.0]))
+    assert mean.tolist() == [3.0, 3.0] and count.tolist() == [1, 2]
+    mean, count = running_mean_update(mean, count, B([0.0, 6.0]))
+    assert mean.tolist() == [1.5, 4.0] and count.tolist() == [2, 3]
+
+
+def test_fixmatch_threshold_is_strict():
+    # softmax([3, 0]) = 0.9526, softmax([0, 2]) = 0.8808, softmax([0, 2.2]) = 0.9002
+    logits = B([[3.0, 0.0], [0.0, 2.0], [0.0, 2.2], [0.0, 0.0]])
+    assert fixmatch_labels(logits, 0.9).tolist() == [0, -1, 1, -1]
+    assert fixmatch_labels(B([[0.0, 0.0]]), 0.5).tolist() == [-1]  # exactly 0.5 is not > 0.5
+
+
+def test_sieve_flags_the_high_loss_mode_whatever_the_component_order():
+    proxies = np.r_[np.full(50, 2.0), np.full(50, 0.01)]
+    q, clean = sieve(proxies, 0.5, 50, 1e-2, 5e-4, seed=0)
+    assert clean.tolist() == [False] * 50 + [True] * 50
+    np.testing.assert_allclose(q, np.r_[np.zeros(50), np.ones(50)], atol=1e-6)
+
+
+def test_sieve_degenerate_proxies_are_all_clean():
+    q, clean = sieve(np.full(7, 0.3), 0.5, 50, 1e-2, 5e-4, seed=0)
+    assert q.tolist() == [1.0] * 7 and clean.all()
+    q, clean = sieve(np.array([4.0]), 0.5, 50, 1e-2, 5e-4, seed=0)
+    assert q.tolist() == [1.0] and clean.all()
+
+
+def test_refine_reliable_by_hand():
+    # clean → ŷ; noisy with a pseudo-label → it; noisy without → older entry kept (or none)
+    noisy = B([False, True, True, True])
+    labels, has = refine_reliable(noisy, B([1, 2, 3, 4]), B([5, 6, -1, -1]), B([0, 0, 7, 0]), B([False, False, True, False]))
+    assert labels.tolist() == [1, 6, 7, 0] and has.tolist() == [True, True, True, False]
+
+
+def test_refined_loss_by_hand():
+    # p = softmax([0, log 3]) = [0.25, 0.75]: CE(y=0) = log 4, CE(y=1) = log 4/3
+    logits = torch.log(B([[1.0, 3.0], [1.0, 3.0]]))
+    given, reliable = B([0, 0]), B([1, 1])
+    has, q = B([True, False]), B([0.25, 0.5])
+    # a: 0.25 log 4 + 0.75 log 4/3; b: 0.5 log 4 + 0 (no entry)
+    expect = (0.25 * LOG4 + 0.75 * LOG43 + 0.5 * LOG4) / 2
+    assert float(refined_loss(logits, given, reliable, has, q, high_noise=False)) == pytest.approx(expect, rel=1e-6)
+    assert float(refined_loss(logits, given, reliable, has, q, high_noise=True)) == pytest.approx(LOG43 / 2, rel=1e-6)
+    # a clean-flagged sample (Y* = ŷ) gets CE(ŷ) whatever q
+    got = refined_loss(logits[:1], B([1]), B([1]), B([True]), B([0.3]), high_noise=False)
+    assert float(got) == pytest.approx(LOG43, rel=1e-6)
+    assert float(clean_only_loss(logits, given, B([True, False]))) == pytest.approx(LOG4 / 2, rel=1e-6)
+
+
+def test_distillation_kl_by_hand():
+    uniform = torch.zeros(1, 2)
+    target = torch.log(B([[3.0, 1.0]]))
+    # τ = 1: KL([0.75, 0.25] ‖ [0.5, 0.5]) = 0.75 log 1.5 + 0.25 log 0.5
+    assert float(distill_kl(uniform, target, 1.0)) == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), rel=1e-5)
+    # τ = 0.5 sharpens the target to [0.9, 0.1]
+    assert float(distill_kl(uniform, target, 0.5)) == pytest.approx(0.9 * math.log(1.8) + 0.1 * math.log(0.2), rel=1e-5)
+    assert float(distill_kl(target, target, 0.5)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_revision_decay_rule():
+    args = dict(beta=0.8, mu=0.5, gamma_g=0.9)
+    assert revision_decay(4, 5, 0.0, 1.0, **args) == 0.0  # warm-up: replaced by the global model
+    assert revision_decay(5, 5, 0.0, 0.0, **args) == 0.9
+    assert revision_decay(5, 5, 0.8, 0.4, **args) == 0.0  # r_k ≥ β and |D^r|/n < μ
+    assert revision_decay(5, 5, 0.8, 0.4, strict=True, **args) == 0.9  # dev: r_k > β
+    assert revision_decay(5, 5, 0.9, 0.6, **args) == 0.9  # enough reliable labels
+    assert revision_decay(5, 5, 0.9, 0.4, strict=True, **args) == 0.0
+
+
+def test_ema_blend_and_per_step_tracker():
+    ema = {"w": B([1.0, 3.0]), "n": B(5)}
+    ema_blend(ema, {"w": B([3.0, 5.0]), "n": B(7)}, 0.5)
+    assert ema["w"].tolist() == [2.0, 4.0] and int(ema["n"]) == 7
+    ema_blend(ema, {"w": B([3.0, 5.0]), "n": B(7)}, 0.9)
+    np.testing.assert_allclose(ema["w"].tolist(), [2.1, 4.1], rtol=1e-6)
+    teacher, student = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    torch.nn.init.zeros_(teacher.weight), torch.nn.init.zeros_(teacher.bias)
+    torch.nn.init.ones_(student.weight), torch.nn.init.ones_(student.bias)
+    step = EmaTracker(teacher, student, 0.99)
+    step()
+    np.testing.assert_allclose(teacher.weight.detach().numpy(), [[0.01, 0.01]], rtol=1e-5)
+    step()  # 0.99 * 0.01 + 0.01
+    np.testing.assert_allclose(teacher.bias.detach().numpy(), [0.0199], rtol=1e-5)
+
+
+# -- views ---------------------------------------------------------------------------------------
+
+
+def test_views_are_deterministic_under_a_seed_and_stay_on_the_device():
+    m, ctx = _method(crop=True)
+    assert m.pipeline.strong.kind == "fixmatch_uniform" and m.pipeline.strong.n == 3
+    assert m.pipeline.strong_padding == "reflect"
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    for dev in devices:
+        x = ctx.data.train.images[:16].to(dev)
+        outs = []
+        for seed in (3, 3, 4):
+            ctx.aug_gen = torch.Generator(device=dev).manual_seed(seed)
+            outs.append(m._views(x, ("weak", "strong")))
+        for v in ("weak", "strong"):
+            assert outs[0][v].device.type == dev.type and outs[0][v].dtype == torch.float32
+            assert torch.equal(outs[0][v], outs[1][v])
+            assert not torch.equal(outs[0][v], outs[2][v])
+        assert not torch.equal(outs[0]["weak"], outs[0]["strong"])
+
+
+def test_augmentation_ablations():
+    m, ctx = _method(FedGRParams(warmup_rounds=1, weak_aug=False, strong_aug=False), crop=True)
+    x = ctx.data.train.images[:8]
+    v = m._views(x, ("weak", "strong"))
+    assert torch.equal(v["weak"], m.pipeline.eval(x)) and v["strong"] is v["weak"]
+    m, ctx = _method(FedGRParams(warmup_rounds=1, strong_aug=False), crop=True)
+    v = m._views(x, ("weak", "strong"))
+    assert v["strong"] is v["weak"] and not torch.equal(v["weak"], m.pipeline.eval(x))
+
+
+# -- Federated Sieving, Label Refining and the EMA revision inside the method ---------------------------
+
+
+def test_federated_sieving_pools_the_uploaded_proxies_on_the_server():
+    m, ctx = _method()
+    m.begin_round(0)
+    c0, c1 = ctx.data.clients[0], ctx.data.clients[1]
+    state = snapshot(m.global_model)
+    m.accumulate(0, ClientUpdate(0, len(c0), state, {"proxy": (c0, torch.full((len(c0),), 0.01, dtype=torch.float64))}))
+    m.accumulate(0, ClientUpdate(1, len(c1), state, {"proxy": (c1, torch.full((len(c1),), 2.0, dtype=torch.float64))}))
+    m.aggregate(0)
+    assert m.noise_ratio(0) == 0.0 and m.noise_ratio(1) == 1.0
+    assert m.noise_ratio(2) == 0.0  # never sieved: counts as clean
+    assert bool((m.clean_prob[c0] > 0.99).all()) and bool((m.clean_prob[c1] < 0.01).all())
+    assert bool((m.clean_prob[ctx.data.clients[2]] == 1.0).all())
+
+
+def test_label_refining_persists_reliable_labels_as_relabels():
+    m, ctx = _method()
+    idx = ctx.data.clients[0]
+    n = len(idx)
+    y, original = m.noisy_labels[idx], m.noisy_labels.clone()
+    m.noisy_flag[idx[:5]] = True
+    pseudo = torch.full((n,), -1, dtype=torch.int64)
+    pseudo[:3] = (y[:3] + 1) % 10
+    pseudo[10] = (y[10] + 1) % 10  # clean-flagged: keeps its given label
+    assert m.label_refining(1, 0, pseudo) == 3
+    assert ctx.data.given[idx[:3]].tolist() == ((y[:3] + 1) % 10).tolist()
+    assert torch.equal(ctx.data.given[idx[3:]], y[3:])
+    assert m.has_reliable[idx].tolist() == [True] * 3 + [False] * 2 + [True] * (n - 5)
+    frame = ctx.data.relabels.frame()
+    assert frame["sample"].tolist() == idx[:3].tolist() and set(frame["round"]) == {1} and set(frame["client"]) == {0}
+    # sample 0 is now sieved clean: its entry returns to the given label; sample 1 keeps its pseudo-label
+    m.noisy_flag[idx[0]] = False
+    assert m.label_refining(2, 0, torch.full((n,), -1, dtype=torch.int64)) == 1
+    assert int(ctx.data.given[idx[0]]) == int(y[0]) and int(ctx.data.given[idx[1]]) == int((y[1] + 1) % 10)
+    assert torch.equal(m.noisy_labels, original)  # ŷ is kept aside, never relabelled
+
+
+def _fill(model, value):
+    with torch.no_grad():
+        for v in model.state_dict().values():
+            if v.is_floating_point():
+                v.fill_(value)
+
+
+def _float_values(state):
+    return torch.cat([v.reshape(-1).float() for v in state.values() if v.is_floating_point()])
+
+
+def test_ema_revision_by_hand():
+    m, _ = _method(FedGRParams(warmup_rounds=1, gamma_g=0.75))
+    _fill(m.global_model, 1.0)
+    m.ema[0] = {k: torch.zeros_like(v) for k, v in m.global_model.state_dict().items()}
+    assert m.revise_ema(1, 0, noise_ratio=0.0, reliable_frac=1.0) == 0.75
+    assert bool((_float_values(m.ema_model.state_dict()) == 0.25).all())  # 0.75·0 + 0.25·1
+    for r, ratio, frac in ((0, 0.0, 1.0), (1, 0.9, 0.4)):  # warm-up; high noise short of reliable labels
+        assert m.revise_ema(r, 0, noise_ratio=ratio, reliable_frac=frac) == 0.0
+        assert bool((_float_values(m.ema_model.state_dict()) == 1.0).all())
+    assert m.revise_ema(1, 3, 0.0, 1.0) == 0.0  # a client without an EMA model yet starts from the global one
+    assert bool((_float_values(m.ema_model.state_dict()) == 1.0).all())
+
+
+# -- runs -------------------------------------------------------------------------------------------
+
+RUN = TrainSettings(rounds=4, local_epochs=1, batch_size=16, optimizer="adam", lr=3e-3, client_fraction=0.5)
+
+
+def test_warmup_then_main_phase_end_to_end():
+    m, ctx = _method(FedGRParams(warmup_rounds=2, lambda_r=0.1, confidence=0.0), RUN, noisy_clients=(0, 1),
+                     n_train=240)
+    seen = []
+    select = m.select_clients
+    m.select_clients = lambda r: seen.append(select(r)) or seen[-1]
+    df = Simulation(m, ctx, progress=lambda s: None).run()
+    assert df["stage"].tolist() == ["warmup", "warmup", "main", "main"]
+    assert sorted(seen[0] + seen[1]) == [0, 1, 2, 3]  # without replacement: every client once in warm-up
+    assert np.isfinite(df["acc"]).all() and df["acc"].iloc[-1] > 0.1  # above chance (10 classes)
+    assert df["ema_reset_mean"].tolist()[:2] == [1.0, 1.0]
+    # ℓ̄: one observation per selection
+    counts = torch.zeros(4, dtype=torch.int64)
+    for sel in seen:
+        counts[sel] += 1
+    for k, c in enumerate(ctx.data.clients):
+        assert bool((m.loss_count[c] == counts[k]).all())
+    assert sorted(m.ema) == [0, 1, 2, 3]
+    assert bool(m.has_reliable.any()) and len(ctx.data.relabels) > 0  # ε = 0: every sample has a pseudo-label
+    changed = ctx.data.given != m.noisy_labels
+    assert bool((m.has_reliable[changed]).all())  # only Y* entries differ from ŷ
+
+
+@pytest.mark.parametrize("change", [
+    {"sieving": "local"}, {"label_refining": False}, {"lambda_r": 0.0}, {"lambda_b": 0.0},
+    {"weak_aug": False}, {"strong_aug": False}, {"teacher": "online"}, {"warmup_sampling": "uniform"},
+    {"high_noise_labels": "pseudo_only", "beta": 0.0}, {"ema_reset_strict": True}, {"freeze_sieving": True},
+])
+def test_every_switch_runs(change):
+    settings = dataclasses.replace(RUN, rounds=3)
+    m, ctx = _method(FedGRParams(warmup_rounds=1, confidence=0.3, **change), settings, n_train=160)
+    df = Simulation(m, ctx, progress=lambda s: None).run()
+    assert len(df) == 3 and np.isfinite(df["acc"]).all()
+    if change.get("sieving") == "local":
+        assert bool(m.noisy_flag.any())  # partitions came from the clients' own GMMs
+
+
+def test_warmup_must_leave_a_main_phase():
+    with pytest.raises(ConfigError, match="warmup_rounds=100 must be < training.rounds=50"):
+        FedGRParams().check_training(TrainSettings(rounds=50))
+    p = FedGRParams()
+    assert (p.warmup_rounds, p.lambda_b, p.confidence, p.beta, p.mu, p.gamma_g, p.gamma_l, p.tau_b, p.tau_r) == (
+        100, 1.0, 0.9, 0.8, 0.5, 0.9, 0.99, 0.5, 0.5)
+
+
+def test_without_label_refining_no_label_is_written_but_the_reliable_set_is_counted():
+    m, ctx = _method(FedGRParams(warmup_rounds=1, label_refining=False))
+    idx = ctx.data.clients[0]
+    m.noisy_flag[idx[:2]] = True
+    pseudo = torch.full((len(idx),), -1, dtype=torch.int64)
+    pseudo[0] = (m.noisy_labels[idx[0]] + 1) % 10
+    assert m.label_refining(1, 0, pseudo) == 0 and len(ctx.data.relabels) == 0
+    assert torch.equal(ctx.data.given, m.noisy_labels)
+    assert int(m.has_reliable[idx].sum()) == len(idx) - 1  # all clean-flagged + sample 0
