@@ -47,7 +47,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
 from ..fl.state import State, load, snapshot
 from ..registry import param
 from .base import ClientUpdate, FLMethod, MethodParams, register
@@ -157,8 +156,6 @@ class FedFixer(FLMethod):
     paper = "Ji et al. 2024 (AAAI), FedFixer; baseline in FedGR"
 
     def __init__(self, params: FedFixerParams, ctx):
-        if ctx.data.multi_label:
-            raise ConfigError("method 'fedfixer' needs single-label data; pick another method")
         super().__init__(params, ctx)
         self.personal_model = ctx.new_model()  # θ of the client being trained
         self.personal: dict[int, State] = {}  # client -> θ_k (CPU), 'persistent' only

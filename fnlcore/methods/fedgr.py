@@ -258,8 +258,6 @@ class FedGR(FLMethod):
     paper = "FedGR: Learning Locally, Revising Globally (ICML 2026)"
 
     def __init__(self, params: FedGRParams, ctx):
-        if ctx.data.multi_label:
-            raise ConfigError("method 'fedgr' needs single-label data; pick another method")
         super().__init__(params, ctx)
         n, dev = len(ctx.data.train), ctx.device
         strong = RandAugmentSpec(kind="fixmatch_uniform", n=params.randaugment_n)
