@@ -66,18 +66,18 @@ class FedNoRoML(FLMethod):
         super().__init__(params, ctx)
         data = ctx.data
         self.active = client_active_classes(data)
-        self.shift = torch.stack([
+        shift = torch.stack([
             la_shift((data.given[idx.to(data.given.device)].float().mean(0) if len(idx) else
                       torch.zeros(data.num_classes, device=data.given.device)), params.tau)
             for idx in data.clients
         ]).to(ctx.device)
+        # classes a client does not annotate get no LA shift (their prior is unused: masked out)
+        self.shift = torch.where(self.active > 0, shift, torch.zeros_like(shift))
 
     def loss(self, model, x, idx, step, k, r):
         p = self.params
         with torch.no_grad():
             zt = self.global_model.eval()(x)
         w = distill_weight(r, p.lambda_max, p.ramp_begin, p.ramp_end)
-        active = self.active[k]
-        # classes the client does not annotate get no LA shift (their prior is unused: masked out)
-        shift = torch.where(active > 0, self.shift[k], torch.zeros_like(self.shift[k]))
-        return fednoro_ml_loss(model(x), zt, self.multi_label_targets(idx), shift, active, w, p.kd_temperature)
+        return fednoro_ml_loss(model(x), zt, self.multi_label_targets(idx), self.shift[k], self.active[k], w,
+                               p.kd_temperature)
