@@ -3,6 +3,8 @@ model factory, optimiser factory, random streams and evaluation."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,14 +35,23 @@ class RunContext:
     log: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
+        if self.settings.channels_last and not self.pipeline.channels_last:
+            self.pipeline = dataclasses.replace(self.pipeline, channels_last=True)
         self.rng = np.random.RandomState(self.seed)
         self.shuffle_gen = torch.Generator(device="cpu").manual_seed(self.seed)
         self.aug_gen = torch.Generator(device=self.device).manual_seed(self.seed + 1)
 
     def new_model(self) -> Classifier:
-        return build_model(
+        model = build_model(
             self.model_name, self.data.num_classes, self.channels, self.image_size, pretrained=self.settings.pretrained
         ).to(self.device)
+        return model.to(memory_format=torch.channels_last) if self.settings.channels_last else model
+
+    def autocast(self):
+        """The forward-pass precision context: bf16 autocast when ``training.precision`` is bf16, else nothing."""
+        if self.settings.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def optimizer(self, params, round_index: int, lr: float | None = None) -> torch.optim.Optimizer:
         """The run's optimiser (settings' kind, momentum, weight decay) at round ``round_index``'s

@@ -43,6 +43,7 @@ def train_epochs(
     model.train()
     batches, augment, aug_gen = ctx.data.train.batches, ctx.pipeline.train, ctx.aug_gen
     losses = _LossSum()
+    amp = ctx.autocast()  # bf16 forward passes and losses when training.precision is bf16
     for epoch in range(epochs):
         if on_epoch_start is not None:
             on_epoch_start(epoch)
@@ -50,7 +51,8 @@ def train_epochs(
         perm = torch.randperm(len(idx), generator=ctx.shuffle_gen)
         order = idx.index_select(0, perm) if idx.device == perm.device else idx[perm]  # same values
         for step, (xb, bidx) in enumerate(batches(order, bs, drop_last=s.drop_last)):
-            loss = loss_fn(model, augment(xb, aug_gen), bidx, step)
+            with amp:
+                loss = loss_fn(model, augment(xb, aug_gen), bidx, step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -95,6 +97,7 @@ def train_streams(
     names, lead_idx, lead_bs, cursors = _open_streams(ctx, streams)
     model.train()
     losses = _LossSum()
+    amp = ctx.autocast()
     for epoch in range(epochs):
         if on_epoch_start is not None:
             fresh = on_epoch_start(epoch)
@@ -106,7 +109,8 @@ def train_streams(
         for step, lead in enumerate(ctx.data.train.batches(order, lead_bs, drop_last=s.drop_last)):
             batches = {names[0]: lead}
             batches.update((n, c.next()) for n, c in cursors.items())
-            loss = loss_fn(model, batches, step)
+            with amp:
+                loss = loss_fn(model, batches, step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -195,9 +199,11 @@ def predict(
     order = torch.arange(len(source)) if idx is None else idx
     bs = batch_size or ctx.settings.eval_batch_size
     outs = []
+    amp = ctx.autocast()
     for xb, _ in source.batches(order, bs):
         x = ctx.pipeline.train(xb, ctx.aug_gen) if augment else ctx.pipeline.eval(xb)
-        outs.append(model(x).float())
+        with amp:
+            outs.append(model(x).float())
     return torch.cat(outs) if outs else torch.zeros(0, ctx.data.num_classes, device=ctx.device)
 
 

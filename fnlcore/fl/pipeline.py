@@ -33,6 +33,7 @@ class InputPipeline:
     crop_padding: int = 4
     strong: RandAugmentSpec = RandAugmentSpec()
     strong_padding: str = "constant"  # constant | reflect: the crop padding of the strong view
+    channels_last: bool = False  # normalised batches in channels-last memory (training.channels_last)
 
     def __post_init__(self) -> None:
         if self.augmentation not in AUGMENTATIONS:
@@ -46,7 +47,8 @@ class InputPipeline:
         # allocations and no per-batch tensor creation (or host-device copy) on the hot path.
         mean, std = _channel_stats(tuple(self.mean), tuple(self.std), x.device)
         y = x.float() if x.dtype != torch.float32 else x.clone()  # never modify the caller's tensor
-        return y.div_(255.0).sub_(mean).div_(std)
+        y = y.div_(255.0).sub_(mean).div_(std)
+        return y.contiguous(memory_format=torch.channels_last) if self.channels_last and y.dim() == 4 else y
 
     def train(self, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         """Augment (batched, per-sample random parameters) then normalise."""
@@ -54,6 +56,38 @@ class InputPipeline:
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x)
+
+    def draw_train(self, n: int, gen: torch.Generator | None, device) -> tuple:
+        """The random parameters ``train`` draws for a batch of ``n``, in the same order from ``gen``.
+
+        ``apply_train(x, draw_train(len(x), gen, x.device))`` equals ``train(x, gen)``, and leaves
+        ``gen`` in the same state: the batched-clients engine draws every client's batches in
+        the sequential engine's order, then augments all clients at once.
+        """
+        if self.augmentation == "crop_flip":
+            return augment.draw_crop(n, self.crop_padding, gen, device), augment.draw_flip(n, 0.5, gen, device)
+        if self.augmentation == "affine_flip":
+            return augment.draw_affine(n, 10.0, (0.02, 0.02), gen, device), augment.draw_flip(n, 0.5, gen, device)
+        return ()
+
+    def apply_train(self, x: torch.Tensor, params: tuple) -> torch.Tensor:
+        """``train`` with parameters from :meth:`draw_train` (concatenated along samples for several batches)."""
+        if self.augmentation == "crop_flip":
+            x = augment.flip_where(augment.crop_at(x, self.crop_padding, params[0]), params[1])
+        elif self.augmentation == "affine_flip":
+            x = augment.flip_where(augment.affine_at(x, params[0]), params[1])
+        return self._norm(x)
+
+    @staticmethod
+    def cat_params(parts: list[tuple]) -> tuple:
+        """Concatenate the parameters of several ``draw_train`` calls, sample-wise, in order."""
+        if not parts or not parts[0]:
+            return ()
+        return tuple(
+            tuple(torch.cat([p[i][j] for p in parts]) for j in range(len(parts[0][i])))
+            if isinstance(parts[0][i], tuple) else torch.cat([p[i] for p in parts])
+            for i in range(len(parts[0]))
+        )
 
     def view(self, name: str, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         """One named view (see VIEWS) of a uint8 batch, normalised."""

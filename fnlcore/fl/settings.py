@@ -9,6 +9,8 @@ from ..errors import ConfigError
 
 
 LR_SCHEDULES = ("exponential", "constant", "step", "cosine")
+ENGINES = ("sequential", "batched", "auto")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,14 @@ class TrainSettings:
     drop_last: bool = False
     eval_batch_size: int = 1024
     checkpoint_every: int = 5
+    # Speed switches (fnlcore/fl/batched.py, README "Speed switches"). engine: sequential (one
+    # client after another, the reference) | batched (the round's clients as one stacked
+    # computation; the same random draws, equal up to floating-point rounding; a ConfigError
+    # for a method or model it cannot run) | auto (batched where it can run, else sequential).
+    engine: str = "sequential"
+    batched_clients: int = 0  # most clients stacked at once (0: all of the round's); bounds memory
+    precision: str = "fp32"  # fp32 | bf16 (autocast of forward passes and losses; parameters stay fp32)
+    channels_last: bool = False  # models and input batches in channels-last memory (faster convs on GPUs)
 
     def __post_init__(self) -> None:
         def bad(key, why):
@@ -75,6 +85,12 @@ class TrainSettings:
             bad("lr_decay", f"applies to lr_schedule 'exponential' only (lr_schedule is {self.lr_schedule!r})")
         if self.lr_schedule != "step" and self.lr_milestones:
             bad("lr_milestones", f"apply to lr_schedule 'step' only (lr_schedule is {self.lr_schedule!r})")
+        if self.engine not in ENGINES:
+            bad("engine", f"valid: {', '.join(ENGINES)}")
+        if self.precision not in PRECISIONS:
+            bad("precision", f"valid: {', '.join(PRECISIONS)}")
+        if int(self.batched_clients) < 0:
+            bad("batched_clients", "must be >= 0 (0: every client of the round at once)")
         if self.momentum < 0 or self.weight_decay < 0:
             bad("momentum" if self.momentum < 0 else "weight_decay", "must be >= 0")
 

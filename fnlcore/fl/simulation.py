@@ -83,8 +83,8 @@ class Simulation:
             t0 = time.perf_counter()
             m.begin_round(r)
             clients = m.select_clients(r)
-            for k in clients:
-                m.accumulate(r, m.local_update(r, k))
+            for upd in m.local_updates(r, clients):
+                m.accumulate(r, upd)
             m.aggregate(r)
             m.end_round(r)
             row = {"round": r, "stage": m.stage(r), "clients": len(clients)}

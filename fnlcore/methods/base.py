@@ -109,6 +109,10 @@ class FLMethod:
         self._pos_weight: torch.Tensor | None = None
         self.global_model = ctx.new_model()
         self.worker = ctx.new_model()  # one reusable model for every local update
+        self._batched = use_batched_engine(type(self), ctx.settings.engine) and batched_fits(
+            ctx, self.global_model, strict=ctx.settings.engine == "batched"
+        )
+        self._stacked: dict = {}  # K -> StackedNet of the batched engine
         self._round_avg: RunningAverage | None = None
         self.round_info: dict[str, float] = {}
 
@@ -127,7 +131,54 @@ class FLMethod:
         self._round_avg = RunningAverage()
         self.round_info = {}
 
+    def local_updates(self, r: int, clients: list[int]):
+        """The round's client updates, in client order: one after another (``training.engine``
+        sequential), or all of them as one stacked computation (batched; :mod:`fnlcore.fl.batched`)."""
+        if not self._batched or not clients:
+            return (self.local_update(r, k) for k in clients)
+        return self._batched_updates(r, clients)
+
+    def _batched_updates(self, r: int, clients: list[int]) -> list[ClientUpdate]:
+        from ..fl.batched import train_clients
+        from ..fl.stacked import StackedNet
+
+        for k in clients:
+            self.before_local(r, k)
+        chunk = self.ctx.settings.batched_clients or len(clients)
+        out: list[ClientUpdate] = []
+        for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
+            part = clients[at : at + chunk]
+            ids = torch.as_tensor(part, dtype=torch.int64, device=self.ctx.device)
+            loss = lambda logits, idx, mask: self.batched_loss(logits, idx, mask, ids, r)  # noqa: E731
+            idx = [self.ctx.data.clients[k] for k in part]
+            if len(part) not in self._stacked:  # one per chunk size, reused every round (no re-allocation)
+                self._stacked[len(part)] = StackedNet(self.global_model, len(part)).to(self.ctx.device)
+            states, losses = train_clients(self.ctx, self.global_model, idx, loss, r, self._stacked[len(part)])
+            out.extend(
+                ClientUpdate(k, len(i), st, {"train_loss": l}) for k, i, st, l in zip(part, idx, states, losses)
+            )
+        return out
+
+    @classmethod
+    def batched_support(cls) -> str | None:
+        """Why the batched engine cannot run this method, or None when it can.
+
+        It can when the local update is the engine's (``local_update`` and the epoch hook not
+        overridden; ``before_local`` may be) and the loss is the engine's or has a batched form
+        (``batched_loss`` overridden next to ``loss``)."""
+        if cls.local_update is not FLMethod.local_update:
+            return "it trains its clients its own way (local_update)"
+        if cls.on_local_epoch_start is not FLMethod.on_local_epoch_start:
+            return "it runs a hook before every local epoch"
+        if cls.loss is not FLMethod.loss and cls.batched_loss is FLMethod.batched_loss:
+            return "its loss has no batched form (batched_loss)"
+        return None
+
+    def before_local(self, r: int, k: int) -> None:
+        """Runs before client k's local training in round r (Fed-NCL: relabel the client's samples)."""
+
     def local_update(self, r: int, k: int) -> ClientUpdate:
+        self.before_local(r, k)
         load(self.worker, self.global_model.state_dict())
         idx = self.ctx.data.clients[k]
         hook = None
@@ -152,6 +203,21 @@ class FLMethod:
         if self.ctx.data.multi_label:
             return partial_bce(model(x), self.multi_label_targets(idx), self.pos_weights()[k], self.ctx.settings.batch_size)
         return F.cross_entropy(model(x), self.labels(idx))
+
+    def batched_loss(
+        self, logits: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None, clients: torch.Tensor, r: int
+    ) -> torch.Tensor:
+        """:meth:`loss` for the batched engine: (K, B, classes) logits of clients ``clients`` (K,) ->
+        (K,) losses; ``idx`` (K, B) sample ids, ``mask`` (K, B) real rows or None when all are real
+        (:func:`~fnlcore.fl.batched.masked_mean`). The engine's loss, CE or FedMLP's BCE."""
+        from ..fl.batched import masked_mean
+
+        k, b, c = logits.shape
+        if self.ctx.data.multi_label:
+            y = self.multi_label_targets(idx.reshape(-1)).view(k, b, c)
+            return batched_partial_bce(logits, y, self.pos_weights()[clients], self.ctx.settings.batch_size, mask)
+        per = F.cross_entropy(logits.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
+        return masked_mean(per.view(k, b), mask)
 
     def labels(self, idx: torch.Tensor) -> torch.Tensor:
         return self.ctx.data.given[idx.to(self.ctx.device, non_blocking=True)]
@@ -203,6 +269,42 @@ class FLMethod:
 
     def load_state_dict(self, d: dict) -> None:
         load(self.global_model, d["global"])
+
+
+def use_batched_engine(cls: type[FLMethod], engine: str, where: str = "") -> bool:
+    """Whether method class ``cls`` trains with the batched engine under ``training.engine``.
+
+    batched: yes, or a ConfigError naming why it cannot; auto: where it can; sequential: no."""
+    if engine == "sequential":
+        return False
+    why = cls.batched_support()
+    if why is not None and engine == "batched":
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(
+            f"{prefix}training.engine: batched cannot run method {cls.Params.name!r}: {why}; use engine: auto "
+            "(batched where possible) or sequential"
+        )
+    return why is None
+
+
+def batched_fits(ctx: RunContext, model: torch.nn.Module, strict: bool) -> bool:
+    """Whether the run's data and model suit the batched engine (in-memory images, a stackable model).
+
+    ``strict`` (engine: batched) raises the ConfigError that says why not; otherwise (auto) False."""
+    from ..fl.stacked import check_stackable
+
+    try:
+        if not ctx.data.train.in_memory:
+            raise ConfigError(
+                "training.engine: batched needs the training images in memory (this dataset streams from files); "
+                "use engine: auto or sequential"
+            )
+        check_stackable(model)
+    except ConfigError:
+        if strict:
+            raise
+        return False
+    return True
 
 
 def check_label_kind(cls: type[FLMethod], multi_label: bool, where: str = "") -> None:
@@ -264,6 +366,23 @@ def partial_bce(
     if classes is None:
         return per.sum() / (batch_size * logits.shape[1])
     return (per * classes).sum() / (batch_size * classes.sum().clamp_min(1))
+
+
+def batched_partial_bce(
+    logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor, batch_size: int, mask: torch.Tensor | None,
+    classes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`partial_bce` of K clients at once: (K, B, C) logits and targets, (K, C) pos_weight and
+    class masks, (K, B) real rows (None: all) -> (K,)."""
+    per = F.binary_cross_entropy_with_logits(logits.float(), y, pos_weight=pos_weight[:, None, :], reduction="none")
+    if classes is not None:
+        per = per * classes[:, None, :]
+    per = per.sum(2)
+    if mask is not None:
+        per = torch.where(mask, per, torch.zeros_like(per))
+    if classes is None:
+        return per.sum(1) / (batch_size * logits.shape[2])
+    return per.sum(1) / (batch_size * classes.sum(1).clamp_min(1))
 
 
 class MultiNetwork(FLMethod):

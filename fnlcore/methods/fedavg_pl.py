@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import FLMethod, MethodParams, client_active_classes, partial_bce, register
+from .base import FLMethod, MethodParams, batched_partial_bce, client_active_classes, partial_bce, register
 
 
 @dataclass(frozen=True)
@@ -33,3 +33,10 @@ class FedAvgPL(FLMethod):
     def loss(self, model, x, idx, step, k, r):
         return partial_bce(model(x), self.multi_label_targets(idx), self.pos_weights()[k], self.ctx.settings.batch_size,
                            classes=self.active[k])
+
+    def batched_loss(self, logits, idx, mask, clients, r):
+        k, b, c = logits.shape
+        y = self.multi_label_targets(idx.reshape(-1)).view(k, b, c)
+        return batched_partial_bce(
+            logits, y, self.pos_weights()[clients], self.ctx.settings.batch_size, mask, classes=self.active[clients]
+        )

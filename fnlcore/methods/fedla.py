@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import param
+from ..fl.batched import masked_mean
 from .base import FLMethod, MethodParams, register
 
 
@@ -50,3 +51,9 @@ class FedLA(LogitAdjusted, FLMethod):
 
     def loss(self, model, x, idx, step, k, r):
         return la_cross_entropy(model(x), self.labels(idx), self.log_prior[k], self.params.tau)
+
+    def batched_loss(self, logits, idx, mask, clients, r):
+        k, b, c = logits.shape
+        z = logits + self.params.tau * self.log_prior[clients][:, None, :]
+        per = F.cross_entropy(z.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
+        return masked_mean(per.view(k, b), mask)

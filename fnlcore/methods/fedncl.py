@@ -194,10 +194,9 @@ class FedNCL(FLMethod):
         p = self.params
         return p.use_label_correction and r > p.correction_round and bool(self.in_correction[k])
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
+    def before_local(self, r: int, k: int) -> None:
         if self._corrects(r, k):
             self.relabel_client(r, k)
-        return super().local_update(r, k)
 
     def relabel_client(self, r: int, k: int) -> None:
         idx = self.ctx.data.clients[k]
