@@ -203,7 +203,7 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
             where = f"table {t.name}, row {tr.row!r}, column {tr.column!r}"
             _check_partition_fits(where, r.partition, info)
             _check_noise_fits(where, r.noise, info)
-            _check_method_fits(where, r.method, info)
+            _check_method_fits(where, r.method, info, r.training)
             _register(plan.partitions, r.partition, where)
             _register(plan.noises, r.noise, where)
             _register_slug(plan.trainings, train_slug(r.training), r.training, where)
@@ -266,11 +266,13 @@ def _check_partition_fits(where: str, spec: Any, info: Any) -> None:
         )
 
 
-def _check_method_fits(where: str, spec: Any, info: Any) -> None:
+def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -> None:
     from ..methods import METHODS
-    from ..methods.base import check_label_kind
+    from ..methods.base import check_label_kind, use_batched_engine
 
     check_label_kind(METHODS[spec.name], bool(info.multi_label), where)
+    if training is not None:
+        use_batched_engine(METHODS[spec.name], training.engine, where)  # engine: batched it cannot run
 
 
 def _check_noise_fits(where: str, spec: Any, info: Any) -> None:
