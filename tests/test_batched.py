@@ -193,6 +193,8 @@ def test_engine_switch_errors_name_the_cause_and_the_fix():
     assert m._batched is False
     _, m, _ = _run("fedavg", "auto", rounds=1)
     assert m._batched is True
+    _, m, _ = _run("fedavg", "auto", rounds=1, model="resnet18_cifar", batch_size=134)
+    assert m._batched is False  # auto on a CPU: BatchNorm models stay sequential (measured slower batched)
     with pytest.raises(ConfigError, match="training.engine='turbo'"):
         TrainSettings(engine="turbo")
     with pytest.raises(ConfigError, match="training.precision='fp16'"):

@@ -224,6 +224,21 @@ def _convert(module: nn.Module, k: int, rows: _Rows, path: str) -> nn.Module:
     return module
 
 
+def gains_on_cpu(model: nn.Module) -> bool:
+    """Whether stacking this model is expected to be faster than one client after another on a CPU.
+
+    Measured (benchmarks/README.md, "Batched clients"): yes for models without BatchNorm whose
+    convolutions have at most SPLIT_CONV_CHANNELS input channels a group (Fed-NCL's LeNet-5:
+    1.4-1.5x); no for ResNet-18 (0.6x): the CPU's BatchNorm over K*C channels in channels-last
+    memory and its grouped or split wide convolutions lose to K separate NCHW passes."""
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            return False
+        if isinstance(m, nn.Conv2d) and m.in_channels // m.groups > SPLIT_CONV_CHANNELS:
+            return False
+    return True
+
+
 def check_stackable(template: nn.Module) -> None:
     """Raise the ConfigError :class:`StackedNet` would raise for this model (builds one copy)."""
     StackedNet(template, 1)

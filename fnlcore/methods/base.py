@@ -290,9 +290,12 @@ def use_batched_engine(cls: type[FLMethod], engine: str, where: str = "") -> boo
 def batched_fits(ctx: RunContext, model: torch.nn.Module, strict: bool) -> bool:
     """Whether the run's data and model suit the batched engine (in-memory images, a stackable model).
 
-    ``strict`` (engine: batched) raises the ConfigError that says why not; otherwise (auto) False."""
-    from ..fl.stacked import check_stackable
+    ``strict`` (engine: batched) raises the ConfigError that says why not; otherwise (auto) False,
+    also where batching is measured slower: on a CPU for models with BatchNorm or wide convolutions."""
+    from ..fl.stacked import check_stackable, gains_on_cpu
 
+    if not strict and ctx.device.type == "cpu" and not gains_on_cpu(model):
+        return False
     try:
         if not ctx.data.train.in_memory:
             raise ConfigError(
