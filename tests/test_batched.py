@@ -151,6 +151,7 @@ def _assert_same_run(a, b, atol):
         ("fedavg", None, {"model": "tiny", "client_fraction": 0.67, "batched_clients": 1}),
         ("fedla", None, {"model": "tiny"}),
         ("trimmed_mean", {"keep": 1}, {}),
+        ("arfl", None, {}),
         ("fedncl", {"correction_round": 1, "tau": 2.0, "start_penalty": 1.0}, {"rounds": 4}),
     ],
 )
