@@ -7,10 +7,13 @@ impossible (not root, no apt-get) the tests FAIL with the reason: they are part 
 A Slurm that already runs (``local-slurm.sh status`` succeeds and ``sacct`` answers) is
 used as it is and left running.
 
-Each Slurm job costs seconds of Snakemake start-up plus the executor's polling (a wave of
-jobs waits 2 s, then 12 s, ... for its first status check), so the workflows here are tiny:
-a 2 x 2 cut of the demo table (tests/configs/slurm_paper.yaml: 10 jobs instead of the
-demo's 19) on 3 clients and 3 rounds, and one training run.
+Each Slurm job costs seconds of Snakemake start-up plus the executor's polling, so the
+workflows here are tiny: a 2 x 2 cut of the demo table (tests/configs/slurm_paper.yaml: 10
+jobs instead of the demo's 19) on 3 clients and 3 rounds, and one training run. The plugin
+waits 10 s longer after every status check that finds no finished job (2, 12, 22, ... s),
+which left each step of a chain of 10-20 s jobs idle for 20-30 s after it ended; the
+Snakemake processes here start with tests/support/slurm_poll/ on their PYTHONPATH, whose
+sitecustomize caps that wait at 2 s (nothing else of the plugin changes).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ FNL = [sys.executable, "-m", "fnlcore.cli"]
 
 # Seconds before the executor's first status check (the profile's 20 s suits clusters).
 FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2"]
+# On the PYTHONPATH of every Snakemake started here: caps the executor's back-off at 2 s.
+POLL_HOOK = REPO / "tests" / "support" / "slurm_poll"
 SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_([A-Za-z0-9_]+)/")
 
 pytestmark = pytest.mark.slow
@@ -95,8 +100,10 @@ def _workflow_copy(dest: Path) -> Path:
     return dest
 
 
-def _env_for(copy: Path) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH", "")) if p)
+def _env_for(copy: Path | None = None) -> dict[str, str]:
+    """The environment of a Snakemake (or fnl) process: the poll cap, then ``copy``'s fnlcore if given."""
+    front = [str(POLL_HOOK)] + ([str(copy)] if copy is not None else [])
+    path = os.pathsep.join(p for p in (*front, os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -129,6 +136,31 @@ def _sacct_until_recorded(job_ids, timeout=60) -> pd.DataFrame:
         if done or time.monotonic() > deadline:
             return df
         time.sleep(2)
+
+
+def test_poll_hook_caps_the_executor_back_off_and_nothing_else(local_slurm):
+    """The sitecustomize of POLL_HOOK, in a fresh interpreter: the plugin's waits end up <= 2 s.
+
+    (With Slurm installed but not running, importing the plugin alone takes ~9 s: at import it
+    runs `scontrol show config`, which retries the controller for MessageTimeout seconds.)
+    """
+    probe = (
+        "import snakemake_executor_plugin_slurm as p\n"
+        "e = p.Executor.__new__(p.Executor)\n"
+        "e._next_seconds_between_status_checks = None\n"
+        "out = []\n"
+        "for s in (12, 180, 1.5):\n"
+        "    e.next_seconds_between_status_checks = s\n"
+        "    out.append(e.next_seconds_between_status_checks)\n"
+        "print(out)\n"
+    )
+    res = _run([sys.executable, "-c", probe], REPO, 120, env=_env_for())
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["[2.0,", "2.0,", "1.5]"]
+    # without the hook the plugin keeps its own back-off (the cap is a test-only change)
+    res = _run([sys.executable, "-c", probe], REPO, 120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["[12,", "180,", "1.5]"]
 
 
 TINY_DEMO = """\
@@ -220,7 +252,7 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
         proc = subprocess.Popen(
             # One thread, as the local `--cores 1` reference: float sums depend on the thread count.
             _cell(wd, "results", ["--profile", "slurm", "--set-threads", "train=1", *FAST_POLL]),
-            cwd=wd, stdout=sink, stderr=subprocess.STDOUT,
+            cwd=wd, stdout=sink, stderr=subprocess.STDOUT, env=_env_for(),
         )
     try:
         deadline = time.monotonic() + 600
