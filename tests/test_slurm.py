@@ -231,6 +231,16 @@ training: {{rounds: {ROUNDS}, checkpoint_every: 1, eval_batch_size: 512}}
 """
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started with start_new_session=True and what it started, unless it has ended."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+
+
 def _cell(wd: Path, results: str, extra: list[str]) -> list[str]:
     """`fnl cell` for the FedAvg/clean cell of the demo table, Snakemake arguments after --."""
     return [*FNL, "cell", "demo", "demo", "--row", "FedAvg", "--col", "clean",
@@ -247,13 +257,27 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
     metrics = wd / run.files("results")["metrics"]
     job_log = Path(str(metrics.parent).replace("/results/runs/", "/results/logs/runs/", 1) + ".log")
 
-    out_file = wd / "snakemake.out"
-    with open(out_file, "w") as sink:  # a file, not a pipe: nobody reads while we wait
-        proc = subprocess.Popen(
-            # One thread, as the local `--cores 1` reference: float sums depend on the thread count.
-            _cell(wd, "results", ["--profile", "slurm", "--set-threads", "train=1", *FAST_POLL]),
-            cwd=wd, stdout=sink, stderr=subprocess.STDOUT, env=_env_for(),
+    # The same run, uninterrupted and local, in a folder of its own: it runs while the Slurm
+    # chain below (one job at a time) leaves the second core idle.
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    ref_out = ref / "snakemake.out"
+    with open(ref_out, "w") as sink:
+        local = subprocess.Popen(
+            _cell(wd, "local", ["--cores", "1"]), cwd=ref, stdout=sink, stderr=subprocess.STDOUT, env=_env_for(),
+            start_new_session=True,  # fnl and its Snakemake: stopped together by _kill_group
         )
+    out_file = wd / "snakemake.out"
+    try:
+        with open(out_file, "w") as sink:  # a file, not a pipe: nobody reads while we wait
+            proc = subprocess.Popen(
+                # One thread, as the local `--cores 1` reference: float sums depend on the thread count.
+                _cell(wd, "results", ["--profile", "slurm", "--set-threads", "train=1", *FAST_POLL]),
+                cwd=wd, stdout=sink, stderr=subprocess.STDOUT, env=_env_for(),
+            )
+    except BaseException:
+        _kill_group(local)
+        raise
     try:
         deadline = time.monotonic() + 600
         while not checkpoint.exists():
@@ -265,6 +289,7 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
         assert len(train_jobs) == 1, f"expected the training job to be running: {running}"
         assert _run(["scancel", train_jobs[0]], wd, 30).returncode == 0
         proc.wait(timeout=900)
+        local.wait(timeout=900)
     finally:
         if proc.poll() is None:  # SIGINT: Snakemake cancels its Slurm jobs (SIGTERM does not stop it)
             proc.send_signal(signal.SIGINT)
@@ -272,6 +297,7 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        _kill_group(local)
     out = out_file.read_text()
     assert proc.returncode == 0, out[-5000:]
 
@@ -285,11 +311,9 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
     resumed_at = re.search(r"resumed from \S+ at round (\d+)", job_log.read_text())
     assert resumed_at and int(resumed_at.group(1)) >= 1, job_log.read_text()[-3000:]
 
-    # The same run, uninterrupted and local.
-    local = _run(_cell(wd, "local", ["--cores", "1"]), wd, 900)
-    assert local.returncode == 0, local.stderr[-5000:]
+    assert local.returncode == 0, ref_out.read_text()[-5000:]
     resumed = pd.read_parquet(metrics)
-    reference = pd.read_parquet(wd / run.files("local")["metrics"])
+    reference = pd.read_parquet(ref / run.files("local")["metrics"])
     assert len(resumed) == ROUNDS
     cols = [c for c in reference.columns if c != "seconds"]
     pd.testing.assert_frame_equal(resumed[cols], reference[cols])
