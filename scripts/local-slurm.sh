@@ -87,6 +87,10 @@ MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
+# Start a submitted batch job at the next pass of slurmctld's background loop (about 1 s)
+# instead of waiting up to batch_sched_delay's default 3 s: a workflow is a chain of short
+# jobs, each submitted only when the one before it has ended.
+SchedulerParameters=batch_sched_delay=0
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2

@@ -23,6 +23,18 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """tests/test_slurm.py first (the order of everything else unchanged).
+
+    Its session fixture starts a local Slurm that stays up until the session ends. Where Slurm
+    is installed but not running, every `snakemake` start waits ~9 s: the Slurm executor
+    plugin, imported by Snakemake's command line, runs `scontrol show config` at import, which
+    retries the absent controller for MessageTimeout (10 s). With the Slurm tests first, the
+    later Snakemake starts find the controller up and pay nothing.
+    """
+    items.sort(key=lambda item: item.path.name != "test_slurm.py")  # stable: False (Slurm) first
+
+
 def _shared_dir() -> Path:
     return Path(os.environ.get("FNL_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
 
@@ -41,3 +53,27 @@ def spec_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+# -- workflows shared by several test files ------------------------------------------------------
+# Each costs a minute or more of both cores, so it runs once per session: the data side
+# (data_side.yaml) and the demo table (demo_table.yaml + scale_quick.yaml), at the same time.
+# tests/test_workflow.py checks both; tests/test_report.py builds the report of the demo table.
+# Tests only read these folders (a `snakemake --report` writes its HTML elsewhere).
+
+
+@pytest.fixture(scope="session")
+def workflows(tmp_path_factory):
+    from .workflow_support import run_shared_workflows
+
+    return run_shared_workflows(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def data_side(workflows):
+    return workflows["data_side"]
+
+
+@pytest.fixture(scope="session")
+def demo_table(workflows):
+    return workflows["demo_table"]

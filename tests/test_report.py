@@ -10,22 +10,15 @@ import pytest
 from .conftest import REPO_ROOT
 
 
-@pytest.mark.slow
-def test_report_contains_tables_and_figures(tmp_path):
-    scale = tmp_path / "tiny.yaml"
-    scale.write_text(
-        "note: tiny\nnum_clients: 3\ntraining: {rounds: 2, local_epochs: 1}\n"
-        "noises: {fednoro_hidn: {annotator_epochs: 1}}\n"
-    )
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"results_dir: results\ntables: [demo]\nscale: {scale}\ndata_grid: []\n")
+@pytest.mark.slow  # the report itself takes ~10 s; the demo run is the session's `demo_table` (tests/conftest.py)
+def test_report_contains_tables_and_figures(demo_table, tmp_path):
+    demo_table.check_ok()
     base = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO_ROOT / "Snakefile"),
-            "--directory", str(tmp_path), "--configfile", str(cfg)]
-    run = subprocess.run(base + ["--cores", "2", "-q"], capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rep = subprocess.run(base + ["--report", str(tmp_path / "report.html")], capture_output=True, text=True, timeout=600)
+            "--directory", str(demo_table.workdir), "--configfile", str(demo_table.configfile)]
+    report = tmp_path / "report.html"  # outside the shared run's folder
+    rep = subprocess.run(base + ["--report", str(report)], capture_output=True, text=True, timeout=600)
     assert rep.returncode == 0, rep.stderr[-3000:]
-    html = (tmp_path / "report.html").read_text()
+    html = report.read_text()
     for needle in ("Tables", "Partitions", "Noise", "filename=demo.curves.png", "filename=pseed100.png"):
         assert needle in html, needle
     blob = re.search(r'"data:text/html;charset=utf8;filename=demo\.html;base64,([A-Za-z0-9+/=]+)"', html)

@@ -7,10 +7,13 @@ impossible (not root, no apt-get) the tests FAIL with the reason: they are part 
 A Slurm that already runs (``local-slurm.sh status`` succeeds and ``sacct`` answers) is
 used as it is and left running.
 
-Each Slurm job costs seconds of Snakemake start-up plus the executor's polling (a wave of
-jobs waits 2 s, then 12 s, ... for its first status check), so the workflows here are tiny:
-a 2 x 2 cut of the demo table (tests/configs/slurm_paper.yaml: 10 jobs instead of the
-demo's 19) on 3 clients and 3 rounds, and one training run.
+Each Slurm job costs seconds of Snakemake start-up plus the executor's polling, so the
+workflows here are tiny: a 2 x 2 cut of the demo table (tests/configs/slurm_paper.yaml: 10
+jobs instead of the demo's 19) on 3 clients and 3 rounds, and one training run. The plugin
+waits 10 s longer after every status check that finds no finished job (2, 12, 22, ... s),
+which left each step of a chain of 10-20 s jobs idle for 20-30 s after it ended; the
+Snakemake processes here start with tests/support/slurm_poll/ on their PYTHONPATH, whose
+sitecustomize caps that wait at 2 s (nothing else of the plugin changes).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ FNL = [sys.executable, "-m", "fnlcore.cli"]
 
 # Seconds before the executor's first status check (the profile's 20 s suits clusters).
 FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2"]
+# On the PYTHONPATH of every Snakemake started here: caps the executor's back-off at 2 s.
+POLL_HOOK = REPO / "tests" / "support" / "slurm_poll"
 SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_([A-Za-z0-9_]+)/")
 
 pytestmark = pytest.mark.slow
@@ -95,8 +100,10 @@ def _workflow_copy(dest: Path) -> Path:
     return dest
 
 
-def _env_for(copy: Path) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH", "")) if p)
+def _env_for(copy: Path | None = None) -> dict[str, str]:
+    """The environment of a Snakemake (or fnl) process: the poll cap, then ``copy``'s fnlcore if given."""
+    front = [str(POLL_HOOK)] + ([str(copy)] if copy is not None else [])
+    path = os.pathsep.join(p for p in (*front, os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -129,6 +136,31 @@ def _sacct_until_recorded(job_ids, timeout=60) -> pd.DataFrame:
         if done or time.monotonic() > deadline:
             return df
         time.sleep(2)
+
+
+def test_poll_hook_caps_the_executor_back_off_and_nothing_else(local_slurm):
+    """The sitecustomize of POLL_HOOK, in a fresh interpreter: the plugin's waits end up <= 2 s.
+
+    (With Slurm installed but not running, importing the plugin alone takes ~9 s: at import it
+    runs `scontrol show config`, which retries the controller for MessageTimeout seconds.)
+    """
+    probe = (
+        "import snakemake_executor_plugin_slurm as p\n"
+        "e = p.Executor.__new__(p.Executor)\n"
+        "e._next_seconds_between_status_checks = None\n"
+        "out = []\n"
+        "for s in (12, 180, 1.5):\n"
+        "    e.next_seconds_between_status_checks = s\n"
+        "    out.append(e.next_seconds_between_status_checks)\n"
+        "print(out)\n"
+    )
+    res = _run([sys.executable, "-c", probe], REPO, 120, env=_env_for())
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["[2.0,", "2.0,", "1.5]"]
+    # without the hook the plugin keeps its own back-off (the cap is a test-only change)
+    res = _run([sys.executable, "-c", probe], REPO, 120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["[12,", "180,", "1.5]"]
 
 
 TINY_DEMO = """\
@@ -199,6 +231,16 @@ training: {{rounds: {ROUNDS}, checkpoint_every: 1, eval_batch_size: 512}}
 """
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started with start_new_session=True and what it started, unless it has ended."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+
+
 def _cell(wd: Path, results: str, extra: list[str]) -> list[str]:
     """`fnl cell` for the FedAvg/clean cell of the demo table, Snakemake arguments after --."""
     return [*FNL, "cell", "demo", "demo", "--row", "FedAvg", "--col", "clean",
@@ -215,13 +257,27 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
     metrics = wd / run.files("results")["metrics"]
     job_log = Path(str(metrics.parent).replace("/results/runs/", "/results/logs/runs/", 1) + ".log")
 
-    out_file = wd / "snakemake.out"
-    with open(out_file, "w") as sink:  # a file, not a pipe: nobody reads while we wait
-        proc = subprocess.Popen(
-            # One thread, as the local `--cores 1` reference: float sums depend on the thread count.
-            _cell(wd, "results", ["--profile", "slurm", "--set-threads", "train=1", *FAST_POLL]),
-            cwd=wd, stdout=sink, stderr=subprocess.STDOUT,
+    # The same run, uninterrupted and local, in a folder of its own: it runs while the Slurm
+    # chain below (one job at a time) leaves the second core idle.
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    ref_out = ref / "snakemake.out"
+    with open(ref_out, "w") as sink:
+        local = subprocess.Popen(
+            _cell(wd, "local", ["--cores", "1"]), cwd=ref, stdout=sink, stderr=subprocess.STDOUT, env=_env_for(),
+            start_new_session=True,  # fnl and its Snakemake: stopped together by _kill_group
         )
+    out_file = wd / "snakemake.out"
+    try:
+        with open(out_file, "w") as sink:  # a file, not a pipe: nobody reads while we wait
+            proc = subprocess.Popen(
+                # One thread, as the local `--cores 1` reference: float sums depend on the thread count.
+                _cell(wd, "results", ["--profile", "slurm", "--set-threads", "train=1", *FAST_POLL]),
+                cwd=wd, stdout=sink, stderr=subprocess.STDOUT, env=_env_for(),
+            )
+    except BaseException:
+        _kill_group(local)
+        raise
     try:
         deadline = time.monotonic() + 600
         while not checkpoint.exists():
@@ -233,6 +289,7 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
         assert len(train_jobs) == 1, f"expected the training job to be running: {running}"
         assert _run(["scancel", train_jobs[0]], wd, 30).returncode == 0
         proc.wait(timeout=900)
+        local.wait(timeout=900)
     finally:
         if proc.poll() is None:  # SIGINT: Snakemake cancels its Slurm jobs (SIGTERM does not stop it)
             proc.send_signal(signal.SIGINT)
@@ -240,6 +297,7 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        _kill_group(local)
     out = out_file.read_text()
     assert proc.returncode == 0, out[-5000:]
 
@@ -253,11 +311,9 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
     resumed_at = re.search(r"resumed from \S+ at round (\d+)", job_log.read_text())
     assert resumed_at and int(resumed_at.group(1)) >= 1, job_log.read_text()[-3000:]
 
-    # The same run, uninterrupted and local.
-    local = _run(_cell(wd, "local", ["--cores", "1"]), wd, 900)
-    assert local.returncode == 0, local.stderr[-5000:]
+    assert local.returncode == 0, ref_out.read_text()[-5000:]
     resumed = pd.read_parquet(metrics)
-    reference = pd.read_parquet(wd / run.files("local")["metrics"])
+    reference = pd.read_parquet(ref / run.files("local")["metrics"])
     assert len(resumed) == ROUNDS
     cols = [c for c in reference.columns if c != "seconds"]
     pd.testing.assert_frame_equal(resumed[cols], reference[cols])

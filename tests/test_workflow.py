@@ -5,14 +5,15 @@ folder (tests/workflow_support.py). Each Snakemake job is a fresh Python
 process importing torch and fnlcore: 3-6 CPU seconds before any work (a
 torch job also pays ~2.5 s for the torch._dynamo import that the first
 torch.optim constructor triggers). So the workflows are small and shared
-through module-scoped fixtures (about 190 CPU seconds for the whole file):
+through fixtures (about 190 CPU seconds for the whole file):
 
 * ``data_side`` (data_side.yaml): digits, 2 partitions x 3 noise models, no
   tables: 16 jobs (6 of them annotators);
 * ``demo_table`` (demo_table.yaml + scale_quick.yaml): the demo table, 12
   runs of 3 rounds: 20 jobs. Its Bernoulli-Dirichlet partition and noise
   settings equal those of data_side, so comparing the two runs' files checks
-  that the same seeds give the same bytes. Both run at the same time;
+  that the same seeds give the same bytes. Both run at the same time, once per
+  session (tests/conftest.py: tests/test_report.py reports on the same demo run);
 * two bad configurations (one per error path) run at the same time too (each stops
   while parsing); every bad configuration is also checked in-process;
 * kill and resume: one 16-round run killed after round 4 and resumed, beside
@@ -31,7 +32,6 @@ import itertools
 import math
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -41,7 +41,6 @@ import torch
 from fnlcore import paths
 
 from .workflow_support import (
-    RUN_TIMEOUT_S,
     config_error,
     deep_update,
     effective_config,
@@ -58,65 +57,6 @@ from .workflow_support import (
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@dataclass
-class Workflow:
-    """A finished workflow run: where, with which config, and what Snakemake printed."""
-
-    workdir: Path
-    configfile: Path
-    result: object  # subprocess.CompletedProcess
-
-    @property
-    def output(self) -> str:
-        return output_of(self.result)
-
-    def check_ok(self) -> None:
-        assert self.result.returncode == 0, self.output[-5000:]
-
-    def plan(self):
-        return expected_plan(self.configfile)
-
-
-def _prepare(tmp_path_factory, config_name: str) -> tuple[Path, Path]:
-    workdir = tmp_path_factory.mktemp(config_name)
-    return workdir, write_config(workdir, load_test_config(config_name))
-
-
-@pytest.fixture(scope="module")
-def workflows(tmp_path_factory) -> dict[str, Workflow]:
-    """The data_side and demo_table workflows, run at the same time (each leaves a core idle at times)."""
-    extra = {
-        "data_side": (),
-        # One thread per train job (Snakemake sets OMP_NUM_THREADS from it): two tiny runs share
-        # the 2 cores instead of one run of two threads, and nothing is oversubscribed.
-        "demo_table": ("--set-threads", "train=1"),
-    }
-    started = {}
-    try:
-        for name, args in extra.items():
-            workdir, cfg = _prepare(tmp_path_factory, name)
-            started[name] = (workdir, cfg, start_snakemake(workdir, cfg, *args, output=workdir / "snakemake.out"))
-        done = {}
-        for name, (workdir, cfg, proc) in started.items():
-            rc = proc.wait(timeout=RUN_TIMEOUT_S)
-            result = subprocess.CompletedProcess(proc.args, rc, (workdir / "snakemake.out").read_text(), "")
-            done[name] = Workflow(workdir, cfg, result)
-        return done
-    finally:
-        for _, _, proc in started.values():
-            kill_group(proc)
-
-
-@pytest.fixture(scope="module")
-def data_side(workflows) -> Workflow:
-    return workflows["data_side"]
-
-
-@pytest.fixture(scope="module")
-def demo_table(workflows) -> Workflow:
-    return workflows["demo_table"]
 
 
 def _label_sets(plan) -> list[tuple]:

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -204,3 +205,51 @@ def nothing_to_do(res: subprocess.CompletedProcess) -> bool:
     text = output_of(res)
     return res.returncode == 0 and "Nothing to be done" in text and not job_counts(text)
 
+
+
+@dataclass
+class Workflow:
+    """A finished workflow run: where, with which config, and what Snakemake printed."""
+
+    workdir: Path
+    configfile: Path
+    result: subprocess.CompletedProcess
+
+    @property
+    def output(self) -> str:
+        return output_of(self.result)
+
+    def check_ok(self) -> None:
+        assert self.result.returncode == 0, self.output[-5000:]
+
+    def plan(self):
+        return expected_plan(self.configfile)
+
+
+# The shared workflows (tests/conftest.py's session fixture `workflows`): config name -> extra
+# Snakemake arguments. One thread per train job of the demo table (Snakemake sets
+# OMP_NUM_THREADS from it): two tiny runs share the 2 cores instead of one run of two
+# threads, and nothing is oversubscribed.
+SHARED_WORKFLOWS = {
+    "data_side": (),
+    "demo_table": ("--set-threads", "train=1"),
+}
+
+
+def run_shared_workflows(tmp_path_factory) -> dict[str, Workflow]:
+    """Every workflow of SHARED_WORKFLOWS, all at the same time (each leaves a core idle at times)."""
+    started = {}
+    try:
+        for name, args in SHARED_WORKFLOWS.items():
+            workdir = tmp_path_factory.mktemp(name)
+            cfg = write_config(workdir, load_test_config(name))
+            started[name] = (workdir, cfg, start_snakemake(workdir, cfg, *args, output=workdir / "snakemake.out"))
+        done = {}
+        for name, (workdir, cfg, proc) in started.items():
+            rc = proc.wait(timeout=RUN_TIMEOUT_S)
+            result = subprocess.CompletedProcess(proc.args, rc, (workdir / "snakemake.out").read_text(), "")
+            done[name] = Workflow(workdir, cfg, result)
+        return done
+    finally:
+        for _, _, proc in started.values():
+            kill_group(proc)
