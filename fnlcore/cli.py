@@ -2,6 +2,9 @@
 
     fnl tables [--scale S]                       papers, tables and their cells (done / pending / n.i.)
     fnl status [--configfile F]                  runs of the configured tables: done, running/interrupted, failed, pending
+    fnl plan [--scale S] [--tables T ...] [--device D] [--threads N] [--calibration F] [--recalibrate]
+                                                 runs and estimated device-hours of tables, from step costs
+                                                 measured on this machine (cached in --calibration)
     fnl cell PAPER TABLE --row ROW --col COL [--seed S] [--scale S] [--dry] [-- SNAKEMAKE ARGS]
                                                  print the runs behind one cell and build them with Snakemake
 
@@ -77,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--results", default="results")
     st = sub.add_parser("status", help="running and failed runs of the configured tables")
     st.add_argument("--configfile", default=str(REPO / "config" / "config.yaml"))
+    pl = sub.add_parser("plan", help="runs and estimated device-hours of tables at a scale")
+    pl.add_argument("--scale", default="paper")
+    pl.add_argument("--tables", nargs="+", help='"paper" or "paper/table" (default: every table)')
+    pl.add_argument("--results", default="results")
+    pl.add_argument("--device", default="auto", help="auto | cpu | cuda: where the step costs are measured")
+    pl.add_argument("--threads", type=int, default=1, help="torch threads on a CPU (a train job's, 1 by default)")
+    pl.add_argument("--calibration", help="step-cost cache (default: RESULTS/plan/step_costs.json)")
+    pl.add_argument("--recalibrate", action="store_true", help="measure this device's step costs again")
     c = sub.add_parser("cell", help="build the runs behind one table cell")
     c.add_argument("paper")
     c.add_argument("table")
@@ -90,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "status":
         try:
             return _status(args.configfile)
+        except ConfigError as err:
+            print(f"fnl: {err}", file=sys.stderr)
+            return 2
+    if args.cmd == "plan":
+        try:
+            return _plan(args)
         except ConfigError as err:
             print(f"fnl: {err}", file=sys.stderr)
             return 2
@@ -162,6 +179,32 @@ def _status(configfile: str) -> int:
             where = f"  log: {log}" if log.exists() else ""
             print(f"{kind:8s} {run.files(plan.results_dir)['metrics'].rsplit('/', 1)[0]}{where}")
     return 1 if groups["failed"] else 0
+
+
+def _plan(args) -> int:
+    """Print the runs and estimated device-hours of the selected tables (fnlcore/app/cost.py)."""
+    import torch
+
+    from .app.cost import Calibration, estimate_plan, format_plan
+    from .app.plan import build_plan, validate_schema
+    from .app.runs import PAPERS_DIR
+    from .fl.device import resolve_device
+
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    device = resolve_device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device here; run `fnl plan` on a GPU node, or use --device cpu")
+    torch.set_num_threads(args.threads)
+    selected = args.tables or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
+    plan = build_plan(validate_schema(
+        {"tables": selected, "scale": args.scale, "data_grid": [], "results_dir": args.results}
+    ))
+    path = args.calibration or str(Path(args.results) / "plan" / "step_costs.json")
+    calibration = Calibration(path, device, refresh=args.recalibrate)
+    cost = estimate_plan(plan, calibration, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_plan(cost, calibration, args.scale))
+    return 0
 
 
 def _list(tables, results: str) -> int:

@@ -12,6 +12,7 @@ Every module of this package is imported the first time ``DATASETS`` is read
 from .base import (
     DATASETS,
     SPLITS,
+    DataShape,
     DatasetInfo,
     PreparedDataset,
     PrepareContext,
@@ -21,6 +22,7 @@ from .base import (
     prepare_dataset,
     register,
     validate_options,
+    expected_shape,
     write_prepared,
 )
 from .download import RemoteFile, fetch, verify_file
@@ -29,10 +31,12 @@ from .download import RemoteFile, fetch, verify_file
 __all__ = [
     "DATASETS",
     "SPLITS",
+    "DataShape",
     "DatasetInfo",
     "PreparedDataset",
     "PrepareContext",
     "RemoteFile",
+    "expected_shape",
     "fetch",
     "get_dataset",
     "label_columns",

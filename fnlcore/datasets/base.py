@@ -78,6 +78,10 @@ class DatasetInfo:
     manual: bool = False
     # Training augmentation its papers use ('' = by image size: affine+flip above 32 px, else none)
     augmentation: str = ""
+    # (train, test) sample counts of the prepared set, for cost estimates before any download
+    # (`fnl plan`); ``shape_for`` replaces them where options change the shape (synthetic sets).
+    split_sizes: tuple[int, int] | None = None
+    shape_for: Callable[[Mapping[str, Any]], "DataShape"] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "class_names", tuple(str(c) for c in self.class_names))
@@ -91,6 +95,28 @@ class DatasetInfo:
             raise ValueError(f"DatasetInfo({self.name!r}): channels must be 1 or 3, got {self.channels}")
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
             raise ValueError(f"DatasetInfo({self.name!r}): image_size must be (H, W) > 0, got {self.image_size}")
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What the cost model needs of a prepared set, known before it is prepared."""
+
+    n_train: int
+    n_test: int
+    channels: int
+    image_size: tuple[int, int]
+    num_classes: int
+    multi_label: bool
+
+
+def expected_shape(info: DatasetInfo, options: Mapping[str, Any] | None = None) -> DataShape:
+    """The shape ``info`` prepares to under ``options`` (its ``shape_for``, else ``split_sizes``)."""
+    if info.shape_for is not None:
+        return info.shape_for(options or {})
+    if info.split_sizes is None:
+        raise ConfigError(f"dataset {info.name!r} declares no split_sizes; add them to its DatasetInfo")
+    n_train, n_test = info.split_sizes
+    return DataShape(n_train, n_test, info.channels, tuple(info.image_size), info.num_classes, info.multi_label)
 
 
 @dataclass(frozen=True)

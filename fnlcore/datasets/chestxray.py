@@ -247,6 +247,7 @@ CHESTXRAY14 = register(
         source=f"NIH ChestX-ray14, {NIH_PAGE}",
         papers=("fedmlp",),
         prepare=prepare_chestxray14,
+        split_sizes=(47_117, 20_193),  # fedmlp.md §3: the train_test_split recipe on the 67,310 PA images
         manual=False,
     )
 )

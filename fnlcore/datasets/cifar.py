@@ -238,6 +238,7 @@ INFOS: dict[str, DatasetInfo] = {
             source="CIFAR-10 (Krizhevsky 2009), 50,000 train / 10,000 test; https://www.cs.toronto.edu/~kriz/cifar.html",
             papers=("fedncl", "fedgr", "feddiv"),
             prepare=_prepare("cifar10"),
+            split_sizes=(50_000, 10_000),
             augmentation="crop_flip",  # RandomCrop(32, padding 4) + flip (fedcorr.md §1)
         )
     ),
@@ -254,6 +255,7 @@ INFOS: dict[str, DatasetInfo] = {
             "https://www.cs.toronto.edu/~kriz/cifar.html",
             papers=("fedgr", "feddiv"),
             prepare=_prepare("cifar100"),
+            split_sizes=(50_000, 10_000),
             augmentation="crop_flip",
         )
     ),

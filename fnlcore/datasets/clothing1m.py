@@ -164,6 +164,7 @@ CLOTHING1M = register(
         source=SOURCE,
         papers=("fedgr", "feddiv"),
         prepare=prepare_clothing1m,
+        split_sizes=(1_000_000, 10_526),  # noisy-train keys / clean-test keys (feddiv.md, fedgr.md)
         manual=True,
     )
 )

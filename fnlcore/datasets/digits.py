@@ -14,11 +14,13 @@ Options: ``test_size`` (float, 0.25) and ``split_seed`` (int, 0).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from .base import DatasetInfo, PrepareContext, register, validate_options, write_prepared
+from .base import DataShape, DatasetInfo, PrepareContext, register, validate_options, write_prepared
 
 NAME = "digits"
 OPTIONS = {"test_size": 0.25, "split_seed": 0}
@@ -43,6 +45,13 @@ def stratified_split(labels: np.ndarray, test_size: float = 0.25, seed: int = 0)
         np.arange(len(labels)), test_size=test_size, stratify=labels, random_state=seed
     )
     return np.sort(train), np.sort(test)
+
+
+def _shape_for(options) -> DataShape:
+    """Sizes under ``test_size`` (scikit-learn rounds the test part up) without loading the images."""
+    opts = validate_options(NAME, options, OPTIONS)
+    n_test = math.ceil(1797 * float(opts["test_size"]))
+    return DataShape(1797 - n_test, n_test, 1, (8, 8), 10, False)
 
 
 def prepare(ctx: PrepareContext) -> None:
@@ -84,5 +93,6 @@ INFO = register(
         "https://archive.ics.uci.edu/dataset/80",
         papers=(),
         prepare=prepare,
+        shape_for=_shape_for,
     )
 )

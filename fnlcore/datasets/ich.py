@@ -355,6 +355,7 @@ ICH_FEDNORO = register(
         source=f"{KAGGLE_SOURCE}; labels and split: FedNoRo's data/train_ICH.csv, data/test_ICH.csv",
         papers=("fednoro",),
         prepare=prepare_ich_fednoro,
+        split_sizes=(47_578, 20_391),  # FedNoRo's train_ICH.csv / test_ICH.csv (fednoro.md §1.1)
         manual=True,
     )
 )
@@ -372,6 +373,7 @@ ICH_FEDMLP = register(
         "split_train_test.py",
         papers=("fedmlp",),
         prepare=prepare_ich_fedmlp,
+        split_sizes=(129_535, 55_516),  # fedmlp.md §3 (the partition keeps 5 x 5,000 of the train rows)
         manual=True,
     )
 )

@@ -194,6 +194,7 @@ ISIC2019 = register(
         source="ISIC 2019 challenge training set, https://challenge.isic-archive.com/data/#2019 (" + _BASE_URL + ")",
         papers=("fednoro",),
         prepare=prepare_isic2019,
+        split_sizes=(17_731, 7_600),  # the seed-0 7:3 split of the 25,331 images (fednoro.md §1.2)
         manual=False,
     )
 )

@@ -160,6 +160,7 @@ INFOS: dict[str, DatasetInfo] = {
             "(mirror https://ossci-datasets.s3.amazonaws.com/mnist/)",
             papers=("fedncl",),
             prepare=_prepare("mnist"),
+            split_sizes=(60_000, 10_000),
         )
     ),
     "fmnist": register(
@@ -175,6 +176,7 @@ INFOS: dict[str, DatasetInfo] = {
             "https://github.com/zalandoresearch/fashion-mnist",
             papers=("fedncl",),
             prepare=_prepare("fmnist"),
+            split_sizes=(60_000, 10_000),
         )
     ),
 }

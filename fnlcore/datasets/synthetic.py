@@ -53,7 +53,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from . import chestxray, cifar, clothing1m, ich, isic, mnist  # noqa: F401  (register the real datasets first)
-from .base import DATASETS, DatasetInfo, PrepareContext, register, validate_options, write_prepared
+from .base import DATASETS, DataShape, DatasetInfo, PrepareContext, register, validate_options, write_prepared
 
 __all__ = [
     "SYNTHETIC_BASES",
@@ -436,6 +436,14 @@ def _make_prepare(base: str) -> Callable[[PrepareContext], None]:
     return prepare
 
 
+def _shape_for(name: str) -> Callable[[Mapping[str, Any]], DataShape]:
+    def shape(options: Mapping[str, Any]) -> DataShape:
+        s = spec_from_options(SYNTHETIC[name], options)
+        return DataShape(s.n_train, s.n_test, s.channels, s.image_size, s.num_classes, s.multi_label)
+
+    return shape
+
+
 def _stand_in_info(base: str) -> DatasetInfo:
     real = DATASETS[base]
     return DatasetInfo(
@@ -450,6 +458,7 @@ def _stand_in_info(base: str) -> DatasetInfo:
         papers=real.papers,
         prepare=_make_prepare(base),
         augmentation=real.augmentation,
+        shape_for=_shape_for(synthetic_name(base)),
     )
 
 

@@ -156,6 +156,8 @@ class ARFL(FLMethod):
     Params = ARFLParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "Fu et al. 2019; baseline (via FedCorr) in FedDiv"
+    # benchmarks/README.md, bench_methods.py: grows with the model: its robust aggregation is per coordinate
+    round_cost = 1.35
 
     def __init__(self, params: ARFLParams, ctx):
         super().__init__(params, ctx)

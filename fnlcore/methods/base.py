@@ -71,6 +71,21 @@ class MethodParams(Spec):
         """Reject hyper-parameters that cannot work with these training settings (before any job runs)."""
 
 
+@dataclass(frozen=True)
+class CostStage:
+    """A stretch of rounds as `fnl plan`'s cost model sees it (fnlcore/app/cost.py).
+
+    ``clients``: clients trained a round; ``factor``: a round's cost over a FedAvg round on
+    the same clients; ``evaluated``: whether these rounds score the test set.
+    """
+
+    name: str
+    rounds: int
+    clients: int
+    factor: float
+    evaluated: bool = True
+
+
 @dataclass
 class ClientUpdate:
     client: int
@@ -101,6 +116,17 @@ class FLMethod:
     # Label kinds the method trains on: "single" (one class per sample) and/or "multi"
     # (multi-label, FedMLP's partial labels). Running on another kind is a ConfigError.
     label_kinds: ClassVar[tuple[str, ...]] = ("single",)
+    # Seconds of a round over a FedAvg round on the same clients, as benchmarks/bench_methods.py
+    # measures it (digits MLP, CPU; benchmarks/README.md). None: not measured; `fnl plan`
+    # counts 1.0 and flags the estimate.
+    round_cost: ClassVar[float | None] = None
+
+    @classmethod
+    def cost_stages(cls, params: MethodParams, settings, num_clients: int) -> list[CostStage]:
+        """The run's rounds for the cost model: one stage of ``training.rounds`` by default;
+        a method whose rounds differ in clients or cost (FedCorr, FedDiv) lists its stages."""
+        m = sampling.clients_per_round(num_clients, settings.client_fraction)
+        return [CostStage("main", settings.rounds, m, cls.round_cost or 1.0)]
 
     def __init__(self, params: MethodParams, ctx: RunContext):
         check_label_kind(type(self), ctx.data.multi_label)

@@ -92,6 +92,7 @@ class _Together:
 class Coteaching(MultiNetwork):
     Params = CoteachingParams
     paper = "Han et al. 2018 (Co-teaching); FL-Coteaching in FedGR"
+    round_cost = 2.0  # benchmarks/README.md, bench_methods.py
 
     def __init__(self, params: CoteachingParams, ctx):
         super().__init__(params, ctx)

@@ -52,7 +52,7 @@ from ..fl.local import train_epochs
 from ..fl.state import load, parameter_keys, snapshot
 from ..randaugment import mixup
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import ClientUpdate, CostStage, FLMethod, MethodParams, register
 from .fedla import LogitAdjusted, la_cross_entropy
 from .fedprox import proximal_term
 from .parts import client_outputs, group_shape, mixup_cross_entropy, sequential_client_groups
@@ -195,6 +195,16 @@ class FedCorr(LogitAdjusted, FLMethod):
     Params = FedCorrParams
     paper = "FedCorr (CVPR'22); baseline in FedNoRo (IJCAI'23, also +LA) and FedDiv"
     reported_stages = ("finetune", "usual")
+    # benchmarks/README.md, bench_methods.py: usual and fine-tuning rounds; a pre-processing
+    # round trains one client at 1.4x its FedAvg cost (cost_stages)
+    round_cost = 1.31
+
+    @classmethod
+    def cost_stages(cls, params, settings, num_clients):
+        per_group, groups = group_shape(num_clients, params.frac1)
+        pre = CostStage("preprocess", params.iterations1 * groups, per_group, 1.4, evaluated=False)
+        (main,) = super().cost_stages(params, settings, num_clients)  # fine-tuning: min(m, candidates)
+        return [pre, main]
 
     def __init__(self, params: FedCorrParams, ctx):
         super().__init__(params, ctx)

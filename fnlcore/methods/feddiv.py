@@ -55,7 +55,7 @@ from ..fl import sampling
 from ..fl.local import train_epochs
 from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import ClientUpdate, CostStage, FLMethod, MethodParams, register
 from .parts import client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy, sequential_client_groups
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
@@ -262,6 +262,15 @@ class FedDiv(FLMethod):
     Params = FedDivParams
     paper = "FedDiv (AAAI'24)"
     reported_stages = ("main",)
+    # benchmarks/README.md, bench_methods.py: main rounds; a warm-up round trains one client at
+    # 1.5x its FedAvg cost (cost_stages)
+    round_cost = 1.33
+
+    @classmethod
+    def cost_stages(cls, params, settings, num_clients):
+        per_group, groups = group_shape(num_clients, params.frac1)
+        warmup = CostStage("warmup", params.warmup_iterations * groups, per_group, 1.5, evaluated=False)
+        return [warmup, *super().cost_stages(params, settings, num_clients)]
 
     def __init__(self, params: FedDivParams, ctx):
         super().__init__(params, ctx)

@@ -72,7 +72,7 @@ from ..fl.local import train_streams
 from ..fl.state import State, load, snapshot
 from ..randaugment import RandAugmentSpec
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import ClientUpdate, CostStage, FLMethod, MethodParams, register
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,14 @@ class EmaTracker:
 class FedGR(FLMethod):
     Params = FedGRParams
     paper = "FedGR: Learning Locally, Revising Globally (ICML 2026)"
+    # benchmarks/README.md, bench_methods.py: the strong view (RandAugment + Cutout) dominates
+    # a CPU round; 1.75x with `strong_aug: false` (cost_stages)
+    round_cost = 9.47
+
+    @classmethod
+    def cost_stages(cls, params, settings, num_clients):
+        (main,) = super().cost_stages(params, settings, num_clients)
+        return [main if params.strong_aug else CostStage(main.name, main.rounds, main.clients, 1.75)]
 
     def __init__(self, params: FedGRParams, ctx):
         super().__init__(params, ctx)

@@ -175,6 +175,7 @@ def confident_relabel(probs: torch.Tensor, noisy_labels: torch.Tensor, eta: floa
 class FedNCL(FLMethod):
     Params = FedNCLParams
     paper = "Fed-NCL (Tam et al., TNNLS)"
+    round_cost = 1.0  # benchmarks/README.md, bench_methods.py
 
     def __init__(self, params: FedNCLParams, ctx):
         super().__init__(params, ctx)

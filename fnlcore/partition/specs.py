@@ -54,6 +54,10 @@ class PartitionSpec(Spec):
         """Partition the training split whose labels are ``labels`` (row order) with ``seed``."""
         raise NotImplementedError
 
+    def expected_samples(self, n_train: int) -> int:
+        """Samples the clients hold in all, for a training split of ``n_train`` (the cost model)."""
+        return n_train
+
 
 def num_clients_param() -> Any:
     """The ``num_clients`` field every partitioner has (required, >= 1)."""
@@ -211,6 +215,9 @@ class FedMLPEqualPartition(PartitionSpec):
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         return fedmlp_equal(num_samples_of(self._where, labels), self.num_clients, seed, self.subsample)
+
+    def expected_samples(self, n_train: int) -> int:
+        return n_train if self.subsample is None else min(n_train, self.num_clients * self.subsample)
 
 
 __all__ = [

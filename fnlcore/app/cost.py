@@ -1,0 +1,330 @@
+"""What a table costs: a per-round cost model of training runs, calibrated on the machine at hand.
+
+A run's device time is estimated as
+
+    sum over the method's stages of  rounds x clients a round x local steps of a client x t_step x factor
+    + evaluated rounds x test samples x t_eval
+
+* ``t_step``: one local step (training augmentation, forward pass, loss, backward pass,
+  optimiser step) of the run's model on a batch of the run's input shape, precision and
+  memory format; ``t_eval``: the forward pass of one test sample at the evaluation batch
+  size. Both are measured here on random data (:func:`measure_step`) and cached per device
+  in a JSON file (:class:`Calibration`), so a plan of a thousand runs measures each distinct
+  shape once.
+* local steps of a client: ``local_epochs x ceil(n_k / batch_size)`` with ``n_k`` the mean
+  client size (the partition's :meth:`expected_samples` over its clients).
+* the method's stages (:meth:`FLMethod.cost_stages`): FedCorr's and FedDiv's one-client
+  rounds come on top of ``training.rounds``; ``factor`` is a round's cost over a FedAvg
+  round on the same clients, measured by ``benchmarks/bench_methods.py`` on the digits MLP
+  (``FLMethod.round_cost``; methods without a measurement count 1.0 and are flagged).
+
+Not modelled: data preparation, partitions, noise and FedNoRo's annotator networks (minutes
+against hours of training), reading and decoding on-disk images (224 and 512 pixel sets),
+and the batched engine (timed per case in benchmarks/bench_batched.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from ..errors import ConfigError
+
+CALIBRATION_VERSION = 1
+# Test samples of the evaluation probe on a CPU: a 1,024-image batch of 224-pixel images takes
+# minutes there, and per-sample time hardly changes above a few dozen images on a CPU.
+CPU_EVAL_PROBE = 64
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Everything a local step's time depends on (besides the device)."""
+
+    model: str
+    channels: int
+    image_size: tuple[int, int]
+    num_classes: int
+    multi_label: bool
+    batch_size: int
+    augmentation: str
+    optimizer: str
+    precision: str
+    channels_last: bool
+    eval_batch_size: int
+
+    def key(self) -> str:
+        h, w = self.image_size
+        return (
+            f"{self.model}|{self.channels}x{h}x{w}|C{self.num_classes}{'ml' if self.multi_label else ''}|b{self.batch_size}"
+            f"|{self.augmentation}|{self.optimizer}|{self.precision}{'|cl' if self.channels_last else ''}|eb{self.eval_batch_size}"
+        )
+
+
+@dataclass(frozen=True)
+class StepCost:
+    train_s: float  # seconds of one local step
+    eval_s: float  # seconds of one test sample's forward pass
+
+
+def device_description(device: torch.device) -> str:
+    """Names the device a calibration belongs to: its model, and the thread count on a CPU."""
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}|torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"cpu:{cpu}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup: int = 2) -> StepCost:
+    """Median seconds of ``steps`` local steps (after ``warmup``) and of one test sample's forward pass."""
+    from ..fl.pipeline import InputPipeline
+    from ..models import build_model
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    model = build_model(shape.model, shape.num_classes, shape.channels, shape.image_size).to(device)
+    if shape.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    pipeline = InputPipeline((0.5,) * shape.channels, (0.5,) * shape.channels, shape.augmentation,
+                             channels_last=shape.channels_last)
+    opt = (torch.optim.Adam(model.parameters(), lr=1e-4) if shape.optimizer == "adam"
+           else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.5))
+    h, w = shape.image_size
+    x = torch.randint(0, 256, (shape.batch_size, shape.channels, h, w), generator=gen, dtype=torch.uint8).to(device)
+    if shape.multi_label:
+        y = torch.randint(0, 2, (shape.batch_size, shape.num_classes), generator=gen).float().to(device)
+        loss_fn = torch.nn.functional.binary_cross_entropy_with_logits
+    else:
+        y = torch.randint(0, shape.num_classes, (shape.batch_size,), generator=gen).to(device)
+        loss_fn = torch.nn.functional.cross_entropy
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if shape.precision == "bf16"
+                else torch.autocast(device.type, enabled=False))
+    aug_gen = torch.Generator(device=device).manual_seed(0)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            loss = loss_fn(model(pipeline.train(x, aug_gen)), y)
+        loss.backward()
+        opt.step()
+
+    model.train()
+    times = []
+    for i in range(warmup + steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+
+    model.eval()
+    n_eval = shape.eval_batch_size if device.type == "cuda" else min(shape.eval_batch_size, CPU_EVAL_PROBE)
+    xe = torch.randint(0, 256, (n_eval, shape.channels, h, w), generator=gen, dtype=torch.uint8).to(device)
+    eval_times = []
+    with torch.no_grad():
+        for i in range(3):
+            _sync(device)
+            t0 = time.perf_counter()
+            with autocast:
+                model(pipeline.eval(xe))
+            _sync(device)
+            if i >= 1:
+                eval_times.append(time.perf_counter() - t0)
+    return StepCost(statistics.median(times), statistics.median(eval_times) / n_eval)
+
+
+class Calibration:
+    """Measured step costs of one device, cached in a JSON file (measured on first use).
+
+    The file maps device descriptions to shape keys to ``{"train_s", "eval_s"}``, so one file
+    can hold a CPU's and a GPU's measurements; ``refresh`` measures every shape again.
+    """
+
+    def __init__(self, path: str | os.PathLike, device: torch.device, refresh: bool = False, steps: int = 5):
+        self.path = Path(path)
+        self.device = device
+        self.description = device_description(device)
+        self.steps = steps
+        self.measured: list[str] = []  # shape keys measured in this process
+        self._all: dict[str, dict[str, dict[str, float]]] = {}
+        if self.path.exists():
+            try:
+                raw = json.loads(self.path.read_text())
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{self.path}: not a calibration file ({err}); delete it to measure again") from err
+            if raw.get("version") != CALIBRATION_VERSION or not isinstance(raw.get("devices"), dict):
+                raise ConfigError(f"{self.path}: not a calibration file of version {CALIBRATION_VERSION}; delete it")
+            self._all = raw["devices"]
+        if refresh:
+            self._all.pop(self.description, None)
+
+    @property
+    def entries(self) -> dict[str, dict[str, float]]:
+        return self._all.setdefault(self.description, {})
+
+    def cost(self, shape: StepShape) -> StepCost:
+        key = shape.key()
+        if key not in self.entries:
+            self.entries[key] = asdict(measure_step(shape, self.device, steps=self.steps))
+            self.measured.append(key)
+            self._save()  # after each shape: an interrupted calibration keeps what it measured
+        e = self.entries[key]
+        return StepCost(float(e["train_s"]), float(e["eval_s"]))
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps({"version": CALIBRATION_VERSION, "devices": self._all}, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)  # never a half-written file
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """The estimate of one training run."""
+
+    shape: StepShape
+    client_steps: float  # local steps of every client of every round, weighted by the method's factors
+    eval_samples: int  # test samples scored over the run
+    seconds: float
+    factor_measured: bool  # the method's round cost comes from a benchmark (not the 1.0 default)
+
+
+def step_shape(run, dataset_options: Mapping[str, Any] | None = None) -> StepShape:
+    """The :class:`StepShape` of a run (the model and augmentation its ``auto`` settings resolve to)."""
+    from ..datasets import expected_shape, get_dataset
+    from ..fl.context import resolve_model_name
+    from .train import auto_augmentation
+
+    ds = expected_shape(get_dataset(run.dataset), dataset_options)
+    t = run.training
+    aug = auto_augmentation(run.dataset, ds.image_size) if t.augmentation == "auto" else t.augmentation
+    return StepShape(
+        model=resolve_model_name(t.model, ds.channels, ds.image_size),
+        channels=ds.channels, image_size=tuple(ds.image_size), num_classes=ds.num_classes,
+        multi_label=ds.multi_label, batch_size=t.batch_size, augmentation=aug, optimizer=t.optimizer,
+        precision=t.precision, channels_last=t.channels_last, eval_batch_size=t.eval_batch_size,
+    )
+
+
+def run_work(run, dataset_options: Mapping[str, Any] | None = None) -> tuple[float, int, bool]:
+    """(weighted client steps, test samples scored, factor measured) of a run, from its specs alone."""
+    from ..datasets import expected_shape, get_dataset
+    from ..methods import METHODS
+
+    ds = expected_shape(get_dataset(run.dataset), dataset_options)
+    t = run.training
+    k = run.partition.num_clients
+    n_k = run.partition.expected_samples(ds.n_train) / k
+    per_epoch = math.floor(n_k / t.batch_size) if t.drop_last else math.ceil(n_k / t.batch_size)
+    cls = METHODS[run.method.name]
+    steps, evaluated = 0.0, 0
+    for st in cls.cost_stages(run.method, t, k):
+        steps += st.rounds * st.clients * t.local_epochs * per_epoch * st.factor
+        evaluated += st.rounds if st.evaluated else 0
+    return steps, evaluated * ds.n_test, cls.round_cost is not None
+
+
+def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, Any] | None = None) -> RunCost:
+    shape = step_shape(run, dataset_options)
+    steps, eval_samples, measured = run_work(run, dataset_options)
+    c = calibration.cost(shape)
+    return RunCost(shape, steps, eval_samples, steps * c.train_s + eval_samples * c.eval_s, measured)
+
+
+# -- a plan's report -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableCost:
+    paper: str
+    table: str
+    runs: int
+    seconds: float
+    longest_s: float
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    tables: list[TableCost]
+    runs: dict[str, RunCost]  # metrics path -> estimate, each distinct run once
+    unmeasured: dict[str, int]  # method name -> runs counted at 1.0x
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.runs.values())
+
+
+def estimate_plan(plan, calibration: Calibration, progress=None) -> PlanCost:
+    """Every distinct run of ``plan`` once; each table's sum over its own runs (shared ones included)."""
+    runs: dict[str, RunCost] = {}
+    unmeasured: dict[str, int] = {}
+    options = {name: ds.options for name, ds in plan.datasets.items()}
+    for run in plan.runs():
+        key = run.files(plan.results_dir)["metrics"]
+        shape_key = step_shape(run, options.get(run.dataset)).key()
+        if progress is not None and shape_key not in calibration.entries:
+            progress(f"measuring {shape_key} on {calibration.description} ...")
+        runs[key] = rc = estimate_run(run, calibration, options.get(run.dataset))
+        if not rc.factor_measured:
+            unmeasured[run.method.name] = unmeasured.get(run.method.name, 0) + 1
+    tables = []
+    for t in plan.tables:
+        mine = {tr.run.files(plan.results_dir)["metrics"] for tr in t.runs}
+        secs = [runs[k].seconds for k in mine]
+        tables.append(TableCost(t.paper, t.table, len(mine), sum(secs), max(secs, default=0.0)))
+    return PlanCost(tables, runs, unmeasured)
+
+
+def _shapes(cost: PlanCost) -> dict[str, list[RunCost]]:
+    by_shape: dict[str, list[RunCost]] = {}
+    for rc in cost.runs.values():
+        by_shape.setdefault(rc.shape.key(), []).append(rc)
+    return by_shape
+
+
+def format_plan(cost: PlanCost, calibration: Calibration, scale: str) -> str:
+    hours = 3600.0
+    lines = [
+        f"scale {scale}: {len(cost.tables)} tables, {len(cost.runs)} distinct training runs",
+        f"device: {calibration.description}",
+        f"step costs: {calibration.path} ({len(calibration.measured)} of {len(_shapes(cost))} shapes measured now)",
+        "",
+        f"{'paper':8s} {'table':6s} {'runs':>6s} {'device-h':>10s} {'longest run h':>14s}",
+    ]
+    for t in cost.tables:
+        lines.append(f"{t.paper:8s} {t.table:6s} {t.runs:6d} {t.seconds / hours:10.2f} {t.longest_s / hours:14.2f}")
+    lines.append(f"{'all':8s} {'':6s} {len(cost.runs):6d} {cost.seconds / hours:10.2f}   "
+                 "(a run shared by tables counts once)")
+    lines += ["", "per shape (model|input|classes|batch|augmentation|optimiser|precision|eval batch):",
+              f"  {'s/step':>8s} {'ms/test sample':>15s} {'runs':>5s} {'device-h':>9s}  shape"]
+    by_shape = _shapes(cost)
+    for key, rcs in sorted(by_shape.items(), key=lambda kv: -sum(r.seconds for r in kv[1])):
+        c = calibration.entries[key]
+        lines.append(f"  {c['train_s']:8.4f} {1000 * c['eval_s']:15.4f} {len(rcs):5d} "
+                     f"{sum(r.seconds for r in rcs) / hours:9.1f}  {key}")
+    if cost.unmeasured:
+        listed = ", ".join(f"{m} ({n})" for m, n in sorted(cost.unmeasured.items()))
+        lines += ["", f"round cost not measured, counted as FedAvg's (runs): {listed}"]
+    lines += ["", "not counted: data preparation, partitions, noise, annotator networks, reading on-disk images"]
+    return "\n".join(lines)
