@@ -21,6 +21,24 @@ def method_params(slug):
         raise ValueError(f"method {slug!r} is not used by any selected table")
 
 
+# Packing (README "What a table costs"): `--groups train=pack --group-components pack=N` runs N
+# training runs in one Slurm job. Snakemake sums a group's integer resources over the jobs
+# that run side by side (N runs would ask for N GPUs; it also turns "1" into 1), but passes a
+# non-numeric string once when every job of the group gives the same one: grouped runs ask
+# for their GPU as gres "gpu:1" (sbatch --gres=gpu:1) and share it. Functions, because the
+# command line's groups are known only once the workflow is parsed.
+def _train_grouped() -> bool:
+    return bool(workflow.group_settings) and "train" in workflow.group_settings.overwrite_groups
+
+
+def _train_gpu(wildcards) -> int:
+    return 0 if _train_grouped() else 1
+
+
+def _train_gres(wildcards) -> str:
+    return "gpu:1" if _train_grouped() else ""
+
+
 rule train:
     """Train one (dataset, partition, noise, training settings, method, seed) run."""
     input:
@@ -47,6 +65,7 @@ rule train:
     resources:
         mem_mb=8000,
         runtime=720,
-        gpu=1,
+        gpu=_train_gpu,
+        gres=_train_gres,
     script:
         "../workflow_scripts/train.py"

@@ -39,7 +39,8 @@ FNL = [sys.executable, "-m", "fnlcore.cli"]
 FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2"]
 # On the PYTHONPATH of every Snakemake started here: caps the executor's back-off at 2 s.
 POLL_HOOK = REPO / "tests" / "support" / "slurm_poll"
-SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_([A-Za-z0-9_]+)/")
+# job id -> "rule_<rule>" or "group_<group>_<its rules>" (a packed group job: group_pack_train)
+SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/((?:rule|group)_[A-Za-z0-9_]+)/")
 
 pytestmark = pytest.mark.slow
 
@@ -115,8 +116,8 @@ def _workdir(tmp_path: Path, scale: str) -> Path:
 
 
 def _submitted(log: str) -> dict[str, str]:
-    """Slurm job id -> rule, from Snakemake's own log lines."""
-    return {jid: rule for jid, rule in SUBMITTED.findall(log)}
+    """Slurm job id -> rule (or "group_<name>_<rules>" for a packed group job), from Snakemake's own log lines."""
+    return {jid: name.removeprefix("rule_") for jid, name in SUBMITTED.findall(log)}
 
 
 def _sacct(job_ids) -> pd.DataFrame:
@@ -191,15 +192,17 @@ def test_literal_profile_from_the_repository_root_is_found(local_slurm, tmp_path
 
 
 def test_table_through_slurm(local_slurm, tmp_path):
-    """data -> partition -> annotator -> noise -> 4 training runs -> table, every job a Slurm job."""
+    """data -> partition -> annotator -> noise -> 4 training runs -> table, every job a Slurm job;
+    the training runs packed two to a Slurm job that asks for ONE GPU (rules/train.smk)."""
     copy = _workflow_copy(tmp_path / "workflow")
     (tmp_path / "work").mkdir()
     wd = _workdir(tmp_path / "work", TINY_DEMO)
     res = _run(
         [*SNAKEMAKE, "--snakefile", str(copy / "Snakefile"), "--profile", "slurm",
          "--config", "scale=scale.yaml", "data_grid=[]", f"tables=[{TEST_PAPER}]",
-         # two runs at once on the 2-CPU, 2-fake-GPU node; the rules' gpu=1 stays
-         "--set-threads", "train=1", "--set-resources", "train:mem_mb=4000",
+         # two runs a job on the 2-CPU, 2-fake-GPU node; the rules' gpu=1 stays
+         "--set-threads", "train=1", "--set-resources", "train:mem_mb=2000",
+         "--groups", "train=pack", "--group-components", "pack=2",
          *FAST_POLL],
         wd, 1500, env=_env_for(copy),
     )
@@ -212,14 +215,17 @@ def test_table_through_slurm(local_slurm, tmp_path):
 
     jobs = _submitted(log)
     rules = sorted(jobs.values())
-    assert rules.count("train") == 4 and rules.count("table") == 1
+    assert rules.count("group_pack_train") == 2 and "train" not in rules and rules.count("table") == 1
     assert {"prepare_in_memory_dataset", "partition", "noise", "annotator"} <= set(rules)
     acct = _sacct_until_recorded(list(jobs))
     assert set(acct.index) == set(jobs)
     assert (acct["state"] == "COMPLETED").all(), acct
     for jid, rule in jobs.items():
-        wants_gpu = "gres/gpu=1" in acct.loc[jid, "tres"]
-        assert wants_gpu == (rule in ("train", "annotator")), (jid, rule, acct.loc[jid, "tres"])
+        tres = acct.loc[jid, "tres"]
+        assert ("gres/gpu=1" in tres) == (rule in ("group_pack_train", "annotator")), (jid, rule, tres)
+        assert "gres/gpu=2" not in tres, (jid, rule, tres)
+        if rule == "group_pack_train":  # two runs: their threads and memory add up, their GPU does not
+            assert "cpu=2" in tres and "mem=4000M" in tres, tres
 
 
 ROUNDS = 20  # >= 0.3 s each: the job still runs when the test sees its first checkpoint
