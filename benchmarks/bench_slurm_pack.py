@@ -62,7 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pack", type=int, default=2, help="training runs per Slurm job")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--poll", type=float, default=2.0, help="seconds before the executor's first status check")
+    ap.add_argument("--poll", type=int, default=2, help="seconds before the executor's first status check")
     args = ap.parse_args()
     rows = []
     for _ in range(args.repeats):

@@ -67,6 +67,16 @@ def test_fedcorr_and_feddiv_one_client_rounds_come_on_top_and_are_not_evaluated(
     assert [(s.name, s.rounds, s.clients, s.evaluated) for s in stages] == [("warmup", 15, 1, False), ("main", 3, 2, True)]
 
 
+@pytest.mark.parametrize("name", ["fednoro", "dividemix"])
+def test_warm_up_stages_split_the_rounds(name):
+    run = _run({"name": name, "warmup_rounds": 2}, rounds=5)
+    stages = METHODS[name].cost_stages(run.method, run.training, 4)
+    assert [s.rounds for s in stages] == [2, 3] and [s.factor for s in stages] == [1.0, METHODS[name].round_cost]
+    steps, _, measured = run_work(run)
+    per_round = 4 * 2 * math.ceil(1347 / 4 / 16)
+    assert measured and steps == pytest.approx(per_round * (2 + 3 * METHODS[name].round_cost))
+
+
 def test_unmeasured_method_counts_one_and_is_flagged(monkeypatch):
     fedavg, _, _ = run_work(_run({"name": "fedavg"}))
     monkeypatch.setattr(METHODS["fedprox"], "round_cost", None)

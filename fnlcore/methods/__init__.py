@@ -5,6 +5,6 @@ Every module of this package is imported when METHODS is first read: adding a me
 See :mod:`fnlcore.methods.base` for the plug-in interface.
 """
 
-from .base import METHODS, ClientUpdate, FLMethod, MethodParams, method_from_dict, register
+from .base import METHODS, ClientUpdate, CostStage, FLMethod, MethodParams, method_from_dict, register
 
-__all__ = ["METHODS", "ClientUpdate", "FLMethod", "MethodParams", "method_from_dict", "register"]
+__all__ = ["METHODS", "ClientUpdate", "CostStage", "FLMethod", "MethodParams", "method_from_dict", "register"]

@@ -86,6 +86,14 @@ class CostStage:
     evaluated: bool = True
 
 
+def warm_up_then(cls: type["FLMethod"], warmup_rounds: int, settings, num_clients: int, name: str) -> list[CostStage]:
+    """Cost stages of a method whose first ``warmup_rounds`` rounds cost a FedAvg round and the
+    rest ``cls.round_cost`` (FedNoRo, DivideMix)."""
+    m = sampling.clients_per_round(num_clients, settings.client_fraction)
+    warm = min(warmup_rounds, settings.rounds)
+    return [CostStage("warmup", warm, m, 1.0), CostStage(name, settings.rounds - warm, m, cls.round_cost or 1.0)]
+
+
 @dataclass
 class ClientUpdate:
     client: int

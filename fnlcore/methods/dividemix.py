@@ -58,7 +58,7 @@ from ..fl.local import evaluate as evaluate_model
 from ..fl.local import predict, train_epochs, train_streams
 from ..randaugment import mix_targets, mixup
 from ..registry import param
-from .base import MultiNetwork, MethodParams, register
+from .base import MethodParams, MultiNetwork, register, warm_up_then
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,13 @@ PEERS = (("net1", "net2"), ("net2", "net1"))  # (trained network, peer whose div
 class DivideMix(MultiNetwork):
     Params = DivideMixParams
     paper = "Li et al. 2020 (ICLR), inside FL; baseline in FedGR (FL-DivideMix) and FedDiv (via FedCorr)"
+    # benchmarks/README.md, bench_methods.py: the co-divide rounds (two networks, GMMs, MixMatch);
+    # the warm-up rounds about 1.0x (cost_stages)
+    round_cost = 3.0
+
+    @classmethod
+    def cost_stages(cls, params, settings, num_clients):
+        return warm_up_then(cls, params.warmup_rounds, settings, num_clients, "dividemix")
 
     def __init__(self, params: DivideMixParams, ctx):
         super().__init__(params, ctx)

@@ -154,6 +154,7 @@ def mix_aggregate(old: State, states: list[State], weights: list[float], gamma: 
 class FedFixer(FLMethod):
     Params = FedFixerParams
     paper = "Ji et al. 2024 (AAAI), FedFixer; baseline in FedGR"
+    round_cost = 6.8  # benchmarks/README.md, bench_methods.py (the personalised and global models both train)
 
     def __init__(self, params: FedFixerParams, ctx):
         super().__init__(params, ctx)

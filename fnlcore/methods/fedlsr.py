@@ -90,6 +90,7 @@ def fedlsr_loss(z1, z2, y, lam: float, gamma_t: float, p: FedLSRParams) -> torch
 class FedLSR(FLMethod):
     Params = FedLSRParams
     paper = "Jiang et al. (CIKM'22); baseline in FedNoRo and FedMLP"
+    round_cost = 2.0  # benchmarks/README.md, bench_methods.py
 
     def local_update(self, r, k):
         load(self.worker, self.global_model.state_dict())

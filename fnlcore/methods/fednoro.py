@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from ..fl.local import predict
 from ..fl.state import load, per_tensor_distance, snapshot, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import ClientUpdate, FLMethod, MethodParams, register, warm_up_then
 from .fedla import LogitAdjusted, la_cross_entropy
 
 
@@ -143,6 +143,13 @@ class FedNoRo(LogitAdjusted, FLMethod):
     Params = FedNoRoParams
     paper = "FedNoRo (IJCAI'23)"
     reported_stages = ("stage2",)  # the code's Best/Last skip the warm-up rounds (fednoro.md §6)
+    # benchmarks/README.md, bench_methods.py: stage 2 (DaAgg, per-client LA, distances);
+    # warm-up rounds about 1.0x (cost_stages)
+    round_cost = 1.4
+
+    @classmethod
+    def cost_stages(cls, params, settings, num_clients):
+        return warm_up_then(cls, params.warmup_rounds, settings, num_clients, "stage2")
 
     def __init__(self, params: FedNoRoParams, ctx):
         super().__init__(params, ctx)
