@@ -6,6 +6,7 @@ positive and cached (tests never assert on wall time).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -94,6 +95,21 @@ def test_partition_subsample_and_synthetic_options_set_the_sample_counts():
     assert expected_shape(DATASETS["cifar100"]).num_classes == 100
     with pytest.raises(ConfigError, match="unknown option"):
         expected_shape(DATASETS["digits"], {"test_fraction": 0.2})
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_every_dataset_knows_its_shape_before_it_is_prepared(name):
+    info = DATASETS[name]
+    shape = expected_shape(info)
+    assert shape.n_train > 0 and shape.n_test > 0
+    assert (shape.channels, shape.num_classes, shape.multi_label) == (info.channels, info.num_classes, info.multi_label)
+    assert shape.image_size == tuple(info.image_size)
+
+
+def test_a_dataset_without_sizes_is_named():
+    info = dataclasses.replace(DATASETS["cifar10"], name="nosizes", split_sizes=None)
+    with pytest.raises(ConfigError, match="'nosizes' declares no split_sizes"):
+        expected_shape(info)
 
 
 def test_step_shape_resolves_auto_settings():

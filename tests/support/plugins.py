@@ -87,5 +87,6 @@ INFO = register(
     DatasetInfo(
         name="test_blobs", num_classes=3, class_names=("a", "b", "c"), multi_label=False, channels=1,
         image_size=(8, 8), in_memory=True, source="test plug-in (random images)", papers=(), prepare=_prepare,
+        split_sizes=(40, 20),
     )
 )
