@@ -98,15 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--results", default="results")
     c.add_argument("--dry", action="store_true", help="print the targets only")
     args = ap.parse_args(argv)
-    if args.cmd == "status":
+    if args.cmd in ("status", "plan"):
         try:
-            return _status(args.configfile)
-        except ConfigError as err:
-            print(f"fnl: {err}", file=sys.stderr)
-            return 2
-    if args.cmd == "plan":
-        try:
-            return _plan(args)
+            return _status(args.configfile) if args.cmd == "status" else _plan(args)
         except ConfigError as err:
             print(f"fnl: {err}", file=sys.stderr)
             return 2

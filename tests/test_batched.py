@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fnlcore.errors import ConfigError
+from fnlcore.fl.batched import _flatten, _unflatten
 from fnlcore.fl.data import ImageSource
 from fnlcore.fl.pipeline import InputPipeline
 from fnlcore.fl.settings import TrainSettings
@@ -36,7 +37,8 @@ def test_drawn_parameters_reproduce_train_augmentation_and_generator_state(aug):
     x = torch.randint(0, 256, (7, 3, 8, 8), dtype=torch.uint8)
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     direct = torch.cat([p.train(x[:4], g1), p.train(x[4:], g1)])
-    params = InputPipeline.cat_params([p.draw_train(4, g2, x.device), p.draw_train(3, g2, x.device)])
+    parts = [p.draw_train(4, g2, x.device), p.draw_train(3, g2, x.device)]  # the engine's sample-wise concatenation
+    params = _unflatten(parts[0], [torch.cat(z) for z in zip(*map(_flatten, parts))])
     assert torch.equal(p.apply_train(x, params), direct)
     assert torch.equal(g1.get_state(), g2.get_state())
 

@@ -204,19 +204,20 @@ class RunCost:
     """The estimate of one training run."""
 
     shape: StepShape
-    client_steps: float  # local steps of every client of every round, weighted by the method's factors
-    eval_samples: int  # test samples scored over the run
     seconds: float
     factor_measured: bool  # the method's round cost comes from a benchmark (not the 1.0 default)
 
 
-def step_shape(run, dataset_options: Mapping[str, Any] | None = None) -> StepShape:
-    """The :class:`StepShape` of a run (the model and augmentation its ``auto`` settings resolve to)."""
+def _data_shape(run, dataset_options: Mapping[str, Any] | None):
     from ..datasets import expected_shape, get_dataset
+
+    return expected_shape(get_dataset(run.dataset), dataset_options)
+
+
+def _step_shape(run, ds) -> StepShape:
     from ..fl.context import resolve_model_name
     from .train import auto_augmentation
 
-    ds = expected_shape(get_dataset(run.dataset), dataset_options)
     t = run.training
     aug = auto_augmentation(run.dataset, ds.image_size) if t.augmentation == "auto" else t.augmentation
     return StepShape(
@@ -227,12 +228,9 @@ def step_shape(run, dataset_options: Mapping[str, Any] | None = None) -> StepSha
     )
 
 
-def run_work(run, dataset_options: Mapping[str, Any] | None = None) -> tuple[float, int, bool]:
-    """(weighted client steps, test samples scored, factor measured) of a run, from its specs alone."""
-    from ..datasets import expected_shape, get_dataset
+def _work(run, ds) -> tuple[float, int, bool]:
     from ..methods import METHODS
 
-    ds = expected_shape(get_dataset(run.dataset), dataset_options)
     t = run.training
     k = run.partition.num_clients
     n_k = run.partition.expected_samples(ds.n_train) / k
@@ -245,11 +243,26 @@ def run_work(run, dataset_options: Mapping[str, Any] | None = None) -> tuple[flo
     return steps, evaluated * ds.n_test, cls.round_cost is not None
 
 
-def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, Any] | None = None) -> RunCost:
-    shape = step_shape(run, dataset_options)
-    steps, eval_samples, measured = run_work(run, dataset_options)
+def step_shape(run, dataset_options: Mapping[str, Any] | None = None) -> StepShape:
+    """The :class:`StepShape` of a run (the model and augmentation its ``auto`` settings resolve to)."""
+    return _step_shape(run, _data_shape(run, dataset_options))
+
+
+def run_work(run, dataset_options: Mapping[str, Any] | None = None) -> tuple[float, int, bool]:
+    """(weighted client steps, test samples scored, factor measured) of a run, from its specs alone."""
+    return _work(run, _data_shape(run, dataset_options))
+
+
+def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, Any] | None = None,
+                 progress=None) -> RunCost:
+    """The run's estimate; ``progress(message)`` is told before a step shape is measured."""
+    ds = _data_shape(run, dataset_options)
+    shape = _step_shape(run, ds)
+    if progress is not None and shape.key() not in calibration.entries:
+        progress(f"measuring {shape.key()} on {calibration.description} ...")
+    steps, eval_samples, measured = _work(run, ds)
     c = calibration.cost(shape)
-    return RunCost(shape, steps, eval_samples, steps * c.train_s + eval_samples * c.eval_s, measured)
+    return RunCost(shape, steps * c.train_s + eval_samples * c.eval_s, measured)
 
 
 # -- a plan's report -------------------------------------------------------------------------
@@ -282,10 +295,7 @@ def estimate_plan(plan, calibration: Calibration, progress=None) -> PlanCost:
     options = {name: ds.options for name, ds in plan.datasets.items()}
     for run in plan.runs():
         key = run.files(plan.results_dir)["metrics"]
-        shape_key = step_shape(run, options.get(run.dataset)).key()
-        if progress is not None and shape_key not in calibration.entries:
-            progress(f"measuring {shape_key} on {calibration.description} ...")
-        runs[key] = rc = estimate_run(run, calibration, options.get(run.dataset))
+        runs[key] = rc = estimate_run(run, calibration, options.get(run.dataset), progress)
         if not rc.factor_measured:
             unmeasured[run.method.name] = unmeasured.get(run.method.name, 0) + 1
     tables = []
@@ -305,10 +315,11 @@ def _shapes(cost: PlanCost) -> dict[str, list[RunCost]]:
 
 def format_plan(cost: PlanCost, calibration: Calibration, scale: str) -> str:
     hours = 3600.0
+    by_shape = _shapes(cost)
     lines = [
         f"scale {scale}: {len(cost.tables)} tables, {len(cost.runs)} distinct training runs",
         f"device: {calibration.description}",
-        f"step costs: {calibration.path} ({len(calibration.measured)} of {len(_shapes(cost))} shapes measured now)",
+        f"step costs: {calibration.path} ({len(calibration.measured)} of {len(by_shape)} shapes measured now)",
         "",
         f"{'paper':8s} {'table':6s} {'runs':>6s} {'device-h':>10s} {'longest run h':>14s}",
     ]
@@ -318,7 +329,6 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str) -> str:
                  "(a run shared by tables counts once)")
     lines += ["", "per shape (model|input|classes|batch|augmentation|optimiser|precision|eval batch):",
               f"  {'s/step':>8s} {'ms/test sample':>15s} {'runs':>5s} {'device-h':>9s}  shape"]
-    by_shape = _shapes(cost)
     for key, rcs in sorted(by_shape.items(), key=lambda kv: -sum(r.seconds for r in kv[1])):
         c = calibration.entries[key]
         lines.append(f"  {c['train_s']:8.4f} {1000 * c['eval_s']:15.4f} {len(rcs):5d} "

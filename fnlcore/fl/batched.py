@@ -27,6 +27,8 @@ from typing import Callable
 import torch
 
 from .context import RunContext
+from .data import trim_last_batch
+from .local import epoch_order
 from .stacked import StackedNet, stacked_input, stacked_optimizer
 
 BatchedLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -56,13 +58,8 @@ class Timeline:
 def client_batches(ctx: RunContext, idx: torch.Tensor, epochs: int, batch_size: int) -> list[torch.Tensor]:
     """Client's batches for ``epochs`` epochs, drawing the orders from ``ctx.shuffle_gen`` as train_epochs does."""
     out: list[torch.Tensor] = []
-    drop_last = ctx.settings.drop_last
     for _ in range(epochs):
-        perm = torch.randperm(len(idx), generator=ctx.shuffle_gen)
-        order = idx.index_select(0, perm) if idx.device == perm.device else idx[perm]
-        n = len(order)
-        stop = n - n % batch_size if drop_last and n >= batch_size else n
-        out.extend(order[:stop].split(batch_size))
+        out.extend(trim_last_batch(epoch_order(ctx, idx), batch_size, ctx.settings.drop_last).split(batch_size))
     return out
 
 

@@ -29,6 +29,13 @@ from .relabels import RelabelLog
 GATHER_BLOCK_BYTES = 4 << 20
 
 
+def trim_last_batch(order: torch.Tensor, batch_size: int, drop_last: bool) -> torch.Tensor:
+    """``order`` without its short last batch under ``drop_last`` (kept when it is the only one)."""
+    n = len(order)
+    stop = n - n % batch_size if drop_last and n >= batch_size else n
+    return order if stop == n else order[:stop]
+
+
 class ImageSource:
     """Images of one split, in memory on the device or streamed from disk."""
 
@@ -64,9 +71,7 @@ class ImageSource:
 
     def batches(self, order: torch.Tensor, batch_size: int, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Iterate (uint8 images on device, sample indices on CPU) for ``order`` (CPU int64) in chunks."""
-        n = len(order)
-        stop = n - n % batch_size if drop_last and n >= batch_size else n
-        order = order if stop == n else order[:stop]
+        order = trim_last_batch(order, batch_size, drop_last)
         if self.images is not None:
             return self._memory_batches(order, batch_size)
         return self._file_batches(order, batch_size)

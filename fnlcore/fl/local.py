@@ -19,6 +19,12 @@ from .context import RunContext
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
+def epoch_order(ctx: RunContext, idx: torch.Tensor) -> torch.Tensor:
+    """A local epoch's order of samples ``idx``: one permutation drawn from ``ctx.shuffle_gen``."""
+    perm = torch.randperm(len(idx), generator=ctx.shuffle_gen)
+    return idx.index_select(0, perm) if idx.device == perm.device else idx[perm]  # same values
+
+
 def train_epochs(
     ctx: RunContext,
     model: torch.nn.Module,
@@ -48,9 +54,7 @@ def train_epochs(
         if on_epoch_start is not None:
             on_epoch_start(epoch)
             model.train()  # the hook may have run an evaluation pass
-        perm = torch.randperm(len(idx), generator=ctx.shuffle_gen)
-        order = idx.index_select(0, perm) if idx.device == perm.device else idx[perm]  # same values
-        for step, (xb, bidx) in enumerate(batches(order, bs, drop_last=s.drop_last)):
+        for step, (xb, bidx) in enumerate(batches(epoch_order(ctx, idx), bs, drop_last=s.drop_last)):
             with amp:
                 loss = loss_fn(model, augment(xb, aug_gen), bidx, step)
             opt.zero_grad(set_to_none=True)

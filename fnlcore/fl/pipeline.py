@@ -23,6 +23,8 @@ AUGMENTATIONS = ("none", "crop_flip", "affine_flip")
 # train augmentation, its crop padded with ``strong_padding``, then RandAugment + Cutout with the
 # pipeline's ``strong`` spec; FedGR's strong view pads by reflection, fedgr.md §4).
 VIEWS = ("eval", "weak", "strong")
+# The papers' parameters of the geometric transforms (both paths below: train and draw/apply)
+FLIP_P, AFFINE_DEGREES, AFFINE_TRANSLATE = 0.5, 10.0, (0.02, 0.02)
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,10 @@ class InputPipeline:
         the sequential engine's order, then augments all clients at once.
         """
         if self.augmentation == "crop_flip":
-            return augment.draw_crop(n, self.crop_padding, gen, device), augment.draw_flip(n, 0.5, gen, device)
+            return augment.draw_crop(n, self.crop_padding, gen, device), augment.draw_flip(n, FLIP_P, gen, device)
         if self.augmentation == "affine_flip":
-            return augment.draw_affine(n, 10.0, (0.02, 0.02), gen, device), augment.draw_flip(n, 0.5, gen, device)
+            return (augment.draw_affine(n, AFFINE_DEGREES, AFFINE_TRANSLATE, gen, device),
+                    augment.draw_flip(n, FLIP_P, gen, device))
         return ()
 
     def apply_train(self, x: torch.Tensor, params: tuple) -> torch.Tensor:
@@ -77,17 +80,6 @@ class InputPipeline:
         elif self.augmentation == "affine_flip":
             x = augment.flip_where(augment.affine_at(x, params[0]), params[1])
         return self._norm(x)
-
-    @staticmethod
-    def cat_params(parts: list[tuple]) -> tuple:
-        """Concatenate the parameters of several ``draw_train`` calls, sample-wise, in order."""
-        if not parts or not parts[0]:
-            return ()
-        return tuple(
-            tuple(torch.cat([p[i][j] for p in parts]) for j in range(len(parts[0][i])))
-            if isinstance(parts[0][i], tuple) else torch.cat([p[i] for p in parts])
-            for i in range(len(parts[0]))
-        )
 
     def view(self, name: str, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         """One named view (see VIEWS) of a uint8 batch, normalised."""
@@ -109,9 +101,9 @@ class InputPipeline:
     def _geometric(self, x: torch.Tensor, gen: torch.Generator | None, padding_mode: str = "constant") -> torch.Tensor:
         """The train augmentation without normalisation (uint8 in, uint8 out)."""
         if self.augmentation == "crop_flip":
-            return augment.random_hflip(augment.random_crop(x, self.crop_padding, gen, padding_mode), 0.5, gen)
+            return augment.random_hflip(augment.random_crop(x, self.crop_padding, gen, padding_mode), FLIP_P, gen)
         if self.augmentation == "affine_flip":
-            return augment.random_hflip(augment.random_affine(x, 10.0, (0.02, 0.02), gen), 0.5, gen)
+            return augment.random_hflip(augment.random_affine(x, AFFINE_DEGREES, AFFINE_TRANSLATE, gen), FLIP_P, gen)
         return x
 
 
