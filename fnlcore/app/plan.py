@@ -268,7 +268,8 @@ def _check_partition_fits(where: str, spec: Any, info: Any) -> None:
 
 def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -> None:
     from ..methods import METHODS
-    from ..methods.base import check_label_kind, use_batched_engine
+    from ..fl.rounds import use_batched_engine
+    from ..methods.base import check_label_kind
 
     check_label_kind(METHODS[spec.name], bool(info.multi_label), where)
     if training is not None:

@@ -22,8 +22,10 @@ import torch
 from ..io import atomic_path
 from .context import RunContext
 from .local import evaluate
+from .persist import load_method_state, method_state
+from .rounds import RoundEngine
 
-CHECKPOINT_VERSION = 2  # 2: the relabel log
+CHECKPOINT_VERSION = 3  # 2: the relabel log; 3: declared method state, per-client stores on disk
 
 
 class Simulation:
@@ -41,6 +43,15 @@ class Simulation:
         self.progress = progress or (lambda s: print(s, file=sys.stderr, flush=True))
         self.stop_after = stop_after  # for tests: stop (as if killed) after this many rounds
         self.rows: list[dict] = []
+        self.engine = RoundEngine(method)
+        self.stores = method.stores()
+        for st in self.stores:  # per-client state beside the checkpoint (a temporary folder without one)
+            st.attach(self._store_folder(st.name))
+
+    def _store_folder(self, name: str) -> Path | None:
+        if self.checkpoint_path is None:
+            return None
+        return Path(str(self.checkpoint_path) + ".clients") / name
 
     # -- checkpoints -----------------------------------------------------------------------
     def _save(self, next_round: int) -> None:
@@ -49,7 +60,7 @@ class Simulation:
         payload = {
             "version": CHECKPOINT_VERSION,
             "next_round": next_round,
-            "method": self.method.state_dict(),
+            "method": method_state(self.method, files=True),
             "given": self.ctx.data.given.detach().cpu().clone(),
             "relabels": self.ctx.data.relabels.state_dict(),
             "rng": self.ctx.rng_state(),
@@ -57,6 +68,8 @@ class Simulation:
         }
         with atomic_path(self.checkpoint_path, suffix=".pt") as tmp:
             torch.save(payload, tmp)
+        for st in self.stores:
+            st.committed()
 
     def _restore(self) -> int:
         if self.checkpoint_path is None or not self.checkpoint_path.exists():
@@ -65,7 +78,7 @@ class Simulation:
         if payload.get("version") != CHECKPOINT_VERSION:
             self.progress(f"ignoring checkpoint {self.checkpoint_path}: incompatible version")
             return 0
-        self.method.load_state_dict(payload["method"])
+        load_method_state(self.method, payload["method"])
         self.ctx.data.given.copy_(payload["given"].to(self.ctx.data.given.device))
         self.ctx.data.relabels.load_state_dict(payload["relabels"])
         self.ctx.load_rng_state(payload["rng"])
@@ -81,12 +94,14 @@ class Simulation:
         every = ctx.settings.checkpoint_every
         for r in range(start, total):
             t0 = time.perf_counter()
+            for st in self.stores:
+                st.begin_round(r)
             m.begin_round(r)
             clients = m.select_clients(r)
-            for upd in m.local_updates(r, clients):
-                m.accumulate(r, upd)
-            m.aggregate(r)
+            m.aggregate(r, self.engine.updates(r, clients))
             m.end_round(r)
+            for st in self.stores:  # what this round wrote goes to disk, out of memory
+                st.end_round()
             row = {"round": r, "stage": m.stage(r), "clients": len(clients)}
             if m.should_evaluate(r):
                 row.update(evaluate(ctx, m.eval_model()))
@@ -110,3 +125,5 @@ class Simulation:
     def remove_checkpoint(self) -> None:
         if self.checkpoint_path is not None and self.checkpoint_path.exists():
             os.remove(self.checkpoint_path)
+        for st in self.stores:
+            st.clear()

@@ -2,9 +2,13 @@
 
 Every module of this package is imported when METHODS is first read: adding a method is adding a file.
 
-See :mod:`fnlcore.methods.base` for the plug-in interface.
+See :mod:`fnlcore.methods.base` for the method contract.
 """
 
-from .base import METHODS, ClientUpdate, CostStage, FLMethod, MethodParams, method_from_dict, register
+from ..fl.client import Batch, ClientUpdate, LocalJob, Phase, Stage
+from ..fl.persist import ClientStore
+from .base import METHODS, FLMethod, MethodParams, method_from_dict, register
+from .costs import CostStage
 
-__all__ = ["METHODS", "ClientUpdate", "CostStage", "FLMethod", "MethodParams", "method_from_dict", "register"]
+__all__ = ["METHODS", "Batch", "ClientStore", "ClientUpdate", "CostStage", "FLMethod", "LocalJob", "MethodParams",
+           "Phase", "Stage", "method_from_dict", "register"]

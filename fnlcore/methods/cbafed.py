@@ -35,7 +35,8 @@ from ..errors import ConfigError
 from ..fl.local import train_streams
 from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .multilabel import client_active_classes, partial_bce
 
 
 @dataclass(frozen=True)

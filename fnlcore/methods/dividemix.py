@@ -58,7 +58,8 @@ from ..fl.local import evaluate as evaluate_model
 from ..fl.local import predict, train_epochs, train_streams
 from ..randaugment import mix_targets, mixup
 from ..registry import param
-from .base import MethodParams, MultiNetwork, register, warm_up_then
+from .base import MethodParams, MultiNetwork, register
+from .costs import warm_up_then
 
 
 @dataclass(frozen=True)

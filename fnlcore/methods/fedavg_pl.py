@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import FLMethod, MethodParams, batched_partial_bce, client_active_classes, partial_bce, register
+from .base import FLMethod, MethodParams, register
+from .multilabel import batched_partial_bce, client_active_classes, partial_bce
 
 
 @dataclass(frozen=True)

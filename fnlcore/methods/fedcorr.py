@@ -52,13 +52,15 @@ from ..fl.local import train_epochs
 from ..fl.state import load, parameter_keys, snapshot
 from ..randaugment import mixup
 from ..registry import param
-from .base import ClientUpdate, CostStage, FLMethod, MethodParams, register
-from .fedla import LogitAdjusted, la_cross_entropy
-from .fedprox import proximal_term
+from .base import ClientUpdate, FLMethod, MethodParams, register
+
+
 from .parts import client_outputs, group_shape, mixup_cross_entropy, sequential_client_groups
+from .costs import CostStage
+from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .parts import lid_scores, proximal_term
 
 STAGES = ("preprocess", "finetune", "usual")
-LID_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -95,23 +97,6 @@ class FedCorrParams(MethodParams):
 
 
 # -- pure parts ------------------------------------------------------------------------------
-
-
-def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
-    """Per-sample LID of the rows of ``probs`` among themselves (fedcorr.md §4.1).
-
-    Euclidean distances to every row, ascending, position 0 (self) dropped, the next k:
-    LID_i = -k / (sum_j log(r_j / (r_k + 1e-6)) + 1e-6). Fewer than k+1 rows: all the
-    others are used and the numerator stays k (the code's slice). float64 as scipy's cdist.
-    """
-    x = torch.as_tensor(probs).double()
-    n = x.shape[0]
-    if n < 2:  # undefined (the code would fail); a neutral value keeps the client's mean finite
-        return torch.zeros(n, dtype=torch.float64, device=x.device)
-    d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")  # exact distances, self = 0
-    kk = min(k, n - 1)
-    r = torch.topk(d, kk + 1, dim=1, largest=False, sorted=True).values[:, 1:]
-    return -k / (torch.log(r / (r[:, -1:] + LID_EPS)).sum(1) + LID_EPS)
 
 
 def _gmm_components(values: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:

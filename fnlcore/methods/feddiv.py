@@ -55,8 +55,9 @@ from ..fl import sampling
 from ..fl.local import train_epochs
 from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, CostStage, FLMethod, MethodParams, register
+from .base import ClientUpdate, FLMethod, MethodParams, register
 from .parts import client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy, sequential_client_groups
+from .costs import CostStage
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
 

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from ..fl.local import train_streams
 from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .multilabel import client_active_classes, partial_bce
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ from ..fl.local import train_streams
 from ..fl.state import State, load, snapshot
 from ..randaugment import RandAugmentSpec
 from ..registry import param
-from .base import ClientUpdate, CostStage, FLMethod, MethodParams, register
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .costs import CostStage
 
 
 @dataclass(frozen=True)

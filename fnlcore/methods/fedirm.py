@@ -43,8 +43,9 @@ from ..errors import ConfigError
 from ..fl.local import train_streams
 from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
-from .rscfed import ema_update
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .multilabel import client_active_classes, partial_bce
+from .parts import ema_update
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 
 from ..registry import param
 from ..fl.batched import masked_mean
 from .base import FLMethod, MethodParams, register
+from .logit_adjust import LogitAdjusted, la_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -22,22 +22,6 @@ class FedLAParams(MethodParams):
     name = "fedla"
     slug_fields = ("tau",)
     tau: float = param(1.0, ge=0, doc="logit-adjustment strength")
-
-
-def log_priors(counts: torch.Tensor) -> torch.Tensor:
-    """(K, C) counts -> log class frequencies per client (-inf where a class is absent)."""
-    return torch.log(counts / counts.sum(1, keepdim=True).clamp_min(1)).float()
-
-
-def la_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor, tau: float) -> torch.Tensor:
-    return F.cross_entropy(logits + tau * log_prior, y)
-
-
-class LogitAdjusted:
-    """Mixin: client log-priors from the current given labels, recomputed at each round start."""
-
-    def refresh_priors(self) -> None:
-        self.log_prior = log_priors(self.ctx.data.class_counts())
 
 
 @register

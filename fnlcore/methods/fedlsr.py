@@ -26,6 +26,7 @@ from ..fl.local import train_streams
 from ..fl.state import snapshot, load
 from ..registry import param
 from .base import ClientUpdate, FLMethod, MethodParams, register
+from .parts import beta_draw, js_elementwise
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,6 @@ def sharpen_square(p: torch.Tensor) -> torch.Tensor:
     return s / s.sum(1, keepdim=True)
 
 
-def js_elementwise(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
-    """1/2 [KL(q1 || m) + KL(q2 || m)], m = (q1 + q2) / 2, each KL averaged over all B*C elements (code)."""
-    log_m = ((q1 + q2) / 2).log()
-    n = q1.numel()  # reduction 'sum' / numel: torch's deprecated 'mean' spelled out (it will change meaning)
-    return 0.5 * (F.kl_div(log_m, q1, reduction="sum") + F.kl_div(log_m, q2, reduction="sum")) / n
-
-
 def entropy(p: torch.Tensor) -> torch.Tensor:
     """Mean over the batch of -sum_c p_c log p_c."""
     return -(p * p.clamp_min(1e-12).log()).sum(1).mean()
@@ -64,12 +58,6 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
 
 def ramp(r: int, gamma: float, t_w: int) -> float:
     return gamma * r / t_w if r < t_w else gamma
-
-
-def beta_draw(alpha: float, gen: torch.Generator, device) -> float:
-    """lambda ~ Beta(alpha, alpha) from two Gammas on ``gen`` (seeded, checkpointed)."""
-    g = torch._standard_gamma(torch.full((2,), float(alpha), device=device), generator=gen)
-    return float(g[0] / (g[0] + g[1]))
 
 
 def fedlsr_loss(z1, z2, y, lam: float, gamma_t: float, p: FedLSRParams) -> torch.Tensor:

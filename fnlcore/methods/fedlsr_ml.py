@@ -25,7 +25,7 @@ from ..fl.local import train_streams
 from ..fl.state import load, snapshot
 from ..registry import param
 from .base import ClientUpdate, FLMethod, MethodParams, register
-from .fedlsr import beta_draw, js_elementwise
+from .parts import beta_draw, js_elementwise
 
 
 @dataclass(frozen=True)

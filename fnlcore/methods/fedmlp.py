@@ -57,7 +57,9 @@ from ..errors import ConfigError
 from ..fl.local import train_streams
 from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .logit_adjust import la_bce, la_shift
+from .multilabel import client_active_classes, partial_bce
 
 UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
 
@@ -94,18 +96,6 @@ class FedMLPParams(MethodParams):
 
 
 # -- losses ---------------------------------------------------------------------------------
-
-
-def la_shift(prior: torch.Tensor, tau: float) -> torch.Tensor:
-    """tau log(pi / (1 - pi)) per class (fedmlp.md §2.1): -inf at pi = 0, +inf at pi = 1, 0 when tau = 0."""
-    if tau == 0:
-        return torch.zeros_like(prior)
-    return tau * (torch.log(prior) - torch.log1p(-prior))
-
-
-def la_bce(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """Per-entry l_LA = BCE(sigma(z + shift), y), log clamped at -100 (``F.binary_cross_entropy``)."""
-    return F.binary_cross_entropy(torch.sigmoid(logits.float() + shift), y, reduction="none")
 
 
 def wpc_loss(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, active: torch.Tensor, batch_size: int) -> torch.Tensor:

@@ -36,8 +36,10 @@ from ..errors import ConfigError
 from ..fl.local import predict
 from ..fl.state import load, per_tensor_distance, snapshot, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register, warm_up_then
-from .fedla import LogitAdjusted, la_cross_entropy
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .costs import warm_up_then
+from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .parts import class_loss_matrix, minmax_columns
 
 
 @dataclass(frozen=True)
@@ -77,27 +79,6 @@ def ramp_weight(r: int, begin: int, end: int, lambda_max: float) -> float:
         return lambda_max
     t = (min(max(r, begin), end) - begin) / (end - begin)
     return lambda_max * math.exp(-5.0 * (1.0 - t) ** 2)
-
-
-def class_loss_matrix(losses: np.ndarray, labels: np.ndarray, clients: list[np.ndarray], num_classes: int) -> np.ndarray:
-    """K x C mean loss per client and (given) class; missing entries filled with the column minimum."""
-    k = len(clients)
-    mat = np.full((k, num_classes), np.nan)
-    for i, idx in enumerate(clients):
-        s = np.bincount(labels[idx], weights=losses[idx], minlength=num_classes)
-        n = np.bincount(labels[idx], minlength=num_classes)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mat[i] = np.where(n > 0, s / np.maximum(n, 1), np.nan)
-    col_min = np.nanmin(np.where(np.isnan(mat), np.inf, mat), axis=0)
-    col_min = np.where(np.isinf(col_min), 0.0, col_min)  # a class nobody holds
-    return np.where(np.isnan(mat), col_min[None, :], mat)
-
-
-def minmax_columns(mat: np.ndarray) -> np.ndarray:
-    """Column-wise min-max normalisation (Eq. 3); a constant column becomes 0."""
-    lo, hi = mat.min(0), mat.max(0)
-    span = hi - lo
-    return np.where(span > 0, (mat - lo) / np.where(span > 0, span, 1.0), 0.0)
 
 
 def gmm_noisy_clients(features: np.ndarray, random_state: int) -> frozenset[int]:

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from ..fl.local import predict
 from ..registry import param
 from .base import FLMethod, MethodParams, register
-from .fedla import LogitAdjusted, la_cross_entropy
-from .fednoro import class_loss_matrix, minmax_columns
+from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .parts import class_loss_matrix, lid_scores, minmax_columns
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,6 @@ def client_indicators(ctx, model, p: FedNoRoDetectionParams) -> np.ndarray:
     given = data.given[assigned.to(ctx.device)]
     n = len(data.train)
     if p.indicator == "lid":
-        from .fedcorr import lid_scores
-
         probs = F.softmax(logits, dim=1)
         out, start = [], 0
         for idx in data.clients:

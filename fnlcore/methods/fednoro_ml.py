@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import param
-from .base import FLMethod, MethodParams, client_active_classes, register
-from .fedmlp import la_bce, la_shift
+from .base import FLMethod, MethodParams, register
+from .logit_adjust import la_bce, la_shift
+from .multilabel import client_active_classes
 
 
 @dataclass(frozen=True)

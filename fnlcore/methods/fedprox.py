@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 
 from ..fl.state import parameter_keys, snapshot
 from ..registry import param
 from .base import FLMethod, MethodParams, register
+from .parts import proximal_term
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,6 @@ class FedProxParams(MethodParams):
     mu: float = param(0.01, ge=0, doc="proximal weight")
     form: str = param("squared_half", choices=("squared_half", "fedcorr_unsquared"))
     skip_first_batch: bool = False
-
-
-def proximal_term(model: torch.nn.Module, ref: dict[str, torch.Tensor], keys: list[str], mu: float, form: str) -> torch.Tensor:
-    params = dict(model.named_parameters())
-    sq = sum(((params[k] - ref[k]) ** 2).sum() for k in keys)
-    if form == "squared_half":
-        return 0.5 * mu * sq
-    return mu * torch.sqrt(sq)
 
 
 @register

@@ -1,4 +1,5 @@
-"""Building blocks several methods share (FedCorr, FedDiv and the baselines FedCorr adapted).
+"""Building blocks several methods share (FedCorr, FedDiv and the baselines FedCorr adapted; the
+proximal term, the EMA teacher update, FedNoRo's per-class loss matrix, FedLSR's JS divergence).
 
 Not a method: no registration. Each block is the reference codes' behaviour, named
 for what it computes, so a method file reads as its algorithm.
@@ -84,3 +85,76 @@ def client_outputs(ctx, model: torch.nn.Module, idx: torch.Tensor, augment: bool
     probs = F.softmax(logits, dim=1)
     labels = ctx.data.given[idx.to(ctx.device)]
     return logits, probs, double_softmax_loss(probs, labels)
+
+
+def proximal_term(model: torch.nn.Module, ref: dict[str, torch.Tensor], keys: list[str], mu: float, form: str) -> torch.Tensor:
+    params = dict(model.named_parameters())
+    sq = sum(((params[k] - ref[k]) ** 2).sum() for k in keys)
+    if form == "squared_half":
+        return 0.5 * mu * sq
+    return mu * torch.sqrt(sq)
+
+
+def ema_update(teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
+    """teacher <- decay teacher + (1 - decay) student on float state tensors; integer buffers copied."""
+    with torch.no_grad():
+        s = student.state_dict()
+        for key, t in teacher.state_dict().items():
+            if t.is_floating_point():
+                t.mul_(decay).add_(s[key], alpha=1.0 - decay)
+            else:
+                t.copy_(s[key])
+
+
+def js_elementwise(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
+    """1/2 [KL(q1 || m) + KL(q2 || m)], m = (q1 + q2) / 2, each KL averaged over all B*C elements (code)."""
+    log_m = ((q1 + q2) / 2).log()
+    n = q1.numel()  # reduction 'sum' / numel: torch's deprecated 'mean' spelled out (it will change meaning)
+    return 0.5 * (F.kl_div(log_m, q1, reduction="sum") + F.kl_div(log_m, q2, reduction="sum")) / n
+
+
+def beta_draw(alpha: float, gen: torch.Generator, device) -> float:
+    """lambda ~ Beta(alpha, alpha) from two Gammas on ``gen`` (seeded, checkpointed)."""
+    g = torch._standard_gamma(torch.full((2,), float(alpha), device=device), generator=gen)
+    return float(g[0] / (g[0] + g[1]))
+
+
+def class_loss_matrix(losses: np.ndarray, labels: np.ndarray, clients: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """K x C mean loss per client and (given) class; missing entries filled with the column minimum."""
+    k = len(clients)
+    mat = np.full((k, num_classes), np.nan)
+    for i, idx in enumerate(clients):
+        s = np.bincount(labels[idx], weights=losses[idx], minlength=num_classes)
+        n = np.bincount(labels[idx], minlength=num_classes)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mat[i] = np.where(n > 0, s / np.maximum(n, 1), np.nan)
+    col_min = np.nanmin(np.where(np.isnan(mat), np.inf, mat), axis=0)
+    col_min = np.where(np.isinf(col_min), 0.0, col_min)  # a class nobody holds
+    return np.where(np.isnan(mat), col_min[None, :], mat)
+
+
+def minmax_columns(mat: np.ndarray) -> np.ndarray:
+    """Column-wise min-max normalisation (Eq. 3); a constant column becomes 0."""
+    lo, hi = mat.min(0), mat.max(0)
+    span = hi - lo
+    return np.where(span > 0, (mat - lo) / np.where(span > 0, span, 1.0), 0.0)
+
+
+LID_EPS = 1e-6
+
+
+def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
+    """Per-sample LID of the rows of ``probs`` among themselves (fedcorr.md §4.1).
+
+    Euclidean distances to every row, ascending, position 0 (self) dropped, the next k:
+    LID_i = -k / (sum_j log(r_j / (r_k + 1e-6)) + 1e-6). Fewer than k+1 rows: all the
+    others are used and the numerator stays k (the code's slice). float64 as scipy's cdist.
+    """
+    x = torch.as_tensor(probs).double()
+    n = x.shape[0]
+    if n < 2:  # undefined (the code would fail); a neutral value keeps the client's mean finite
+        return torch.zeros(n, dtype=torch.float64, device=x.device)
+    d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")  # exact distances, self = 0
+    kk = min(k, n - 1)
+    r = torch.topk(d, kk + 1, dim=1, largest=False, sorted=True).values[:, 1:]
+    return -k / (torch.log(r / (r[:, -1:] + LID_EPS)).sum(1) + LID_EPS)

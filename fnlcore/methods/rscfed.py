@@ -38,7 +38,9 @@ from ..errors import ConfigError
 from ..fl.local import train_streams
 from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, client_active_classes, partial_bce, register
+from .base import ClientUpdate, FLMethod, MethodParams, register
+from .multilabel import client_active_classes, partial_bce
+from .parts import ema_update
 
 
 @dataclass(frozen=True)
@@ -77,17 +79,6 @@ def _distance(a, b) -> float:
     """Sum over float entries of ||a - b||_2 (``per_tensor_distance``, with one host sync instead of one per tensor)."""
     norms = [torch.linalg.vector_norm((v - b[k]).double()) for k, v in a.items() if v.is_floating_point()]
     return float(torch.stack(norms).sum()) if norms else 0.0
-
-
-def ema_update(teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
-    """teacher <- decay teacher + (1 - decay) student on float state tensors; integer buffers copied."""
-    with torch.no_grad():
-        s = student.state_dict()
-        for key, t in teacher.state_dict().items():
-            if t.is_floating_point():
-                t.mul_(decay).add_(s[key], alpha=1.0 - decay)
-            else:
-                t.copy_(s[key])
 
 
 def missing_mse(p_student: torch.Tensor, p_teacher: torch.Tensor, missing: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from fnlcore.assignment import ClientAssignment
 from fnlcore.datasets import DatasetInfo, PrepareContext, register, write_prepared
-from fnlcore.methods import FLMethod, MethodParams, register as register_method
+from fnlcore.methods import FLMethod, MethodParams, Stage, register as register_method
 from fnlcore.noise.generators import symmetric_noise
 from fnlcore.noise.specs import NoiseSpec
 from fnlcore.partition.specs import PartitionSpec
@@ -41,9 +41,11 @@ class Smooth(FLMethod):
     def stage(self, r: int) -> str:
         return "plain" if r < self.params.start_round else "smooth"
 
-    def loss(self, model, x, idx, step, k, r):
-        eps = self.params.smoothing if r >= self.params.start_round else 0.0
-        return F.cross_entropy(model(x), self.labels(idx), label_smoothing=eps)
+    def loss(self, b):
+        eps = self.params.smoothing if b.r >= self.params.start_round else 0.0
+        return F.cross_entropy(b.model(b.x), self.labels(b.idx), label_smoothing=eps)
+
+    stages = {"plain": Stage(loss=loss), "smooth": Stage(loss=loss)}
 
 
 # -- a noise model: symmetric noise at half the given rate on every client --------------------------

@@ -1,0 +1,250 @@
+"""Local training of one client, owned by the engine: a method declares, the engine runs.
+
+For client k in round r the engine loads the client's working copies of the method's global
+networks, asks the round's :class:`Stage` to ``prepare`` a :class:`LocalJob` (or takes the
+default: one epoch loop over the client's samples with the stage's loss), runs the job's
+phases — shuffling, batching, augmentation, autocast, the optimiser steps, the per-step and
+per-epoch hooks — then asks the stage what the client ``upload``s. No method writes the
+load → train → snapshot skeleton; several networks and several batch streams are declared
+in a :class:`Phase`, not hand-looped.
+
+The draw order is fixed by this module and equals the one the reference loops of
+:mod:`fnlcore.fl.local` use: per epoch, one permutation of the lead stream from
+``ctx.shuffle_gen``, then per step the lead batch, each other stream's next batch (a stream
+that runs out is reshuffled), the augmentation (``augment="train"``: the train view of the
+lead batch before the loss; ``"raw"``: the loss makes its own views), the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..errors import ConfigError
+from .context import RunContext
+from .local import _Cycle, _LossSum, epoch_order
+from .state import State, load, snapshot
+
+Streams = dict[str, tuple[torch.Tensor, int]]
+
+
+@dataclass
+class Batch:
+    """One training step as a loss sees it.
+
+    ``model``: the network being trained (the phase's first); ``nets``: every working network
+    of the client by name (trained ones in train mode); ``x``: the train view of the lead batch
+    (``augment="train"``) or None; ``idx``: the lead batch's sample ids (CPU int64);
+    ``streams``: each stream's (uint8 images on the device, sample ids) for ``augment="raw"``;
+    ``step``/``epoch``: the batch number within the epoch and the epoch within the phase.
+    """
+
+    model: torch.nn.Module
+    nets: dict[str, torch.nn.Module]
+    x: torch.Tensor | None
+    idx: torch.Tensor
+    streams: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    step: int
+    epoch: int
+    r: int
+    k: int
+    job: "LocalJob"
+
+
+LossFn = Callable[[Batch], torch.Tensor]
+
+
+@dataclass
+class Phase:
+    """A stretch of local training: which networks step, on which streams, with which loss.
+
+    ``loss`` (None: the stage's); ``train``: names of the networks the optimiser steps (None:
+    the method's first network); ``streams``: name -> (sample ids, batch size), the first sets
+    the epoch length (None: the client's samples at the run's batch size); ``augment``: "train"
+    gives ``Batch.x`` (one stream only), "raw" leaves the views to the loss; ``epochs`` (None:
+    the run's); ``on_epoch(epoch)`` runs before each epoch and may return new streams;
+    ``after_step()`` runs after every optimiser step (EMA trackers); ``step(batch)`` replaces
+    the engine's zero_grad/backward/step for a method whose update is not one optimiser step
+    on one loss (FedFixer's twin step), and returns the loss to log.
+    """
+
+    loss: LossFn | None = None
+    train: tuple[str, ...] | None = None
+    streams: Streams | None = None
+    augment: str = "train"
+    epochs: int | None = None
+    on_epoch: Callable[[int], Streams | None] | None = None
+    after_step: Callable[[], None] | None = None
+    step: Callable[[Batch], torch.Tensor] | None = None
+
+
+@dataclass
+class LocalJob:
+    """What a client trains in a round: its phases (a list, or a generator that decides the next
+    phase after the previous one ran — DivideMix's per-epoch co-divide), the round whose
+    scheduled learning rate the optimisers take (``lr_round``, None: this round), per-network
+    learning rates that differ from the schedule (``lr``), and ``info``: whatever the method's
+    loss and upload need from its preparation. ``losses`` collects each phase's mean loss.
+    """
+
+    phases: Iterable[Phase] | None = None
+    lr_round: int | None = None
+    lr: dict[str, float] = field(default_factory=dict)
+    info: Any = None
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def train_loss(self) -> float:
+        """The mean loss of a one-phase job (the mean of the phases' means otherwise)."""
+        return self.losses[0] if len(self.losses) == 1 else (sum(self.losses) / len(self.losses) if self.losses else 0.0)
+
+
+@dataclass
+class Stage:
+    """What a method does in the rounds of one stage (a row of its stage table).
+
+    The callables are functions of the method's class body, called with the method first:
+    ``prepare(r, k, nets) -> LocalJob | None`` runs before client k trains (``nets``: the
+    client's working networks, loaded from the global ones); None means the default job.
+    ``loss(batch)`` is the default phase loss. ``upload(r, k, job, nets) -> dict`` is what the
+    client sends besides its networks (default: its mean training loss). ``batched_loss``
+    (logits (K, B, C), sample ids (K, B), row mask or None, client ids (K,), round) -> (K,)
+    makes the stage batchable: the engine may then train the round's clients as one stacked
+    computation (only for the default job: one network, one stream, no hooks).
+    """
+
+    loss: LossFn | None = None
+    prepare: Callable[[int, int, dict], LocalJob | None] | None = None
+    upload: Callable[[int, int, LocalJob, dict], dict] | None = None
+    batched_loss: Callable | None = None
+
+
+@dataclass
+class ClientUpdate:
+    """What one client sends: its trained networks by name and its uploads."""
+
+    client: int
+    num_samples: int
+    states: dict[str, State]
+    uploads: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def state(self) -> State:
+        """The first (for most methods: the only) network's state."""
+        return next(iter(self.states.values()))
+
+
+class _Together:
+    """Several optimisers stepped as one (a phase that trains several networks on one loss)."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+
+def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torch.nn.Module],
+              optimizers: dict[str, torch.optim.Optimizer], default_loss: LossFn | None, idx: torch.Tensor,
+              r: int, k: int) -> float:
+    """Run one phase; returns the mean of its per-step losses."""
+    s = ctx.settings
+    train = phase.train or (next(iter(nets)),)
+    model = nets[train[0]]
+    opt = optimizers[train[0]] if len(train) == 1 else _Together([optimizers[n] for n in train])
+    loss_fn = phase.loss or default_loss
+    if loss_fn is None and phase.step is None:
+        raise ConfigError("a phase needs a loss (or a step)")
+    streams = phase.streams if phase.streams is not None else {"data": (idx, s.batch_size)}
+    if phase.augment not in ("train", "raw"):
+        raise ConfigError(f"Phase.augment must be 'train' or 'raw', not {phase.augment!r}")
+    if phase.augment == "train" and len(streams) != 1:
+        raise ConfigError("Phase.augment='train' takes one stream; use augment='raw' and make the views in the loss")
+    epochs = s.local_epochs if phase.epochs is None else phase.epochs
+    names, lead_idx, lead_bs, cursors = _open(ctx, streams)
+    augment, aug_gen = ctx.pipeline.train, ctx.aug_gen
+    losses = _LossSum()
+    amp = ctx.autocast()
+    for n in train:
+        nets[n].train()
+    for epoch in range(epochs):
+        if phase.on_epoch is not None:
+            fresh = phase.on_epoch(epoch)
+            if fresh is not None:
+                names, lead_idx, lead_bs, cursors = _open(ctx, fresh)
+            for n in train:
+                nets[n].train()  # the hook may have run an evaluation pass
+        order = epoch_order(ctx, lead_idx)
+        for step, (xb, bidx) in enumerate(ctx.data.train.batches(order, lead_bs, drop_last=s.drop_last)):
+            if phase.augment == "train":
+                b = Batch(model, nets, None, bidx, {}, step, epoch, r, k, job)
+                with amp:
+                    b.x = augment(xb, aug_gen)
+            else:
+                got = {names[0]: (xb, bidx)}
+                got.update((nm, c.next()) for nm, c in cursors.items())
+                b = Batch(model, nets, None, bidx, got, step, epoch, r, k, job)
+            if phase.step is not None:
+                loss = phase.step(b)
+            else:
+                with amp:
+                    loss = loss_fn(b)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            if phase.after_step is not None:
+                phase.after_step()
+            losses.append(loss.detach())
+    return losses.mean()
+
+
+def _open(ctx: RunContext, streams: Streams):
+    if not streams:
+        raise ConfigError("a phase needs at least one stream: {name: (sample indices, batch size)}")
+    for name, (_, bs) in streams.items():
+        if int(bs) < 1:
+            raise ConfigError(f"stream {name!r}: batch size {bs} must be >= 1")
+    names = list(streams)
+    lead_idx, lead_bs = streams[names[0]]
+    cursors = {n: _Cycle(ctx, i, bs) for n, (i, bs) in list(streams.items())[1:] if len(i)}
+    return names, lead_idx, lead_bs, cursors
+
+
+def train_client(method, r: int, k: int) -> ClientUpdate:
+    """Client k's local update in round r under ``method``'s stage table (the sequential engine)."""
+    ctx = method.ctx
+    stage = method.current_stage(r)
+    nets = method.workers
+    for name, g in method.globals.items():
+        load(nets[name], g.state_dict())
+    job = stage.prepare(method, r, k, nets) if stage.prepare is not None else None
+    if job is None:
+        job = LocalJob()
+    idx = ctx.data.clients[k]
+    lr_round = r if job.lr_round is None else job.lr_round
+    optimizers: dict[str, torch.optim.Optimizer] = {}
+
+    def optimizer(name: str) -> torch.optim.Optimizer:
+        if name not in optimizers:  # one per network and local update, kept across phases (momentum)
+            optimizers[name] = ctx.optimizer(nets[name].parameters(), lr_round, lr=job.lr.get(name))
+        return optimizers[name]
+
+    default_loss = (lambda b: stage.loss(method, b)) if stage.loss is not None else None
+    phases = job.phases if job.phases is not None else [Phase()]
+    for phase in phases:
+        train = phase.train or (method.networks[0],)
+        for n in train:
+            if n not in nets:
+                raise ConfigError(f"phase trains network {n!r}, which the method does not declare")
+            optimizer(n)
+        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, default_loss, idx, r, k))
+    uploads = stage.upload(method, r, k, job, nets) if stage.upload is not None else {}
+    uploads = {"train_loss": job.train_loss, **uploads}
+    return ClientUpdate(k, len(idx), {n: snapshot(nets[n]) for n in method.networks}, uploads)

@@ -1,0 +1,247 @@
+"""A method's persistent state, saved and restored by the engine from what the method declares.
+
+A method declares its global networks (``networks``) and the names of the attributes that
+carry across rounds (``persistent``: tensors, numpy arrays, numbers, containers of these,
+objects with ``state_dict``/``load_state_dict`` such as samplers, and :class:`ClientStore`\\ s
+of per-client models). :func:`method_state` copies them; :func:`load_method_state` puts them
+back and checks that the checkpoint holds exactly the declared state with the same shapes, so a
+checkpoint of a changed method is refused with its reason instead of loading half a state.
+
+Tensors keep where they live: a tensor on the run's device is restored to the run's device
+(which may differ from the one that saved it), a host tensor stays on the host.
+
+Per-client models (FedGR's EMA models, FedFixer's personalised ones, FedIRM's teachers) live in
+a :class:`ClientStore`: in memory only while the round that uses them runs, on disk otherwise,
+and a checkpoint writes only the entries that changed since the previous one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..io import atomic_path
+from .state import State, snapshot
+
+
+class _OnDevice:
+    """Marks a saved tensor that lived on the run's device (restored to the run's device)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+
+def _pack(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        t = v.detach().to("cpu", copy=True)
+        return _OnDevice(t) if v.device.type != "cpu" else t
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if isinstance(v, dict):
+        return {k: _pack(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_pack(x) for x in v)
+    if hasattr(v, "state_dict") and hasattr(v, "load_state_dict"):
+        return {"__state__": _pack(v.state_dict())}
+    return v
+
+
+def _unpack(saved: Any, device: torch.device) -> Any:
+    if isinstance(saved, _OnDevice):
+        return saved.t.to(device)
+    if isinstance(saved, torch.Tensor):
+        return saved.clone()
+    if isinstance(saved, np.ndarray):
+        return saved.copy()
+    if isinstance(saved, dict):
+        return {k: _unpack(x, device) for k, x in saved.items()}
+    if isinstance(saved, (list, tuple)):
+        return type(saved)(_unpack(x, device) for x in saved)
+    return saved
+
+
+def persistent_names(cls) -> tuple[str, ...]:
+    """Every ``persistent`` name along the class's bases (base classes' first, no repeats)."""
+    out: list[str] = []
+    for c in reversed(cls.__mro__):
+        for n in c.__dict__.get("persistent", ()):
+            if n not in out:
+                out.append(n)
+    return tuple(out)
+
+
+def method_state(method, files: bool = False) -> dict:
+    """The method's declared state: its global networks and its persistent attributes (copies).
+
+    A :class:`ClientStore` is saved whole (every client's entry) or, with ``files`` (the engine's
+    checkpoints), as the names of its files on disk."""
+    attrs = {}
+    for name in persistent_names(type(method)):
+        v = getattr(method, name)
+        if isinstance(v, ClientStore):
+            attrs[name] = v.checkpoint() if files else {"entries": {k: v.get(k) for k in v.clients()}}
+        else:
+            attrs[name] = _pack(v)
+    return {"globals": {n: snapshot(g) for n, g in method.globals.items()}, "attrs": attrs}
+
+
+def load_method_state(method, d: dict) -> None:
+    """Restore what :func:`method_state` saved; a ConfigError names what does not match the declarations."""
+    from .state import load
+
+    want = set(persistent_names(type(method)))
+    got = set(d.get("attrs", {}))
+    if set(d.get("globals", {})) != set(method.globals) or got != want:
+        raise ConfigError(
+            f"the checkpoint's state does not match method {type(method).__name__!r}: networks "
+            f"{sorted(d.get('globals', {}))} vs {sorted(method.globals)}, persistent state {sorted(got)} vs "
+            f"{sorted(want)}; it was written by other code: move it aside to restart the run"
+        )
+    for n, st in d["globals"].items():
+        load(method.globals[n], st)
+    dev = method.ctx.device
+    for name, saved in d["attrs"].items():
+        cur = getattr(method, name)
+        if isinstance(cur, ClientStore):
+            cur.restore(saved)
+        elif hasattr(cur, "load_state_dict") and isinstance(saved, dict) and "__state__" in saved:
+            cur.load_state_dict(_unpack(saved["__state__"], dev))
+        else:
+            value = _unpack(saved, dev)
+            if isinstance(cur, torch.Tensor) and (not isinstance(value, torch.Tensor) or value.shape != cur.shape
+                                                  or value.dtype != cur.dtype):
+                got_shape = (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else type(value)
+                raise ConfigError(
+                    f"the checkpoint's {name!r} is {got_shape}, the run's is {(tuple(cur.shape), cur.dtype)}: "
+                    "it belongs to another run; move it aside to restart"
+                )
+            setattr(method, name, value)
+
+
+class ClientStore:
+    """Per-client models (or any tensor dicts) kept on disk between the rounds that use them.
+
+    ``get(k)`` returns client k's entry (None before its first ``put``); ``put(k, state)`` keeps a
+    host copy. The engine calls :meth:`end_round`: entries written this round go to disk and leave
+    memory, so a run holds at most one round's entries whatever the client count. A checkpoint
+    (:meth:`checkpoint`) names each client's file; files are versioned by the round that wrote
+    them and an older version is removed only once a newer checkpoint no longer names it, so a
+    run killed at any point resumes from a consistent set.
+
+    ``folder``: where entries live (the engine gives ``<checkpoint>.clients/<name>``; without a
+    checkpoint a temporary folder removed with the store).
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._folder: Path | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._mem: dict[int, State] = {}  # written since the last flush
+        self._files: dict[int, str] = {}  # client -> file name on disk (latest version)
+        self._named: set[str] = set()  # files the last checkpoint names (kept until superseded)
+        self._round = 0
+
+    # -- where ---------------------------------------------------------------------------
+    def attach(self, folder: Path | None) -> None:
+        """Keep entries under ``folder`` (None: a temporary folder)."""
+        if folder is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"fnl-{self.name}-")
+            folder = Path(self._tmp.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._folder = folder
+
+    @property
+    def folder(self) -> Path:
+        if self._folder is None:
+            self.attach(None)
+        return self._folder
+
+    # -- use -------------------------------------------------------------------------------
+    def __contains__(self, k: int) -> bool:
+        return int(k) in self._mem or int(k) in self._files
+
+    def __len__(self) -> int:
+        return len(set(self._mem) | set(self._files))
+
+    def clients(self) -> list[int]:
+        return sorted(set(self._mem) | set(self._files))
+
+    def get(self, k: int) -> State | None:
+        k = int(k)
+        if k in self._mem:
+            return self._mem[k]
+        if k in self._files:
+            return torch.load(self.folder / self._files[k], map_location="cpu", weights_only=True)
+        return None
+
+    def put(self, k: int, state: State) -> None:
+        self._mem[int(k)] = {n: v.detach().to("cpu", copy=True) for n, v in state.items()}
+
+    def begin_round(self, r: int) -> None:
+        self._round = int(r)
+
+    def end_round(self) -> None:
+        """Write this round's entries to disk and drop them from memory."""
+        for k, st in sorted(self._mem.items()):
+            fname = f"client{k}.r{self._round}.pt"
+            with atomic_path(self.folder / fname, suffix=".pt") as tmp:
+                torch.save(st, tmp)
+            old = self._files.get(k)
+            self._files[k] = fname
+            if old is not None and old != fname and old not in self._named:
+                _remove(self.folder / old)
+        self._mem = {}
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def checkpoint(self) -> dict:
+        """Flush, and name the current files (what a checkpoint records)."""
+        self.end_round()
+        return {"files": dict(self._files)}
+
+    def committed(self) -> None:
+        """The checkpoint that named the current files is on disk: files it does not name can go."""
+        keep = set(self._files.values())
+        for f in self._named - keep:
+            _remove(self.folder / f)
+        self._named = keep
+        for p in self.folder.glob("client*.pt"):  # written after the previous checkpoint, then superseded
+            if p.name not in keep:
+                _remove(p)
+
+    def restore(self, saved: dict) -> None:
+        """Back to a saved state: whole entries, or the files of a checkpoint in this store's folder."""
+        if "entries" in saved:
+            self._files, self._mem = {}, {}
+            for k, st in saved["entries"].items():
+                self.put(k, st)
+            self.end_round()
+            return
+        missing = [f for f in saved["files"].values() if not (self.folder / f).is_file()]
+        if missing:
+            raise ConfigError(
+                f"the checkpoint names per-client state files that are gone from {self.folder}: {missing[:3]}; "
+                "move the checkpoint aside to restart the run"
+            )
+        self._files = {int(k): f for k, f in saved["files"].items()}
+        self._named = set(self._files.values())
+        self._mem = {}
+
+    def clear(self) -> None:
+        if self._folder is not None and self._tmp is None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _remove(p: Path) -> None:
+    try:
+        os.remove(p)
+    except FileNotFoundError:
+        pass

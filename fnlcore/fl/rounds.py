@@ -1,0 +1,114 @@
+"""Which engine trains a round's clients, decided from what the method declares.
+
+The sequential engine (:func:`~fnlcore.fl.client.train_client`) trains clients one after
+another; the batched engine (:mod:`fnlcore.fl.batched`) trains them as one stacked
+computation. A round runs batched when ``training.engine`` allows it, the run suits it
+(:func:`batched_fits`) and the round's stage has a batched loss (``Stage.batched_loss``);
+nothing is inferred from which methods a class overrides.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..errors import ConfigError
+from .client import ClientUpdate, train_client
+from .context import RunContext
+
+
+def batched_support(cls) -> str | None:
+    """Why the batched engine can never run method class ``cls``, or None when some stage can."""
+    if any(st.batched_loss is not None for st in cls.stages.values()):
+        return None
+    return "none of its stages has a batched loss (Stage.batched_loss)"
+
+
+def use_batched_engine(cls, engine: str, where: str = "") -> bool:
+    """Whether method class ``cls`` may train with the batched engine under ``training.engine``.
+
+    batched: yes, or a ConfigError naming why it cannot; auto: where it can; sequential: no."""
+    if engine == "sequential":
+        return False
+    why = batched_support(cls)
+    if why is not None and engine == "batched":
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(
+            f"{prefix}training.engine: batched cannot run method {cls.Params.name!r}: {why}; use engine: auto "
+            "(batched where possible) or sequential"
+        )
+    return why is None
+
+
+def batched_fits(ctx: RunContext, model: torch.nn.Module, strict: bool) -> bool:
+    """Whether the run's data and model suit the batched engine (in-memory images, a stackable model).
+
+    ``strict`` (engine: batched) raises the ConfigError that says why not; otherwise (auto) False,
+    also where batching is measured slower: on a CPU for models with BatchNorm or wide convolutions."""
+    from .stacked import check_stackable, gains_on_cpu
+
+    if not strict and ctx.device.type == "cpu" and not gains_on_cpu(model):
+        return False
+    try:
+        if not ctx.data.train.in_memory:
+            raise ConfigError(
+                "training.engine: batched needs the training images in memory (this dataset streams from files); "
+                "use engine: auto or sequential"
+            )
+        check_stackable(model)
+    except ConfigError:
+        if strict:
+            raise
+        return False
+    return True
+
+
+class RoundEngine:
+    """Trains a round's clients for one method: sequentially, or batched where declared and allowed."""
+
+    def __init__(self, method):
+        self.method = method
+        ctx = method.ctx
+        self.batched = use_batched_engine(type(method), ctx.settings.engine) and batched_fits(
+            ctx, method.global_model, strict=ctx.settings.engine == "batched"
+        )
+        self._stacked: dict = {}  # K -> StackedNet, one per chunk size, reused every round
+
+    def updates(self, r: int, clients: list[int]) -> Iterator[ClientUpdate]:
+        """The round's client updates, in client order, produced as they are consumed."""
+        stage = self.method.current_stage(r)
+        if not self.batched or stage.batched_loss is None or not clients:
+            return (train_client(self.method, r, k) for k in clients)
+        return iter(self._batched(r, clients, stage))
+
+    def _batched(self, r: int, clients: list[int], stage) -> list[ClientUpdate]:
+        from .batched import train_clients
+        from .stacked import StackedNet
+
+        m, ctx = self.method, self.method.ctx
+        if len(m.networks) != 1:
+            raise ConfigError(f"{type(m).__name__}: the batched engine trains one network per client")
+        for k in clients:
+            if stage.prepare is not None and stage.prepare(m, r, k, m.workers) is not None:
+                raise ConfigError(
+                    f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss but prepares its own job; "
+                    "a batched stage runs the default job"
+                )
+        chunk = ctx.settings.batched_clients or len(clients)
+        out: list[ClientUpdate] = []
+        for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
+            part = clients[at : at + chunk]
+            ids = torch.as_tensor(part, dtype=torch.int64, device=ctx.device)
+            loss = lambda logits, idx, mask: stage.batched_loss(m, logits, idx, mask, ids, r)  # noqa: E731
+            idx = [ctx.data.clients[k] for k in part]
+            if len(part) not in self._stacked:
+                self._stacked[len(part)] = StackedNet(m.global_model, len(part)).to(ctx.device)
+            states, losses = train_clients(ctx, m.global_model, idx, loss, r, self._stacked[len(part)])
+            name = m.networks[0]
+            for k, i, st, l in zip(part, idx, states, losses):
+                ups = {"train_loss": l}
+                if stage.upload is not None:
+                    raise ConfigError(f"{type(m).__name__}: a batched stage uploads only its networks and loss")
+                out.append(ClientUpdate(k, len(i), {name: st}, ups))
+        return out

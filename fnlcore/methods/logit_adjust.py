@@ -1,0 +1,35 @@
+"""Logit adjustment, single- and multi-label (Menon et al. 2021; FedLA, FedNoRo, FedCorr; FedMLP's
+LA-BCE, fedmlp.md §2.1). Not a method."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def log_priors(counts: torch.Tensor) -> torch.Tensor:
+    """(K, C) counts -> log class frequencies per client (-inf where a class is absent)."""
+    return torch.log(counts / counts.sum(1, keepdim=True).clamp_min(1)).float()
+
+
+def la_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor, tau: float) -> torch.Tensor:
+    return F.cross_entropy(logits + tau * log_prior, y)
+
+
+class LogitAdjusted:
+    """Mixin: client log-priors from the current given labels, recomputed at each round start."""
+
+    def refresh_priors(self) -> None:
+        self.log_prior = log_priors(self.ctx.data.class_counts())
+
+
+def la_shift(prior: torch.Tensor, tau: float) -> torch.Tensor:
+    """tau log(pi / (1 - pi)) per class (fedmlp.md §2.1): -inf at pi = 0, +inf at pi = 1, 0 when tau = 0."""
+    if tau == 0:
+        return torch.zeros_like(prior)
+    return tau * (torch.log(prior) - torch.log1p(-prior))
+
+
+def la_bce(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Per-entry l_LA = BCE(sigma(z + shift), y), log clamped at -100 (``F.binary_cross_entropy``)."""
+    return F.binary_cross_entropy(torch.sigmoid(logits.float() + shift), y, reduction="none")

@@ -1,0 +1,72 @@
+"""Multi-label pieces several methods share: FedMLP's partial-label BCE and the per-client
+class masks and positive weights (fedmlp.md §1, §6; baselines.md §14). Not a method."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def client_pos_weights(data) -> torch.Tensor:
+    """(K, C) pos_weight_c = N_k / n_c^+ with n_c^+ the client's TRUE positives of class c (fedmlp.md §6).
+
+    The true counts equal the observed ones on annotated classes; on missing classes every
+    target is 0, so the weight has no effect there. A class without local positives gets 1
+    (its weight multiplies only positive targets, of which there are none; N_k / 0 would
+    turn the loss into NaN).
+    """
+    y = data.y_true.float()
+    out = torch.ones(data.num_clients, data.num_classes, device=y.device)
+    for k, idx in enumerate(data.clients):
+        pos = y[idx.to(y.device)].sum(0)
+        out[k] = torch.where(pos > 0, len(idx) / pos.clamp_min(1), torch.ones_like(pos))
+    return out
+
+
+def client_active_classes(data) -> torch.Tensor:
+    """(K, C) 0/1 float: the classes each client annotates (FedMLP's A_k; fedmlp.md §1, §3).
+
+    A class counts for client k when it is annotated on all of its samples (FedMLP's
+    partial labels are per client); every class when the data has no ``active`` mask.
+    """
+    dev = data.given.device
+    c = data.num_classes
+    if data.active is None:
+        return torch.ones(data.num_clients, c, device=dev)
+    act = data.active.float()
+    return torch.stack([
+        act[idx.to(act.device)].amin(0) if len(idx) else torch.zeros(c, device=act.device) for idx in data.clients
+    ]).to(dev)
+
+
+def partial_bce(
+    logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor | None, batch_size: int,
+    classes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FedMLP's FedAvg / FedAvg-PL loss (fedmlp.md §6, baselines.md §14).
+
+    Σ_i Σ_{c} BCEwithlogits_pw(z_ic, y_ic) / (B * C), or with ``classes`` (a (C,) 0/1 mask of
+    the client's annotated classes, FedAvg-PL) the sum over those classes / (B * |A_k|);
+    B = the nominal batch size (``batch_size``), also for a smaller last batch.
+    """
+    per = F.binary_cross_entropy_with_logits(logits.float(), y, pos_weight=pos_weight, reduction="none")
+    if classes is None:
+        return per.sum() / (batch_size * logits.shape[1])
+    return (per * classes).sum() / (batch_size * classes.sum().clamp_min(1))
+
+
+def batched_partial_bce(
+    logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor, batch_size: int, mask: torch.Tensor | None,
+    classes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`partial_bce` of K clients at once: (K, B, C) logits and targets, (K, C) pos_weight and
+    class masks, (K, B) real rows (None: all) -> (K,)."""
+    per = F.binary_cross_entropy_with_logits(logits.float(), y, pos_weight=pos_weight[:, None, :], reduction="none")
+    if classes is not None:
+        per = per * classes[:, None, :]
+    per = per.sum(2)
+    if mask is not None:
+        per = torch.where(mask, per, torch.zeros_like(per))
+    if classes is None:
+        return per.sum(1) / (batch_size * logits.shape[2])
+    return per.sum(1) / (batch_size * classes.sum(1).clamp_min(1))
