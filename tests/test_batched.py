@@ -22,6 +22,7 @@ from fnlcore.fl.pipeline import InputPipeline
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.stacked import StackedAdam, StackedNet, StackedSGD, stacked_input
+from fnlcore.fl.rounds import RoundEngine
 from fnlcore.methods.base import METHODS
 from fnlcore.models import build_model
 
@@ -193,11 +194,11 @@ def test_engine_switch_errors_name_the_cause_and_the_fix():
     with pytest.raises(ConfigError, match="engine: batched cannot run method 'coteaching'.*engine: auto"):
         _run("coteaching", "batched", {"tau": 0.2})
     _, m, _ = _run("coteaching", "auto", {"tau": 0.2}, rounds=1)  # auto: sequential for it
-    assert m._batched is False
+    assert RoundEngine(m).batched is False
     _, m, _ = _run("fedavg", "auto", rounds=1)
-    assert m._batched is True
+    assert RoundEngine(m).batched is True
     _, m, _ = _run("fedavg", "auto", rounds=1, model="resnet18_cifar", batch_size=134)
-    assert m._batched is False  # auto on a CPU: BatchNorm models stay sequential (measured slower batched)
+    assert RoundEngine(m).batched is False  # auto on a CPU: BatchNorm models stay sequential (measured slower batched)
     with pytest.raises(ConfigError, match="training.engine='turbo'"):
         TrainSettings(engine="turbo")
     with pytest.raises(ConfigError, match="training.precision='fp16'"):
@@ -209,7 +210,7 @@ def test_batched_engine_refuses_file_streamed_images(tmp_path):
     ctx = make_ctx(s)
     ctx.data.train = ImageSource(ctx.device, paths=["x.png"] * len(ctx.data.train), image_size=(8, 8), channels=1)
     with pytest.raises(ConfigError, match="in memory.*engine: auto or sequential"):
-        METHODS["fedavg"](METHODS["fedavg"].Params(), ctx)
+        Simulation(METHODS["fedavg"](METHODS["fedavg"].Params(), ctx), ctx, progress=lambda m: None)
 
 
 # -- precision and memory format switches -------------------------------------------------------------

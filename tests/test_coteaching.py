@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fnlcore.errors import ConfigError
-from fnlcore.fl.local import train_epochs
+from fnlcore.fl.client import train_client, train_epochs
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.state import load, snapshot
@@ -50,7 +50,7 @@ def test_tau_zero_trains_each_network_with_plain_ce():
     m = Coteaching(CoteachingParams(tau=0.0), ctx)
     rng = ctx.rng_state()
     m.begin_round(0)
-    upd = m.local_update(0, 1)
+    upd = train_client(m, 0, 1)
     ctx.load_rng_state(rng)
     for name in ("net1", "net2"):
         net = ctx.new_model()
@@ -59,7 +59,7 @@ def test_tau_zero_trains_each_network_with_plain_ce():
         train_epochs(ctx, net, ctx.data.clients[1], lambda mm, x, i, s: F.cross_entropy(mm(x), ctx.data.given[i]), 0,
                      optimizer=ctx.optimizer(net.parameters(), 0))
         for key, v in snapshot(net).items():
-            assert torch.allclose(v, upd.state[name][key], atol=1e-6), (name, key)
+            assert torch.allclose(v, upd.states[name][key], atol=1e-6), (name, key)
 
 
 def test_noisy_only_scope_gives_clean_clients_no_drop():

@@ -151,17 +151,20 @@ def test_a_short_run_warms_up_then_co_divides_and_mixes(tmp_path, monkeypatch):
 
 
 def test_an_empty_unlabelled_set_falls_back_to_ce_on_all_data(monkeypatch):
+    from fnlcore.fl.client import train_client
     from fnlcore.methods.dividemix import DivideMix
 
     m, ctx = _method()
     monkeypatch.setattr(DivideMix, "mixmatch_step", lambda *a: pytest.fail("MixMatch ran on an empty set"))
-    idx = ctx.data.clients[1]
-    net, peer = m.workers["net1"], m.workers["net2"]
-    opt = ctx.optimizer(net.parameters(), 1)
-    w = torch.ones(len(idx))
-    before = net.state_dict()["head.weight"].clone()
-    loss = m._train_epoch(1, 0, net, peer, opt, idx, w, w > 0.5)
-    assert loss > 0 and not torch.equal(before, net.state_dict()["head.weight"])
+    # every sample clean (w = 1): U is empty for both networks in every epoch
+    monkeypatch.setattr(DivideMix, "divide", lambda self, net, idx: torch.ones(len(idx), device=ctx.device))
+    before = {n: m.globals[n].state_dict()["head.weight"].clone() for n in m.networks}
+    m.begin_round(1)
+    assert m.stage(1) == "dividemix"
+    upd = train_client(m, 1, 1)
+    assert upd.uploads["train_loss"] > 0
+    for n in m.networks:
+        assert not torch.equal(before[n], upd.states[n]["head.weight"]), n
 
 
 def test_evaluated_model_is_the_ensemble_or_net1():

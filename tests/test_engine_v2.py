@@ -13,12 +13,13 @@ import torch.nn.functional as F
 from PIL import Image, ImageEnhance, ImageOps
 
 from fnlcore.errors import ConfigError
-from fnlcore.fl.local import train_epochs, train_streams
+from fnlcore.fl.client import train_epochs, train_streams
 from fnlcore.fl.pipeline import InputPipeline
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.state import snapshot
-from fnlcore.methods.base import MethodParams, MultiNetwork
+from fnlcore.fl.client import LocalJob, Phase, Stage, train_client
+from fnlcore.methods.base import FLMethod, MethodParams
 from fnlcore.methods.fedavg import FedAvg, FedAvgParams
 from fnlcore.models import build_model
 from fnlcore.randaugment import (
@@ -313,13 +314,16 @@ class _TwoNetParams(MethodParams):
     name = "test_two_nets"
 
 
-class _TwoNets(MultiNetwork):
-    Params = _TwoNetParams
-    network_names = ("a", "b")
+class _TwoNets(FLMethod):
+    """Two global networks, each trained in its own phase at its own rate ('b' never moves)."""
 
-    def optimizer_for(self, name, params, r):
-        lr = 0.01 if name == "a" else 0.0  # 'b' never moves: its own optimiser and schedule
-        return torch.optim.SGD(params, lr=lr)
+    Params = _TwoNetParams
+    networks = ("a", "b")
+
+    def prepare(self, r, k, nets):
+        return LocalJob(phases=[Phase(train=("a",)), Phase(train=("b",))], lr={"a": 0.01, "b": 0.0})
+
+    stages = {"main": Stage(loss=FLMethod.loss, prepare=prepare)}
 
 
 def test_multi_network_trains_each_with_its_own_optimiser_and_aggregates_by_name(tmp_path):
@@ -341,22 +345,25 @@ def test_multi_network_average_by_name_equals_separate_averages():
     ctx = make_ctx(TrainSettings(rounds=1, local_epochs=1, batch_size=32))
     m = _TwoNets(_TwoNetParams(), ctx)
     m.begin_round(0)
-    ups = [m.local_update(0, k) for k in range(2)]
-    for u in ups:
-        m.accumulate(0, u)
-    m.aggregate(0)
+    ups = [train_client(m, 0, k) for k in range(2)]
+    m.aggregate(0, iter(ups))
     w = np.array([u.num_samples for u in ups], dtype=float)
     w /= w.sum()
     for name in ("a", "b"):
         for key, v in m.globals[name].state_dict().items():
             if v.is_floating_point():
-                expect = sum(wi * u.state[name][key].double() for wi, u in zip(w, ups))
+                expect = sum(wi * u.states[name][key].double() for wi, u in zip(w, ups))
                 assert torch.allclose(v.double(), expect, atol=1e-6)
 
 
 class _TwoNetsHooked(_TwoNets):
-    def on_local_epoch_start(self, r, k, epoch, model):
-        self.calls.append((r, k, epoch, next(n for n, w in self.workers.items() if w is model)))
+    def prepare(self, r, k, nets):
+        def hook(name):
+            return lambda epoch: self.calls.append((r, k, epoch, name))
+
+        return LocalJob(phases=[Phase(train=(n,), on_epoch=hook(n)) for n in ("a", "b")])
+
+    stages = {"main": Stage(loss=FLMethod.loss, prepare=prepare)}
 
 
 def test_multi_network_runs_the_epoch_hook_for_each_network():
@@ -364,8 +371,15 @@ def test_multi_network_runs_the_epoch_hook_for_each_network():
     m = _TwoNetsHooked(_TwoNetParams(), ctx)
     m.calls = []
     m.begin_round(0)
-    m.local_update(0, 1)
+    train_client(m, 0, 1)
     assert m.calls == [(0, 1, 0, "a"), (0, 1, 1, "a"), (0, 1, 0, "b"), (0, 1, 1, "b")]
+
+
+def test_a_loss_without_a_stage_table_is_refused_at_class_definition():
+    with pytest.raises(TypeError, match="stage table"):
+        class _Forgot(FLMethod):  # noqa: F841
+            def loss(self, b):
+                return b.model(b.x).sum()
 
 
 # -- features, should_evaluate, schedules --------------------------------------------------
@@ -415,41 +429,42 @@ class _CoDivideParams(MethodParams):
     name = "test_co_divide"
 
 
-class _CoDivide(MultiNetwork):
+class _CoDivide(FLMethod):
     """Uses every v2 capability that draws random numbers: per-epoch splits by the peer's losses,
     two streams, weak/strong views with RandAugment, mixup; skips evaluation on even rounds."""
 
     Params = _CoDivideParams
+    networks = ("net1", "net2")
 
-    def optimizer_for(self, name, params, r):
-        return self.ctx.optimizer(params, r, lr=0.01 if name == "net1" else 0.02)
+    def loss(self, b):
+        ctx = self.ctx
+        xl, il = b.streams["labelled"]
+        v = ctx.pipeline.views(xl, ctx.aug_gen, ("weak", "strong"))
+        xm, ya, yb, lam = mixup(v["strong"], self.labels(il), 1.0, ctx.aug_gen)
+        logits = b.model(xm)
+        total = lam * F.cross_entropy(logits, ya) + (1 - lam) * F.cross_entropy(logits, yb)
+        if "unlabelled" in b.streams:
+            total = total + 0.1 * b.model(ctx.pipeline.view("weak", b.streams["unlabelled"][0], ctx.aug_gen)).softmax(1).var()
+        return total
 
-    def local_networks(self, r, k, nets, optimizers):
+    def prepare(self, r, k, nets):
         from fnlcore.fl.local import predict
 
         ctx, idx = self.ctx, self.ctx.data.clients[k]
-        out = {}
-        for name, peer in (("net1", "net2"), ("net2", "net1")):
-            def split(epoch, peer=peer):
+
+        def split(peer):
+            def on_epoch(epoch):
                 loss = F.cross_entropy(predict(ctx, nets[peer], ctx.data.train, idx), ctx.data.given[idx], reduction="none")
                 clean = loss <= loss.median()
                 return {"labelled": (idx[clean], 16), "unlabelled": (idx[~clean], 8)}
+            return on_epoch
 
-            def loss(m, batches, step):
-                xl, il = batches["labelled"]
-                v = ctx.pipeline.views(xl, ctx.aug_gen, ("weak", "strong"))
-                xm, ya, yb, lam = mixup(v["strong"], self.labels(il), 1.0, ctx.aug_gen)
-                logits = m(xm)
-                total = lam * F.cross_entropy(logits, ya) + (1 - lam) * F.cross_entropy(logits, yb)
-                if "unlabelled" in batches:
-                    total = total + 0.1 * m(ctx.pipeline.view("weak", batches["unlabelled"][0], ctx.aug_gen)).softmax(1).var()
-                return total
+        streams = {"labelled": (idx, 16), "unlabelled": (idx[:0], 8)}
+        return LocalJob(phases=[Phase(train=(n,), streams=streams, augment="raw", on_epoch=split(peer))
+                                for n, peer in (("net1", "net2"), ("net2", "net1"))],
+                        lr={"net1": 0.01, "net2": 0.02})
 
-            out[f"loss_{name}"] = train_streams(
-                ctx, nets[name], {"labelled": (idx, 16), "unlabelled": (idx[:0], 8)}, loss, r,
-                optimizer=optimizers[name], on_epoch_start=split,
-            )
-        return out
+    stages = {"main": Stage(loss=loss, prepare=prepare)}
 
     def should_evaluate(self, r):
         return r % 2 == 1

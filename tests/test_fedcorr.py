@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fnlcore.errors import ConfigError
+from fnlcore.fl.client import Batch, LocalJob
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
@@ -146,10 +147,14 @@ def test_proximal_term_is_unsquared_scaled_by_mu_and_skips_batch_zero():
     n_params = sum(p.numel() for p in model.parameters())
     x = ctx.pipeline.eval(ctx.data.train.images[:8])
     idx = torch.arange(8)
-    base = m.loss(model, x, idx, 0, 2, 0)
-    with_prox = m.loss(model, x, idx, 1, 2, 0)
+
+    def loss(step, k):  # the pre-processing stage's loss on one batch
+        return m.preprocess_loss(Batch(model, m.workers, x, idx, {}, step, 0, 0, k, LocalJob()))
+
+    base = loss(0, 2)
+    with_prox = loss(1, 2)
     assert (with_prox - base).item() == pytest.approx(5.0 * 0.4 * 0.01 * math.sqrt(n_params), rel=1e-4)
-    assert m.loss(model, x, idx, 1, 3, 0).item() == pytest.approx(base.item())  # mu_k = 0: no term
+    assert loss(1, 3).item() == pytest.approx(base.item())  # mu_k = 0: no term
 
 
 def test_check_training_rejects_fine_tuning_longer_than_training():

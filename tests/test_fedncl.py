@@ -151,9 +151,7 @@ def test_identical_clients_aggregate_to_their_model():
     from fnlcore.methods.base import ClientUpdate
 
     method.begin_round(0)
-    for k in range(4):
-        method.accumulate(0, ClientUpdate(k, 10, st, {"train_loss": 1.0}))
-    method.aggregate(0)
+    method.aggregate(0, (ClientUpdate(k, 10, {"model": st}, {"train_loss": 1.0}) for k in range(4)))
     for k, v in method.global_model.state_dict().items():
         assert torch.allclose(v.double(), st[k].double()), k
     assert not math.isnan(method.round_info["penalty"])

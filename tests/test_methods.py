@@ -11,7 +11,7 @@ from fnlcore.errors import ConfigError
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.fedla import la_cross_entropy, log_priors
+from fnlcore.methods.logit_adjust import la_cross_entropy, log_priors
 from fnlcore.methods.fednoro import (
     class_loss_matrix, daagg_weights, detect_noisy_clients, minmax_columns, ramp_weight, vote,
 )

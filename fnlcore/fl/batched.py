@@ -28,7 +28,7 @@ import torch
 
 from .context import RunContext
 from .data import trim_last_batch
-from .local import epoch_order
+from .client import epoch_order
 from .stacked import StackedNet, stacked_input, stacked_optimizer
 
 BatchedLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]

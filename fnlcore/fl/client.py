@@ -24,10 +24,62 @@ import torch
 
 from ..errors import ConfigError
 from .context import RunContext
-from .local import _Cycle, _LossSum, epoch_order
 from .state import State, load, snapshot
 
 Streams = dict[str, tuple[torch.Tensor, int]]
+
+
+def epoch_order(ctx: RunContext, idx: torch.Tensor) -> torch.Tensor:
+    """A local epoch's order of samples ``idx``: one permutation drawn from ``ctx.shuffle_gen``."""
+    perm = torch.randperm(len(idx), generator=ctx.shuffle_gen)
+    return idx.index_select(0, perm) if idx.device == perm.device else idx[perm]  # same values
+
+
+class _Cycle:
+    """An endless shuffled stream of batches over one index set."""
+
+    def __init__(self, ctx: RunContext, idx: torch.Tensor, batch_size: int):
+        self.ctx, self.idx, self.bs = ctx, idx, batch_size
+        self.it = iter(())
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        for _ in range(2):
+            try:
+                return next(self.it)
+            except StopIteration:
+                perm = torch.randperm(len(self.idx), generator=self.ctx.shuffle_gen)
+                self.it = iter(self.ctx.data.train.batches(self.idx[perm], self.bs))
+        raise AssertionError("a non-empty stream yielded nothing")
+
+
+class _LossSum:
+    """Per-batch losses summed left to right in float64, read from the device in chunks.
+
+    Keeps the training step free of extra ops and host syncs (a list append per
+    batch); the sum equals that of adding each loss to a float64 accumulator in turn.
+    """
+
+    CHUNK = 1024
+
+    def __init__(self) -> None:
+        self.pending: list[torch.Tensor] = []
+        self.total, self.count = 0.0, 0
+
+    def append(self, loss: torch.Tensor) -> None:
+        self.pending.append(loss)
+        if len(self.pending) >= self.CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            for v in torch.stack(self.pending).reshape(-1).tolist():  # Python floats: exact
+                self.total += v
+                self.count += 1
+            self.pending = []
+
+    def mean(self) -> float:
+        self._flush()
+        return self.total / max(self.count, 1)
 
 
 @dataclass
@@ -248,3 +300,32 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
     uploads = stage.upload(method, r, k, job, nets) if stage.upload is not None else {}
     uploads = {"train_loss": job.train_loss, **uploads}
     return ClientUpdate(k, len(idx), {n: snapshot(nets[n]) for n in method.networks}, uploads)
+
+
+# -- one model, no method: the loop for callers outside a federated round (annotators, tests) ------------
+
+
+def train_epochs(ctx: RunContext, model: torch.nn.Module, idx: torch.Tensor,
+                 loss_fn: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor],
+                 round_index: int, epochs: int | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 on_epoch_start: Callable[[int], None] | None = None) -> float:
+    """Train ``model`` on samples ``idx`` with ``loss_fn(model, train view, sample ids, step)``: one
+    :class:`Phase` with ``augment="train"``; returns the mean per-batch loss."""
+    phase = Phase(loss=lambda b: loss_fn(b.model, b.x, b.idx, b.step), epochs=epochs, on_epoch=on_epoch_start)
+    return _one_model(ctx, model, idx, phase, round_index, optimizer)
+
+
+def train_streams(ctx: RunContext, model: torch.nn.Module, streams: Streams,
+                  loss_fn: Callable[[torch.nn.Module, dict, int], torch.Tensor], round_index: int,
+                  epochs: int | None = None, optimizer: torch.optim.Optimizer | None = None,
+                  on_epoch_start: Callable[[int], Streams | None] | None = None) -> float:
+    """Train ``model`` on several batch streams with ``loss_fn(model, {name: (uint8 x, ids)}, step)``: one
+    :class:`Phase` with ``augment="raw"``; returns the mean per-batch loss."""
+    phase = Phase(loss=lambda b: loss_fn(b.model, b.streams, b.step), streams=streams, augment="raw", epochs=epochs,
+                  on_epoch=on_epoch_start)
+    return _one_model(ctx, model, next(iter(streams.values()))[0] if streams else None, phase, round_index, optimizer)
+
+
+def _one_model(ctx, model, idx, phase, round_index, optimizer) -> float:
+    opt = optimizer if optimizer is not None else ctx.optimizer(model.parameters(), round_index)
+    return run_phase(ctx, LocalJob(), phase, {"model": model}, {"model": opt}, None, idx, round_index, -1)

@@ -2,7 +2,7 @@
 
 A method declares its global networks (``networks``) and the names of the attributes that
 carry across rounds (``persistent``: tensors, numpy arrays, numbers, containers of these,
-objects with ``state_dict``/``load_state_dict`` such as samplers, and :class:`ClientStore`\\ s
+objects with ``state_dict``/``load_state_dict`` such as samplers, and :class:`ClientStore` objects
 of per-client models). :func:`method_state` copies them; :func:`load_method_state` puts them
 back and checks that the checkpoint holds exactly the declared state with the same shapes, so a
 checkpoint of a changed method is refused with its reason instead of loading half a state.

@@ -40,7 +40,7 @@ import torch
 
 from ..fl.state import State, load, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import FLMethod, MethodParams, register
 
 MAD_CONSTANT = 1.4826  # makes the median absolute deviation a consistent estimator of a normal's sigma
 SCALE_EPS = 1e-7
@@ -159,29 +159,23 @@ class ARFL(FLMethod):
     # benchmarks/README.md, bench_methods.py: grows with the model: its robust aggregation is per coordinate
     round_cost = 1.35
 
+    persistent = ("weight_sum", "times_selected")
+
     def __init__(self, params: ARFLParams, ctx):
         super().__init__(params, ctx)
-        self._updates: list[ClientUpdate] = []
         k = ctx.data.num_clients
         self.weight_sum = np.zeros(k)  # Σ over rounds of each client's ARFL weight (for client_results)
         self.times_selected = np.zeros(k, dtype=np.int64)
 
-    def begin_round(self, r: int) -> None:
-        super().begin_round(r)
-        self._updates = []
-
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        self._updates.append(upd)  # the robust fit needs every client's value of each coordinate
-
-    def aggregate(self, r: int) -> None:
+    def aggregate(self, r: int, updates) -> None:
         p = self.params
-        state, w = arfl_aggregate([u.state for u in self._updates], p.huber_lambda, p.delta)
+        ups = list(updates)  # the robust fit needs every client's value of each coordinate
+        state, w = arfl_aggregate([u.state for u in ups], p.huber_lambda, p.delta)
         load(self.global_model, state)
-        clients = np.array([u.client for u in self._updates])
+        clients = np.array([u.client for u in ups])
         np.add.at(self.weight_sum, clients, w.numpy())
         np.add.at(self.times_selected, clients, 1)
         self.round_info.update(arfl_min_weight=float(w.min()), arfl_max_weight=float(w.max()))
-        self._updates = []
 
     def client_results(self):
         data = self.ctx.data
@@ -196,14 +190,3 @@ class ARFL(FLMethod):
                 "mean_arfl_weight": float(self.weight_sum[k] / sel) if sel else float("nan"),
             })
         return pd.DataFrame(rows)
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["weight_sum"] = self.weight_sum.copy()
-        d["times_selected"] = self.times_selected.copy()
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        self.weight_sum = np.array(d["weight_sum"], dtype=np.float64)
-        self.times_selected = np.array(d["times_selected"], dtype=np.int64)

@@ -16,7 +16,7 @@ A method declares:
   for a client, the loss of a batch, what a client uploads, a batched form of the loss), and
   ``stage(r)``: the stage of round r;
 * ``persistent``: the attributes that carry across rounds (tensors, arrays, samplers, per-client
-  :class:`~fnlcore.fl.persist.ClientStore`\ s); the engine checkpoints and restores them;
+  :class:`~fnlcore.fl.persist.ClientStore` objects); the engine checkpoints and restores them;
 * the server steps: ``aggregate(r, updates)`` over the round's updates (consumed once, in
   client order; the default streams them into FedAvg) and ``end_round(r)`` (detection,
   relabelling, GMMs); ``select_clients``, ``num_rounds``, ``should_evaluate``, ``eval_model``,

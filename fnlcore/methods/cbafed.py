@@ -32,10 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..fl.local import train_streams
 from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import FLMethod, LocalJob, MethodParams, Stage, register
 from .multilabel import client_active_classes, partial_bce
 
 
@@ -100,6 +99,7 @@ class CBAFed(FLMethod):
     Params = CBAFedParams
     paper = "Li et al. CVPR'23 (CBAFed), as FedMLP (MICCAI'24) adapts it to partial labels"
     label_kinds = ("multi",)
+    persistent = ("w_rec", "thresholds")
 
     def __init__(self, params: CBAFedParams, ctx):
         super().__init__(params, ctx)
@@ -107,82 +107,65 @@ class CBAFed(FLMethod):
         self.active = client_active_classes(ctx.data)
         self.thresholds: torch.Tensor | None = None  # (C,)
         self.w_rec: dict | None = None
-        self._counts = torch.zeros(ctx.data.num_classes, dtype=torch.float64)
-        self._data = self._pseudo = 0.0
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "pseudo"
 
-    def begin_round(self, r: int) -> None:
-        super().begin_round(r)
-        self._counts = torch.zeros(self.ctx.data.num_classes, dtype=torch.float64)
-        self._data = self._pseudo = 0.0
+    def prepare(self, r, k, nets):
+        # label entries used: the batch sizes on the annotated classes, pseudo-labels on the missing ones
+        return LocalJob(info={"active": 0, "pseudo": torch.zeros(self.ctx.data.num_classes, device=self.ctx.device)})
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        ctx = self.ctx
-        load(self.worker, self.global_model.state_dict())
-        idx = ctx.data.clients[k]
-        active, bs = self.active[k], ctx.settings.batch_size
-        missing = 1.0 - active
-        pw = self.pos_weights()[k]
-        pseudo = r >= self.params.warmup_rounds
-        tau = self.thresholds.to(ctx.device, torch.float32) if pseudo else None
-        acc = {"active": 0, "pseudo": torch.zeros(ctx.data.num_classes, device=ctx.device)}
+    def pseudo_prepare(self, r, k, nets):
+        job = self.prepare(r, k, nets)
+        job.info.update(tau=self.thresholds.to(self.ctx.device, torch.float32), missing=1.0 - self.active[k])
+        return job
 
-        def loss_fn(model, batches, step):
-            x, bidx = batches["x"]
-            z = model(ctx.pipeline.train(x, ctx.aug_gen))
-            loss = partial_bce(z, self.multi_label_targets(bidx), pw, bs, classes=active)
-            acc["active"] += len(bidx)
-            if pseudo:
-                pos, neg = select_missing(torch.sigmoid(z.detach().float()), tau, missing)
-                acc["pseudo"] += (pos | neg).float().sum(0)
-                loss = loss + missing_class_loss(z, pos, neg)
-            return loss
+    def _supervised(self, b):
+        b.job.info["active"] += len(b.idx)
+        z = b.model(b.x)
+        return partial_bce(z, self.multi_label_targets(b.idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
+                           classes=self.active[b.k]), z
 
-        loss = train_streams(ctx, self.worker, {"x": (idx, bs)}, loss_fn, r)
-        pseudo_counts = acc["pseudo"].double().cpu()
-        counts = active.double().cpu() * acc["active"] + pseudo_counts
-        return ClientUpdate(k, len(idx), snapshot(self.worker), {
-            "train_loss": loss, "counts": counts, "data": float(counts.sum()), "pseudo": float(pseudo_counts.sum()),
-        })
+    def warmup_loss(self, b):
+        return self._supervised(b)[0]
 
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
+    def pseudo_loss(self, b):
+        info = b.job.info
+        loss, z = self._supervised(b)
+        pos, neg = select_missing(torch.sigmoid(z.detach().float()), info["tau"], info["missing"])
+        info["pseudo"] += (pos | neg).float().sum(0)
+        return loss + missing_class_loss(z, pos, neg)
+
+    def upload(self, r, k, job, nets):
+        pseudo = job.info["pseudo"].double().cpu()
+        counts = self.active[k].double().cpu() * job.info["active"] + pseudo
+        return {"counts": counts, "data": float(counts.sum()), "pseudo": float(pseudo.sum())}
+
+    stages = {
+        "warmup": Stage(loss=warmup_loss, prepare=prepare, upload=upload),
+        "pseudo": Stage(loss=pseudo_loss, prepare=pseudo_prepare, upload=upload),
+    }
+
+    def aggregate(self, r, updates):
+        p, w = self.params, self.params.warmup_rounds
         # warm-up: FedAvg by N_k (or the run's weighting); stage 2: by data_k, the label entries used
-        stage2 = r >= self.params.warmup_rounds
-        weight = max(upd.uploads["data"], 1e-12) if stage2 else self.aggregation_weight(upd)
-        self._round_avg.add(upd.state, weight)
-        self._counts += upd.uploads["counts"]
-        self._data += upd.uploads["data"]
-        self._pseudo += upd.uploads["pseudo"]
-
-    def aggregate(self, r: int) -> None:
-        p = self.params
-        new = self._round_avg.result(self.global_model.state_dict())
-        self._round_avg = None
-        w = p.warmup_rounds
+        weight = (lambda u: max(u.uploads["data"], 1e-12)) if r >= w else None
+        ups = self.fedavg(updates, weight)
         if r == 0 or r == w:
-            self.w_rec = new
+            self.w_rec = snapshot(self.global_model)
         elif r < w and r % p.period == 0:
-            new = self.w_rec = residual_mix(new, self.w_rec, p.residual_warmup)
+            self.w_rec = residual_mix(snapshot(self.global_model), self.w_rec, p.residual_warmup)
+            load(self.global_model, self.w_rec)
         elif r > w and (r - w) % p.period == 0:
-            new = self.w_rec = residual_mix(new, self.w_rec, p.residual_after)
-        load(self.global_model, new)
-        if r >= w - 1 and self._data > 0:
-            self.thresholds = class_thresholds(self._counts, self._data, p.base, p.tau_min, p.tau_max).float()
+            self.w_rec = residual_mix(snapshot(self.global_model), self.w_rec, p.residual_after)
+            load(self.global_model, self.w_rec)
+        counts = torch.zeros(self.ctx.data.num_classes, dtype=torch.float64)
+        for u in ups:
+            counts += u.uploads["counts"]
+        data = sum(u.uploads["data"] for u in ups)
+        if r >= w - 1 and data > 0:
+            self.thresholds = class_thresholds(counts, data, p.base, p.tau_min, p.tau_max).float()
             for c, t in enumerate(self.thresholds.tolist()):
                 self.round_info[f"cbafed_tau_{c}"] = t
-        if r >= w:
-            self.round_info["cbafed_pseudo_labels"] = self._pseudo  # missing-class entries used this round
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["w_rec"] = None if self.w_rec is None else {k: v.detach().cpu().clone() for k, v in self.w_rec.items()}
-        d["thresholds"] = None if self.thresholds is None else self.thresholds.detach().cpu().clone()
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        dev = self.ctx.device
-        self.w_rec = None if d["w_rec"] is None else {k: v.to(dev).clone() for k, v in d["w_rec"].items()}
-        self.thresholds = None if d["thresholds"] is None else d["thresholds"].to(dev).clone()
+        if r >= w:  # missing-class entries used this round
+            self.round_info["cbafed_pseudo_labels"] = float(sum(u.uploads["pseudo"] for u in ups))

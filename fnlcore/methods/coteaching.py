@@ -1,6 +1,6 @@
 """FL-Coteaching (Co-teaching, Han et al. 2018, inside FL; baselines.md §9, FedGR's baseline).
 
-Two global networks net1/net2, each aggregated by FedAvg on its own (MultiNetwork). A client
+Two global networks net1/net2, each aggregated by FedAvg on its own. A client
 trains both on the same augmented minibatches: per-sample CE l1 (net1) and l2 (net2), keep
 m = floor(R(r) |B|) samples with R(r) = 1 - tau min(r^c / T_k, 1) (r the 0-based round), S1 = the
 m smallest l1, S2 = the m smallest l2; net1 learns from the mean l1 over S2 and net2 from the
@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from ..fl.local import evaluate as evaluate_model
-from ..fl.local import train_epochs
 from ..registry import param
-from .base import MethodParams, MultiNetwork, register
+from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 
 
 @dataclass(frozen=True)
@@ -65,34 +64,12 @@ def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: int) -> tuple[torch.
     return l1[s2].mean(), l2[s1].mean()
 
 
-class _Pair(torch.nn.Module):
-    """Both networks as one module, so one training loop feeds them the same batches."""
-
-    def __init__(self, net1: torch.nn.Module, net2: torch.nn.Module):
-        super().__init__()
-        self.net1, self.net2 = net1, net2
-
-
-class _Together:
-    """Steps several optimisers as one (the training loop calls zero_grad and step)."""
-
-    def __init__(self, *optimizers: torch.optim.Optimizer):
-        self.optimizers = optimizers
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        for o in self.optimizers:
-            o.step()
-
-
 @register
-class Coteaching(MultiNetwork):
+class Coteaching(FLMethod):
     Params = CoteachingParams
     paper = "Han et al. 2018 (Co-teaching); FL-Coteaching in FedGR"
     round_cost = 2.0  # benchmarks/README.md, bench_methods.py
+    networks = ("net1", "net2")
 
     def __init__(self, params: CoteachingParams, ctx):
         super().__init__(params, ctx)
@@ -110,20 +87,20 @@ class Coteaching(MultiNetwork):
         super().begin_round(r)
         self.round_info["keep_rate"] = keep_rate(r, self.params.tau, self.params.t_k, self.params.c)  # a client with tau
 
-    def local_networks(self, r, k, nets, optimizers):
+    def loss(self, b: Batch) -> torch.Tensor:
+        y = self.labels(b.idx)
+        l1 = F.cross_entropy(b.nets["net1"](b.x), y, reduction="none")
+        l2 = F.cross_entropy(b.nets["net2"](b.x), y, reduction="none")
+        m = max(1, math.floor(b.job.info * len(y)))  # info: the client's keep rate R(r)
+        a, c = exchanged_losses(l1, l2, m)
+        return a + c  # disjoint parameters: each network gets only its own term's gradient
+
+    def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
+        """Both networks step together on the same batches (one optimiser each)."""
         rate = keep_rate(r, self.client_tau(k), self.params.t_k, self.params.c)
-        pair = _Pair(nets["net1"], nets["net2"])
+        return LocalJob(phases=[Phase(train=("net1", "net2"))], info=rate)
 
-        def loss(model, x, idx, step):
-            y = self.labels(idx)
-            l1 = F.cross_entropy(model.net1(x), y, reduction="none")
-            l2 = F.cross_entropy(model.net2(x), y, reduction="none")
-            m = max(1, math.floor(rate * len(y)))
-            a, b = exchanged_losses(l1, l2, m)
-            return a + b  # disjoint parameters: each network gets only its own term's gradient
-
-        opt = _Together(optimizers["net1"], optimizers["net2"])
-        return {"train_loss": train_epochs(self.ctx, pair, self.ctx.data.clients[k], loss, r, optimizer=opt)}
+    stages = {"main": Stage(loss=loss, prepare=prepare)}
 
     def end_round(self, r: int) -> None:
         super().end_round(r)

@@ -1,9 +1,10 @@
 """DivideMix (Li et al. 2020) inside FL: FedGR's "FL-DivideMix" and FedDiv's "DivideMix" (FedCorr's
 adaptation); baselines.md §10, A9, pitfalls §19.4-6.
 
-Two global networks net1/net2, each FedAvg-aggregated on its own (:class:`MultiNetwork`).
+Two global networks net1/net2, each FedAvg-aggregated on its own.
 
-* Warm-up (rounds t < W, stage ``warmup``): a client trains both networks with plain CE.
+* Warm-up (rounds t < W, stage ``warmup``): a client trains each network on its own with plain CE
+  (net1's local epochs, then net2's).
 * Afterwards (stage ``dividemix``), at the start of every local epoch the client co-divides its data:
   for each network, the per-sample CE of every local sample (eval mode, no augmentation) is min-max
   normalised and a 2-component 1-D GMM is fitted; w_i = posterior of the lower-mean component,
@@ -41,7 +42,7 @@ Decided where the spec was silent:
   the fit), so a resumed run is exact;
 - the two networks are initialised by two successive ``ctx.new_model()`` calls, i.e. differently
   (§10(e), §19.5);
-- the mean local loss uploaded is the mean over epochs of each epoch's mean batch loss.
+- the mean local loss uploaded is the mean over the client's phases (network epochs) of their mean batch loss.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ from sklearn.mixture import GaussianMixture
 
 from ..errors import ConfigError
 from ..fl.local import evaluate as evaluate_model
-from ..fl.local import predict, train_epochs, train_streams
+from ..fl.local import predict
 from ..randaugment import mix_targets, mixup
 from ..registry import param
-from .base import MethodParams, MultiNetwork, register
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import warm_up_then
 
 
@@ -173,12 +174,13 @@ PEERS = (("net1", "net2"), ("net2", "net1"))  # (trained network, peer whose div
 
 
 @register
-class DivideMix(MultiNetwork):
+class DivideMix(FLMethod):
     Params = DivideMixParams
     paper = "Li et al. 2020 (ICLR), inside FL; baseline in FedGR (FL-DivideMix) and FedDiv (via FedCorr)"
     # benchmarks/README.md, bench_methods.py: the co-divide rounds (two networks, GMMs, MixMatch);
     # the warm-up rounds about 1.0x (cost_stages)
     round_cost = 3.0
+    networks = ("net1", "net2")
 
     @classmethod
     def cost_stages(cls, params, settings, num_clients):
@@ -186,7 +188,7 @@ class DivideMix(MultiNetwork):
 
     def __init__(self, params: DivideMixParams, ctx):
         super().__init__(params, ctx)
-        self.ensemble = EnsembleModel(*(self.globals[n] for n in self.network_names))
+        self.ensemble = EnsembleModel(*(self.globals[n] for n in self.networks))
         # each sample's clean posterior under the peer's latest GMM (overwritten every epoch, not state)
         self._clean_w = torch.zeros(len(ctx.data.train), device=ctx.device)
         self._division: dict[str, list[float]] = {}
@@ -216,41 +218,45 @@ class DivideMix(MultiNetwork):
             self._division["labelled_clean"].append(float((data.given[lab] == data.y_true[lab]).float().mean()))
 
     # -- local training ------------------------------------------------------------------------
-    def local_networks(self, r: int, k: int, nets: dict, optimizers: dict) -> dict:
-        if r < self.params.warmup_rounds:
-            return super().local_networks(r, k, nets, optimizers)  # plain CE for each network
+    def warm_up(self, r: int, k: int, nets: dict) -> LocalJob:
+        """Each network on its own with the stage's plain CE: net1's local epochs, then net2's."""
+        return LocalJob(phases=[Phase(train=(n,)) for n in self.networks])
+
+    def co_divide(self, r: int, k: int, nets: dict) -> LocalJob:
+        return LocalJob(phases=self._co_divide_phases(r, k, nets))
+
+    def _co_divide_phases(self, r: int, k: int, nets: dict):
+        """Per local epoch: divide with both networks (both before either trains), then one epoch of
+        each network on its peer's division. A generator: each division sees the previous epoch's training."""
         idx = self.ctx.data.clients[k]
-        epochs = self.ctx.settings.local_epochs
-        losses = {n: [] for n in nets}
-        for epoch in range(epochs):
-            weights = {n: self.divide(nets[n], idx) for n in self.network_names}  # both before either trains
+        for epoch in range(self.ctx.settings.local_epochs):
+            weights = {n: self.divide(nets[n], idx) for n in self.networks}
             for name, peer in PEERS:
                 w = weights[peer]
                 labelled = w > self.params.p_threshold
                 self._log_division(idx, labelled)
-                losses[name].append(self._train_epoch(r, epoch, nets[name], nets[peer], optimizers[name], idx, w, labelled))
-        return {f"train_loss_{n}": float(np.mean(v)) for n, v in losses.items()}
+                yield self._epoch_phase(r, epoch, name, nets[peer], idx, w, labelled)
 
-    def _train_epoch(self, r, epoch, net, peer, opt, idx, w, labelled) -> float:
-        """One local epoch of ``net`` on the peer's division (MixMatch), or CE on all data when X or U is empty."""
+    def _epoch_phase(self, r, epoch, name, peer, idx, w, labelled) -> Phase:
+        """One local epoch of network ``name`` on the peer's division (MixMatch), or the stage's CE on all
+        data when X or U is empty (§10(d))."""
         ctx = self.ctx
         mask = labelled.cpu()
         lab, unl = idx[mask], idx[~mask]
-        if len(lab) == 0 or len(unl) == 0:  # §10(d)
-            return train_epochs(ctx, net, idx, lambda m, x, b, s: F.cross_entropy(m(x), self.labels(b)), r,
-                                epochs=1, optimizer=opt)
+        if len(lab) == 0 or len(unl) == 0:
+            return Phase(train=(name,), epochs=1)
         self._clean_w[idx.to(ctx.device)] = w
         bs = ctx.settings.batch_size
         steps = len(lab) // bs if ctx.settings.drop_last else -(-len(lab) // bs)
         peer.eval()  # frozen: no BN statistics move, no gradient
 
-        def loss(model, batches, step):
-            t = r + (epoch + step / max(steps, 1)) / ctx.settings.local_epochs
+        def loss(b):
+            t = r + (epoch + b.step / max(steps, 1)) / ctx.settings.local_epochs
             weight_u = unlabelled_weight(t, self.params.lambda_u, self.params.warmup_rounds, self.params.rampup_rounds)
-            return self.mixmatch_step(model, peer, batches["labelled"], batches["unlabelled"], weight_u)
+            return self.mixmatch_step(b.model, peer, b.streams["labelled"], b.streams["unlabelled"], weight_u)
 
-        return train_streams(ctx, net, {"labelled": (lab, bs), "unlabelled": (unl, bs)}, loss, r,
-                             epochs=1, optimizer=opt)
+        return Phase(loss=loss, train=(name,), streams={"labelled": (lab, bs), "unlabelled": (unl, bs)},
+                     augment="raw", epochs=1)
 
     def mixmatch_step(self, net, peer, labelled, unlabelled, weight_u: float) -> torch.Tensor:
         """DivideMix's loss for one labelled + one unlabelled batch (uint8 images, sample indices)."""
@@ -273,12 +279,15 @@ class DivideMix(MultiNetwork):
         n_x = 2 * len(il)
         return mixmatch_loss(logits[:n_x], mixed_targets[:n_x], logits[n_x:], mixed_targets[n_x:], weight_u)
 
+    stages = {"warmup": Stage(loss=FLMethod.loss, prepare=warm_up),
+              "dividemix": Stage(loss=FLMethod.loss, prepare=co_divide)}
+
     # -- server side, outputs --------------------------------------------------------------------
     def end_round(self, r: int) -> None:
         for key, vals in self._division.items():
             if vals:
                 self.round_info[f"{key}_frac"] = float(np.mean(vals))
-        for n in self.network_names:  # §10(c): log each network too
+        for n in self.networks:  # §10(c): log each network too
             self.round_info[f"acc_{n}"] = evaluate_model(self.ctx, self.globals[n])["acc"]
 
     def eval_model(self) -> torch.nn.Module:

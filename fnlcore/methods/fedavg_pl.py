@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import FLMethod, MethodParams, register
+from .base import FLMethod, MethodParams, Stage, register
 from .multilabel import batched_partial_bce, client_active_classes, partial_bce
 
 
@@ -31,9 +31,9 @@ class FedAvgPL(FLMethod):
         super().__init__(params, ctx)
         self.active = client_active_classes(ctx.data)
 
-    def loss(self, model, x, idx, step, k, r):
-        return partial_bce(model(x), self.multi_label_targets(idx), self.pos_weights()[k], self.ctx.settings.batch_size,
-                           classes=self.active[k])
+    def loss(self, b):
+        return partial_bce(b.model(b.x), self.multi_label_targets(b.idx), self.pos_weights()[b.k],
+                           self.ctx.settings.batch_size, classes=self.active[b.k])
 
     def batched_loss(self, logits, idx, mask, clients, r):
         k, b, c = logits.shape
@@ -41,3 +41,5 @@ class FedAvgPL(FLMethod):
         return batched_partial_bce(
             logits, y, self.pos_weights()[clients], self.ctx.settings.batch_size, mask, classes=self.active[clients]
         )
+
+    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}

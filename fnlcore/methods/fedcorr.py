@@ -48,17 +48,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..fl.local import train_epochs
-from ..fl.state import load, parameter_keys, snapshot
+from ..fl.state import parameter_keys, snapshot
 from ..randaugment import mixup
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
-
-
-from .parts import client_outputs, group_shape, mixup_cross_entropy, sequential_client_groups
+from .base import Batch, FLMethod, LocalJob, MethodParams, Stage, register
 from .costs import CostStage
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import lid_scores, proximal_term
+from .parts import client_outputs, group_shape, lid_scores, mixup_cross_entropy, proximal_term, sequential_client_groups
 
 STAGES = ("preprocess", "finetune", "usual")
 
@@ -183,6 +179,8 @@ class FedCorr(LogitAdjusted, FLMethod):
     # benchmarks/README.md, bench_methods.py: usual and fine-tuning rounds; a pre-processing
     # round trains one client at 1.4x its FedAvg cost (cost_stages)
     round_cost = 1.31
+    persistent = ("groups", "lid_acc", "lid_client", "losses", "noise_level", "noisy_set", "candidates",
+                  "finetune_skipped")
 
     @classmethod
     def cost_stages(cls, params, settings, num_clients):
@@ -250,33 +248,43 @@ class FedCorr(LogitAdjusted, FLMethod):
             self._ref = snapshot(self.global_model)
             self._keys = parameter_keys(self.global_model)
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        load(self.worker, self.global_model.state_dict())
-        idx = self.ctx.data.clients[k]
+    # -- a client ----------------------------------------------------------------------------
+    def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
         # the rate schedule runs over training.rounds: pre-processing at the round-0 rate
-        opt = self.ctx.optimizer(self.worker.parameters(), max(r - self.pre_rounds, 0))
-        loss = train_epochs(self.ctx, self.worker, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r, optimizer=opt)
-        upd = ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss})
-        if self.slot(r).stage == "preprocess":
-            probs, losses = self._per_sample(self.worker, idx)
-            self.lid_client[k] = float(lid_scores(probs, self.params.lid_k).mean())
-            self.losses[idx.numpy()] = losses.cpu().numpy()
-        return upd
+        return LocalJob(lr_round=max(r - self.pre_rounds, 0))
 
-    def loss(self, model, x, idx, step, k, r):
-        p, y = self.params, self.labels(idx)
+    def loss(self, b: Batch) -> torch.Tensor:
+        p, y, model = self.params, self.labels(b.idx), b.model
         if p.mixup and p.logit_adjust:
-            loss = mixup_la_cross_entropy(model, x, y, p.mixup_alpha, self.ctx.aug_gen, self.log_prior[k], p.la_tau)
-        elif p.mixup:
-            loss, _ = mixup_cross_entropy(model, x, y, p.mixup_alpha, self.ctx.aug_gen)
-        elif p.logit_adjust:
-            loss = la_cross_entropy(model(x), y, self.log_prior[k], p.la_tau)
-        else:
-            loss = F.cross_entropy(model(x), y)
-        mu = p.beta * float(self.noise_level[k])
-        if self.slot(r).stage == "preprocess" and mu > 0 and step > 0:  # the code skips batch 0 of each epoch
-            loss = loss + proximal_term(model, self._ref, self._keys, mu, "fedcorr_unsquared")
+            return mixup_la_cross_entropy(model, b.x, y, p.mixup_alpha, self.ctx.aug_gen, self.log_prior[b.k], p.la_tau)
+        if p.mixup:
+            return mixup_cross_entropy(model, b.x, y, p.mixup_alpha, self.ctx.aug_gen)[0]
+        if p.logit_adjust:
+            return la_cross_entropy(model(b.x), y, self.log_prior[b.k], p.la_tau)
+        return F.cross_entropy(model(b.x), y)
+
+    def preprocess_loss(self, b: Batch) -> torch.Tensor:
+        """The local loss plus beta * mu_k * ||w - w_g||, on every batch but the first of each epoch (the code)."""
+        loss = self.loss(b)
+        mu = self.params.beta * float(self.noise_level[b.k])
+        if mu > 0 and b.step > 0:
+            loss = loss + proximal_term(b.model, self._ref, self._keys, mu, "fedcorr_unsquared")
         return loss
+
+    def detection_upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
+        """The local model's mean LID and per-sample losses on the client's data (for end_round's GMMs)."""
+        probs, losses = self._per_sample(nets["model"], self.ctx.data.clients[k])
+        return {"lid": float(lid_scores(probs, self.params.lid_k).mean()), "losses": losses.cpu().numpy()}
+
+    stages = {"preprocess": Stage(loss=preprocess_loss, prepare=prepare, upload=detection_upload),
+              "finetune": Stage(loss=loss, prepare=prepare), "usual": Stage(loss=loss, prepare=prepare)}
+
+    # -- server ------------------------------------------------------------------------------
+    def aggregate(self, r: int, updates) -> None:
+        for u in self.fedavg(updates):
+            if "lid" in u.uploads:
+                self.lid_client[u.client] = u.uploads["lid"]
+                self.losses[self.ctx.data.clients[u.client].numpy()] = u.uploads["losses"]
 
     def end_round(self, r: int) -> None:
         slot, p = self.slot(r), self.params
@@ -360,23 +368,3 @@ class FedCorr(LogitAdjusted, FLMethod):
                 "detected_noisy": k in noisy, "finetune_candidate": self.candidates is not None and k in self.candidates,
             })
         return pd.DataFrame(rows)
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d.update(
-            groups=[list(g) for g in self.groups], lid_acc=self.lid_acc.copy(), lid_client=self.lid_client.copy(),
-            losses=self.losses.copy(), noise_level=self.noise_level.copy(),
-            noisy_set=None if self.noisy_set is None else list(self.noisy_set),
-            candidates=None if self.candidates is None else list(self.candidates),
-            finetune_skipped=self.finetune_skipped,
-        )
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        self.groups = [list(g) for g in d["groups"]]
-        self.lid_acc, self.lid_client = d["lid_acc"].copy(), d["lid_client"].copy()
-        self.losses, self.noise_level = d["losses"].copy(), d["noise_level"].copy()
-        self.noisy_set = None if d["noisy_set"] is None else list(d["noisy_set"])
-        self.candidates = None if d["candidates"] is None else list(d["candidates"])
-        self.finetune_skipped = bool(d["finetune_skipped"])

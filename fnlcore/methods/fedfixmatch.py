@@ -20,10 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.local import train_streams
-from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .multilabel import client_active_classes, partial_bce
 
 
@@ -73,40 +71,34 @@ class FedFixMatch(FLMethod):
         w[k] = self.pos_weights()[k, k]
         return w
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        p, ctx = self.params, self.ctx
-        load(self.worker, self.global_model.state_dict())
-        idx = ctx.data.clients[k]
-        active, bs = self.active[k], ctx.settings.batch_size
-        missing = 1.0 - active
-        pw, upw = self.pos_weights()[k], self._unsup_pos_weight(k)
-        stats = {"confident": 0, "seen": 0}
+    def prepare(self, r, k, nets):
+        # raw batches: the loss makes the weak and the strong view
+        missing = 1.0 - self.active[k]
+        return LocalJob([Phase(augment="raw")], info={"missing": missing, "upw": self._unsup_pos_weight(k),
+                                                      "confident": 0, "seen": 0})
 
-        def loss_fn(model, batches, step):
-            x, bidx = batches["x"]
-            v = ctx.pipeline.views(x, ctx.aug_gen, ("weak", "strong"))
-            z_w = model(v["weak"])
-            loss = partial_bce(z_w, self.multi_label_targets(bidx), pw, bs, classes=active)
-            confident, hard = confident_pseudo_labels(torch.sigmoid(z_w.detach().float()), missing, p.upper, p.lower)
-            stats["confident"] += confident.sum()
-            stats["seen"] += len(bidx)
-            if p.lambda_u > 0:
-                loss = loss + p.lambda_u * unsupervised_loss(model(v["strong"]), hard, confident, missing, upw)
-            return loss
+    def loss(self, b):
+        p, info = self.params, b.job.info
+        x, idx = b.streams["data"]
+        v = self.ctx.pipeline.views(x, self.ctx.aug_gen, ("weak", "strong"))
+        z_w = b.model(v["weak"])
+        loss = partial_bce(z_w, self.multi_label_targets(idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
+                           classes=self.active[b.k])
+        confident, hard = confident_pseudo_labels(torch.sigmoid(z_w.detach().float()), info["missing"], p.upper, p.lower)
+        info["confident"] += confident.sum()
+        info["seen"] += len(idx)
+        if p.lambda_u > 0:
+            loss = loss + p.lambda_u * unsupervised_loss(b.model(v["strong"]), hard, confident, info["missing"],
+                                                         info["upw"])
+        return loss
 
-        loss = train_streams(ctx, self.worker, {"x": (idx, bs)}, loss_fn, r)
-        seen = stats["seen"]
-        return ClientUpdate(k, len(idx), snapshot(self.worker),
-                            {"train_loss": loss, "confident": float(stats["confident"]), "seen": float(seen)})
+    def upload(self, r, k, job, nets):
+        return {"confident": float(job.info["confident"]), "seen": float(job.info["seen"])}
 
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        super().accumulate(r, upd)
-        info = self.round_info
-        info["_confident"] = info.get("_confident", 0.0) + upd.uploads["confident"]
-        info["_seen"] = info.get("_seen", 0.0) + upd.uploads["seen"]
+    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload)}
 
-    def aggregate(self, r: int) -> None:
-        super().aggregate(r)
-        info = self.round_info
+    def aggregate(self, r, updates):
+        ups = self.fedavg(updates)
         # share of the round's samples confident on every missing class (FixMatch's mask)
-        info["fixmatch_confident_share"] = info.pop("_confident", 0.0) / max(info.pop("_seen", 0.0), 1.0)
+        confident = sum(u.uploads["confident"] for u in ups)
+        self.round_info["fixmatch_confident_share"] = confident / max(sum(u.uploads["seen"] for u in ups), 1.0)

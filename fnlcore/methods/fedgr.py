@@ -51,8 +51,8 @@ Decided where the spec is silent:
 - "w/o FS" (``sieving='local'``): after local training the client observes its samples' losses
   with its trained local model (un-augmented images), folds them into its running means and fits
   its own GMM (same settings); the partition is used at its next selection;
-- per-client EMA models are kept on the CPU between selections (100-500 clients would not fit
-  on one accelerator) and moved to the device for the client's round;
+- per-client EMA models live in a ClientStore (on disk between selections: 100-500 clients would
+  not fit on one accelerator) and are loaded into the EMA working network for the client's round;
 - the dev code's EMA decay ramp min(γ_l, 1 - 1/(s+1)) is not applied (Eq. 12 as written).
 """
 
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -68,11 +69,10 @@ from sklearn.mixture import GaussianMixture
 
 from ..errors import ConfigError
 from ..fl import sampling
-from ..fl.local import train_streams
-from ..fl.state import State, load, snapshot
+from ..fl.state import State, load
 from ..randaugment import RandAugmentSpec
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import Batch, ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import CostStage
 
 
@@ -253,6 +253,13 @@ class EmaTracker:
 # -- the method ----------------------------------------------------------------------------
 
 
+class _MainInfo(NamedTuple):
+    """What a main-stage local update's loss needs from its preparation."""
+
+    supervised: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # L^SR(logits, sample ids on the device)
+    teacher: torch.Tensor | None  # revised EMA logits by sample id (Eq. 14); None: online teacher or no B_k
+
+
 @register
 class FedGR(FLMethod):
     Params = FedGRParams
@@ -260,6 +267,9 @@ class FedGR(FLMethod):
     # benchmarks/README.md, bench_methods.py: the strong view (RandAugment + Cutout) dominates
     # a CPU round; 1.75x with `strong_aug: false` (cost_stages)
     round_cost = 9.47
+    client_networks = ("ema",)  # the selected client's EMA model
+    persistent = ("noisy_labels", "loss_mean", "loss_count", "clean_prob", "noisy_flag", "has_reliable", "pseudo",
+                  "ema", "sampler")
 
     @classmethod
     def cost_stages(cls, params, settings, num_clients):
@@ -278,11 +288,9 @@ class FedGR(FLMethod):
         self.noisy_flag = torch.zeros(n, dtype=torch.bool, device=dev)
         self.has_reliable = torch.zeros(n, dtype=torch.bool, device=dev)  # entry in Y*_k
         self.pseudo = torch.full((n,), -1, dtype=torch.int64, device=dev)  # latest confident pseudo-label
-        self.ema: dict[int, State] = {}  # client -> its EMA model's state (CPU)
+        self.ema = ClientStore("ema")  # client -> its EMA model
         self.sampler = sampling.CyclicSampler(ctx.data.num_clients, ctx.settings.client_fraction)
-        self.ema_model = ctx.new_model()  # working copy of the selected client's EMA model
-        self._teacher: torch.Tensor | None = None  # cached teacher logits (overwritten per client, not state)
-        self._proxies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._teacher: torch.Tensor | None = None  # teacher logits by sample id, rewritten per client (not state)
         self._stats: dict[str, list[float]] = {}
 
     # -- schedule ---------------------------------------------------------------------------
@@ -296,7 +304,6 @@ class FedGR(FLMethod):
 
     def begin_round(self, r: int) -> None:
         super().begin_round(r)
-        self._proxies = []
         self._stats = {"noise_ratio": [], "reliable_frac": [], "ema_reset": []}
 
     # -- client side ------------------------------------------------------------------------
@@ -348,104 +355,135 @@ class FedGR(FLMethod):
         return self.ctx.data.relabel(didx, labels, r, self.stage(r), k)
 
     def revise_ema(self, r: int, k: int, noise_ratio: float, reliable_frac: float) -> float:
-        """Put client k's EMA model, revised by the global model (Eqs. 12 and 15), in ``self.ema_model``;
-        returns the γ_g used (0 = replaced by the global model; also a client's first EMA model)."""
-        p = self.params
+        """Put client k's EMA model, revised by the global model (Eqs. 12 and 15), in the EMA working
+        network; returns the γ_g used (0 = replaced by the global model; also a client's first EMA model)."""
+        p, ema = self.params, self.workers["ema"]
         decay = revision_decay(r, p.warmup_rounds, noise_ratio, reliable_frac, p.beta, p.mu, p.gamma_g,
                                p.ema_reset_strict)
         if k in self.ema and decay > 0:
-            load(self.ema_model, self.ema[k])
-            ema_blend(self.ema_model, self.global_model, decay)
+            load(ema, self.ema.get(k))
+            ema_blend(ema, self.global_model, decay)
             return decay
-        load(self.ema_model, self.global_model.state_dict())
+        load(ema, self.global_model.state_dict())
         return 0.0
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        ctx, p = self.ctx, self.params
-        idx = ctx.data.clients[k]
-        didx = idx.to(ctx.device)
-        main = r >= p.warmup_rounds
-        load(self.worker, self.global_model.state_dict())
-        given = self.noisy_labels[didx]
-
-        # 1-2: loss observations and FixMatch pseudo-labels with the received global model
-        views = ("eval", "weak") if main else ("eval",)
+    def _observe(self, k: int, views: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Steps 1-2: the received global model's logits on client k's samples; folds the loss
+        observations into ℓ̄ (federated sieving)."""
+        idx = self.ctx.data.clients[k]
         out = self._pass(self.global_model, idx, views)
-        if p.sieving == "federated":
-            obs = F.cross_entropy(out["eval"], given, reduction="none")
+        if self.params.sieving == "federated":
+            didx = idx.to(self.ctx.device)
+            obs = F.cross_entropy(out["eval"], self.noisy_labels[didx], reduction="none")
             self.loss_mean[didx], self.loss_count[didx] = running_mean_update(
                 self.loss_mean[didx], self.loss_count[didx], obs)
-        # 3: Label Refining (the relabels write Y*_k into the working labels)
-        if main:
-            self.label_refining(r, k, fixmatch_labels(out["weak"], p.confidence))
-        r_k = self.noise_ratio(k)
-        reliable_frac = float(self.has_reliable[didx].float().mean()) if len(idx) else 0.0
-        high_noise = r_k >= p.beta
+        return out
 
-        # 4: revise the client's EMA model, cache the teacher's logits
+    def _revise(self, r: int, k: int) -> float:
+        """Step 4's revision of client k's EMA model; returns r_k."""
+        didx = self.ctx.data.clients[k].to(self.ctx.device)
+        r_k = self.noise_ratio(k)
+        reliable_frac = float(self.has_reliable[didx].float().mean()) if len(didx) else 0.0
         decay = self.revise_ema(r, k, r_k, reliable_frac)
-        distil = main and p.lambda_b > 0
-        teacher = None
-        if distil and p.teacher == "revised":
-            if self._teacher is None:
-                self._teacher = torch.zeros(len(ctx.data.train), ctx.data.num_classes, device=ctx.device)
-            teacher = self._teacher
-            teacher[didx] = self._pass(self.ema_model, idx, ("weak",))["weak"]
         self._stats["noise_ratio"].append(r_k)
         self._stats["reliable_frac"].append(reliable_frac)
         self._stats["ema_reset"].append(float(decay == 0.0))
+        return r_k
 
-        # local training
-        self.global_model.eval()
-        self.ema_model.eval()
+    def _job(self, nets: dict[str, torch.nn.Module], info: _MainInfo | None = None) -> LocalJob:
+        """E epochs on the client's samples, the views made by the loss; the EMA model tracks the student."""
+        self.global_model.eval()  # frozen: R_k's target features
+        nets["ema"].eval()
+        tracker = EmaTracker(nets["ema"], nets["model"], self.params.gamma_l)
+        return LocalJob(phases=[Phase(augment="raw", after_step=tracker)], info=info)
 
-        def loss(model, batches, step):
-            xb, bidx = batches["data"]
-            b = bidx.to(ctx.device, non_blocking=True)
-            need = ("weak", "strong") if (p.lambda_r > 0 or (distil and p.teacher == "online")) else ("strong",)
-            v = self._views(xb, need)
-            logits, feat = model.forward_features(v["strong"])
-            logits = logits.float()
-            y = self.noisy_labels[b]
-            if not main:
-                total = F.cross_entropy(logits, y)
-            elif not p.label_refining:
-                total = clean_only_loss(logits, y, ~self.noisy_flag[b])
-            elif high_noise and p.high_noise_labels == "pseudo_only":
-                ps = self.pseudo[b]
-                total = refined_loss(logits, y, ps, ps >= 0, self.clean_prob[b], True)
-            else:
-                total = refined_loss(logits, y, ctx.data.given[b], self.has_reliable[b], self.clean_prob[b], high_noise)
-            if distil:
-                if teacher is not None:
-                    t_logits = teacher[b]
-                else:
-                    with torch.no_grad():
-                        t_logits = self.ema_model(v["weak"]).float()
-                total = total + p.lambda_b * distill_kl(logits, t_logits, p.tau_b)
-            if p.lambda_r > 0:
+    def prepare_warmup(self, r: int, k: int, nets: dict) -> LocalJob:
+        self._observe(k, ("eval",))
+        self._revise(r, k)
+        return self._job(nets)
+
+    def prepare_main(self, r: int, k: int, nets: dict) -> LocalJob:
+        p, ctx = self.params, self.ctx
+        out = self._observe(k, ("eval", "weak"))
+        self.label_refining(r, k, fixmatch_labels(out["weak"], p.confidence))  # step 3
+        high_noise = self._revise(r, k) >= p.beta
+        teacher = None
+        if p.lambda_b > 0 and p.teacher == "revised":  # Eq. 14: the revised EMA model's logits, once per round
+            if self._teacher is None:
+                self._teacher = torch.zeros(len(ctx.data.train), ctx.data.num_classes, device=ctx.device)
+            teacher = self._teacher
+            idx = ctx.data.clients[k]
+            teacher[idx.to(ctx.device)] = self._pass(nets["ema"], idx, ("weak",))["weak"]
+        return self._job(nets, _MainInfo(self._supervised(high_noise), teacher))
+
+    def _supervised(self, high_noise: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """L^SR of a main-stage client (r_k ≥ β: ``high_noise``) under the switches."""
+        p, given = self.params, self.ctx.data.given
+        if not p.label_refining:  # 'w/o LR'
+            return lambda z, i: clean_only_loss(z, self.noisy_labels[i], ~self.noisy_flag[i])
+        if high_noise and p.high_noise_labels == "pseudo_only":
+            def pseudo_only(z, i):
+                ps = self.pseudo[i]
+                return refined_loss(z, self.noisy_labels[i], ps, ps >= 0, self.clean_prob[i], True)
+            return pseudo_only
+        return lambda z, i: refined_loss(z, self.noisy_labels[i], given[i], self.has_reliable[i], self.clean_prob[i],
+                                         high_noise)
+
+    def _student(self, b: Batch, weak: bool):
+        """(views, logits, features of the student on the strong view, sample ids on the device)."""
+        xb, bidx = b.streams["data"]
+        i = bidx.to(self.ctx.device, non_blocking=True)
+        v = self._views(xb, ("weak", "strong") if weak else ("strong",))
+        logits, feat = b.model.forward_features(v["strong"])
+        return v, logits.float(), feat, i
+
+    def _with_representation(self, total: torch.Tensor, v: dict, feat: torch.Tensor) -> torch.Tensor:
+        """total + λ_R R_k (the frozen global backbone's features on the weak view)."""
+        p = self.params
+        if p.lambda_r > 0:
+            with torch.no_grad():
+                g_feat = self.global_model.features(v["weak"])
+            total = total + p.lambda_r * distill_kl(feat, g_feat, p.tau_r)
+        return total
+
+    def warmup_loss(self, b: Batch) -> torch.Tensor:
+        v, logits, feat, i = self._student(b, self.params.lambda_r > 0)
+        return self._with_representation(F.cross_entropy(logits, self.noisy_labels[i]), v, feat)
+
+    def main_loss(self, b: Batch) -> torch.Tensor:
+        p, info = self.params, b.job.info
+        online = p.lambda_b > 0 and p.teacher == "online"
+        v, logits, feat, i = self._student(b, p.lambda_r > 0 or online)
+        total = info.supervised(logits, i)
+        if p.lambda_b > 0:
+            if online:
                 with torch.no_grad():
-                    g_feat = self.global_model.features(v["weak"])
-                total = total + p.lambda_r * distill_kl(feat, g_feat, p.tau_r)
-            return total
+                    t_logits = b.nets["ema"](v["weak"]).float()
+            else:
+                t_logits = info.teacher[i]
+            total = total + p.lambda_b * distill_kl(logits, t_logits, p.tau_b)
+        return self._with_representation(total, v, feat)
 
-        bs = ctx.settings.batch_size
-        after_step = EmaTracker(self.ema_model, self.worker, p.gamma_l)
-        train_loss = train_streams(ctx, self.worker, {"data": (idx, bs)}, loss, r, after_step=after_step)
-        self.ema[k] = {key: v.detach().to("cpu", copy=True) for key, v in self.ema_model.state_dict().items()}
+    def upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
+        """Keep the client's EMA model; upload the loss proxies (or sieve locally under 'w/o FS')."""
+        idx = self.ctx.data.clients[k]
+        self.ema.put(k, nets["ema"].state_dict())
+        if self.params.sieving == "federated":
+            return {"proxy": (idx.clone(), self.loss_mean[idx.to(self.ctx.device)].clone())}
+        self._local_sieve(r, idx, nets["model"])
+        return {}
 
-        uploads = {"train_loss": train_loss}
-        if p.sieving == "federated":
-            uploads["proxy"] = (idx.clone(), self.loss_mean[didx].clone())
-        else:  # 'w/o FS': the client observes with its trained model and sieves on its own
-            self._local_sieve(r, idx)
-        return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
+    stages = {
+        "warmup": Stage(loss=warmup_loss, prepare=prepare_warmup, upload=upload),
+        "main": Stage(loss=main_loss, prepare=prepare_main, upload=upload),
+    }
 
-    def _local_sieve(self, r: int, idx: torch.Tensor) -> None:
+    def _local_sieve(self, r: int, idx: torch.Tensor, model: torch.nn.Module) -> None:
+        """'w/o FS': the client observes with its trained model and sieves on its own."""
         if self.params.freeze_sieving and r >= self.params.warmup_rounds:
             return
         didx = idx.to(self.ctx.device)
-        logits = self._pass(self.worker, idx, ("eval",))["eval"]
+        logits = self._pass(model, idx, ("eval",))["eval"]
         obs = F.cross_entropy(logits, self.noisy_labels[didx], reduction="none")
         self.loss_mean[didx], self.loss_count[didx] = running_mean_update(self.loss_mean[didx], self.loss_count[didx], obs)
         self._apply_sieve(idx, self.loss_mean[didx])
@@ -459,19 +497,12 @@ class FedGR(FLMethod):
         self.noisy_flag[didx] = torch.as_tensor(~clean, device=self.ctx.device)
 
     # -- server side ---------------------------------------------------------------------------
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        super().accumulate(r, upd)
-        if "proxy" in upd.uploads:
-            self._proxies.append(upd.uploads["proxy"])
-
-    def aggregate(self, r: int) -> None:
-        super().aggregate(r)
+    def aggregate(self, r: int, updates) -> None:
+        """FedAvg, then Federated Sieving on this round's uploaded proxies, pooled."""
+        proxies = [u.uploads["proxy"] for u in self.fedavg(updates) if "proxy" in u.uploads]
         frozen = self.params.freeze_sieving and r >= self.params.warmup_rounds
-        if self._proxies and not frozen:  # Federated Sieving on this round's uploads, pooled
-            idx = torch.cat([i for i, _ in self._proxies])
-            vals = torch.cat([v for _, v in self._proxies])
-            self._apply_sieve(idx, vals)
-        self._proxies = []
+        if proxies and not frozen:
+            self._apply_sieve(torch.cat([i for i, _ in proxies]), torch.cat([v for _, v in proxies]))
 
     def end_round(self, r: int) -> None:
         super().end_round(r)
@@ -487,24 +518,3 @@ class FedGR(FLMethod):
             self.round_info["sieve_acc"] = float((flagged == wrong)[seen].float().mean())
         if bool(self.has_reliable.any()):
             self.round_info["reliable_label_acc"] = float((data.given == data.y_true)[self.has_reliable].float().mean())
-
-    # -- checkpoint ------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d.update({
-            "noisy_labels": self.noisy_labels.detach().clone(),
-            "loss_mean": self.loss_mean.detach().clone(), "loss_count": self.loss_count.detach().clone(),
-            "clean_prob": self.clean_prob.detach().clone(), "noisy_flag": self.noisy_flag.detach().clone(),
-            "has_reliable": self.has_reliable.detach().clone(), "pseudo": self.pseudo.detach().clone(),
-            "ema": {int(k): {n: v.clone() for n, v in st.items()} for k, st in self.ema.items()},
-            "sampler": self.sampler.state_dict(),
-        })
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        dev = self.ctx.device
-        for key in ("noisy_labels", "loss_mean", "loss_count", "clean_prob", "noisy_flag", "has_reliable", "pseudo"):
-            setattr(self, key, d[key].to(dev).clone())
-        self.ema = {int(k): {n: v.to("cpu").clone() for n, v in st.items()} for k, st in d["ema"].items()}
-        self.sampler.load_state_dict(d["sampler"])

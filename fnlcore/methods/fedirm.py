@@ -40,10 +40,9 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from ..fl.local import train_streams
-from ..fl.state import load, snapshot
+from ..fl.state import load
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .multilabel import client_active_classes, partial_bce
 from .parts import ema_update
 
@@ -148,106 +147,101 @@ class FedIRM(FLMethod):
     Params = FedIRMParams
     paper = "Liu et al. MICCAI'21 (FedIRM), as FedMLP (MICCAI'24) adapts it to partial labels"
     label_kinds = ("multi",)
+    client_networks = ("teacher",)
+    persistent = ("teachers", "steps", "relation_g")
 
     def __init__(self, params: FedIRMParams, ctx):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
         self.active = client_active_classes(ctx.data)
-        k = ctx.data.num_clients
-        self.teachers: list[dict | None] = [None] * k
-        self.steps = [0] * k
-        self.teacher = ctx.new_model()
+        self.teachers = ClientStore("teachers")  # per-client EMA teachers, from a client's first matching update
+        self.steps = [0] * ctx.data.num_clients  # per-client EMA step counters
         self.relation_g: torch.Tensor | None = None  # (C, C) global relation matrix
-        self._relations: list[tuple[torch.Tensor, torch.Tensor, int]] = []
 
     def stage(self, r: int) -> str:
         return "supervised" if r < self.params.sup_rounds else "relation"
 
-    def begin_round(self, r: int) -> None:
-        super().begin_round(r)
-        self._relations = []
+    def stage_key(self, r: int) -> str:
+        # the last supervised round already collects the relation rows the first matching round needs
+        return "collect" if r == self.params.sup_rounds - 1 else self.stage(r)
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        p, ctx = self.params, self.ctx
-        c = ctx.data.num_classes
-        load(self.worker, self.global_model.state_dict())
-        idx = ctx.data.clients[k]
-        active, bs = self.active[k], ctx.settings.batch_size
-        pw = self.pos_weights()[k]
-        matching = r >= p.sup_rounds
-        collect = r >= p.sup_rounds - 1
-        rows = _RowMean(c, ctx.device)
-        stats = {"masked": 0, "seen": 0}
-        if matching:
-            load(self.teacher, self.teachers[k] if self.teachers[k] is not None else self.global_model.state_dict())
-            self.teacher.eval()
-            target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=ctx.device)
-            w = ramp_weight(r, p.consistency, p.ramp_rounds)
+    def prepare(self, r, k, nets):
+        return LocalJob([Phase(augment="raw")])  # raw batches: the loss makes both weak views
 
-        def loss_fn(model, batches, step):
-            x, bidx = batches["x"]
-            y = self.multi_label_targets(bidx)
-            v = ctx.pipeline.views(x, ctx.aug_gen, ("weak:1", "weak:2"))
-            z1, z2 = model(v["weak:1"]), model(v["weak:2"])
-            loss = partial_bce(z1, y, pw, bs, classes=active) + partial_bce(z2, y, pw, bs, classes=active)
-            if collect:
-                rows.add(*relation_rows(z1.detach(), (y > 0.5) & active.bool()[None], p.temperature))
-            if not matching:
-                return loss
-            p1 = torch.sigmoid(z1.float())
-            with torch.no_grad():
-                pt = torch.sigmoid(self.teacher(v["weak:2"]).float())
-            cons = ((p1 - pt) ** 2).sum() / bs
-            mask = confident_mask(p1.detach(), p.upper, p.lower, p.max_entropy)
-            stats["masked"] += mask.sum()
-            stats["seen"] += len(bidx)
-            source, _ = relation_rows(z1, (p1.detach() > 0.5) & mask[:, None], p.temperature)
-            return w * (cons + relation_kl(source, target)) + loss
+    def collect_prepare(self, r, k, nets):
+        return LocalJob([Phase(augment="raw")], info={"rows": _RowMean(self.ctx.data.num_classes, self.ctx.device)})
+
+    def relation_prepare(self, r, k, nets):
+        p, c = self.params, self.ctx.data.num_classes
+        teacher, student = nets["teacher"], nets["model"]
+        start = self.teachers.get(k)
+        load(teacher, start if start is not None else self.global_model.state_dict())
+        teacher.eval()
 
         def after_step():
-            if matching:
-                a = ema_alpha(self.steps[k], p.ema_decay)
-                ema_update(self.teacher, self.worker, a)
-                self.steps[k] += 1
+            ema_update(teacher, student, ema_alpha(self.steps[k], p.ema_decay))
+            self.steps[k] += 1
 
-        loss = train_streams(ctx, self.worker, {"x": (idx, bs)}, loss_fn, r, after_step=after_step)
-        uploads = {"train_loss": loss}
-        if matching:
-            self.teachers[k] = snapshot(self.teacher)
-            uploads["masked"], uploads["seen"] = float(stats["masked"]), float(stats["seen"])
-        if collect:
-            uploads["relation"], uploads["relation_valid"] = rows.result()
-        return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
+        target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=self.ctx.device)
+        info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": ramp_weight(r, p.consistency, p.ramp_rounds),
+                "masked": 0, "seen": 0}
+        return LocalJob([Phase(augment="raw", after_step=after_step)], info=info)
 
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        super().accumulate(r, upd)
-        u = upd.uploads
-        if "relation" in u:
-            self._relations.append((u["relation"], u["relation_valid"] & self.active[upd.client].bool(), upd.num_samples))
-        if "masked" in u:
-            self.round_info["_masked"] = self.round_info.get("_masked", 0.0) + u["masked"]
-            self.round_info["_seen"] = self.round_info.get("_seen", 0.0) + u["seen"]
+    def _supervised(self, b):
+        """(L_sup(v1) + L_sup(v2), the v1 logits, the v1 annotated positives, the views)."""
+        x, idx = b.streams["data"]
+        active, bs = self.active[b.k], self.ctx.settings.batch_size
+        pw = self.pos_weights()[b.k]
+        y = self.multi_label_targets(idx)
+        v = self.ctx.pipeline.views(x, self.ctx.aug_gen, ("weak:1", "weak:2"))
+        z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
+        loss = partial_bce(z1, y, pw, bs, classes=active) + partial_bce(z2, y, pw, bs, classes=active)
+        return loss, z1, (y > 0.5) & active.bool()[None], v
 
-    def aggregate(self, r: int) -> None:
-        super().aggregate(r)
-        if self._relations:
-            mats, valid, sizes = zip(*self._relations)
-            self.relation_g = aggregate_relations(list(mats), list(sizes), list(valid))
-        self._relations = []
-        info = self.round_info
-        if "_seen" in info:
-            info["fedirm_masked_share"] = info.pop("_masked") / max(info.pop("_seen"), 1.0)
+    def supervised_loss(self, b):
+        return self._supervised(b)[0]
 
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["teachers"] = [None if t is None else {n: v.detach().cpu().clone() for n, v in t.items()} for t in self.teachers]
-        d["steps"] = list(self.steps)
-        d["relation_g"] = None if self.relation_g is None else self.relation_g.detach().cpu().clone()
-        return d
+    def collect_loss(self, b):
+        loss, z1, pos, _ = self._supervised(b)
+        b.job.info["rows"].add(*relation_rows(z1.detach(), pos, self.params.temperature))
+        return loss
 
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        dev = self.ctx.device
-        self.teachers = [None if t is None else {n: v.to(dev).clone() for n, v in t.items()} for t in d["teachers"]]
-        self.steps = list(d["steps"])
-        self.relation_g = None if d["relation_g"] is None else d["relation_g"].to(dev).clone()
+    def relation_loss(self, b):
+        p, info = self.params, b.job.info
+        loss, z1, pos, v = self._supervised(b)
+        info["rows"].add(*relation_rows(z1.detach(), pos, p.temperature))
+        p1 = torch.sigmoid(z1.float())
+        with torch.no_grad():
+            pt = torch.sigmoid(b.nets["teacher"](v["weak:2"]).float())
+        cons = ((p1 - pt) ** 2).sum() / self.ctx.settings.batch_size
+        mask = confident_mask(p1.detach(), p.upper, p.lower, p.max_entropy)
+        info["masked"] += mask.sum()
+        info["seen"] += len(b.idx)
+        source, _ = relation_rows(z1, (p1.detach() > 0.5) & mask[:, None], p.temperature)
+        return info["w"] * (cons + relation_kl(source, info["target"])) + loss
+
+    def relations_upload(self, r, k, job, nets):
+        rows, valid = job.info["rows"].result()
+        return {"relation": rows, "relation_valid": valid}
+
+    def relation_upload(self, r, k, job, nets):
+        self.teachers.put(k, nets["teacher"].state_dict())  # the teacher stays with the client
+        info = job.info
+        return {"masked": float(info["masked"]), "seen": float(info["seen"]), **self.relations_upload(r, k, job, nets)}
+
+    stages = {
+        "supervised": Stage(loss=supervised_loss, prepare=prepare),
+        "collect": Stage(loss=collect_loss, prepare=collect_prepare, upload=relations_upload),
+        "relation": Stage(loss=relation_loss, prepare=relation_prepare, upload=relation_upload),
+    }
+
+    def aggregate(self, r, updates):
+        ups = [u for u in self.fedavg(updates) if "relation" in u.uploads]
+        if ups:
+            valid = [u.uploads["relation_valid"] & self.active[u.client].bool() for u in ups]
+            sizes = [u.num_samples for u in ups]
+            self.relation_g = aggregate_relations([u.uploads["relation"] for u in ups], sizes, valid)
+        matched = [u for u in ups if "masked" in u.uploads]
+        if matched:
+            seen = sum(u.uploads["seen"] for u in matched)
+            self.round_info["fedirm_masked_share"] = sum(u.uploads["masked"] for u in matched) / max(seen, 1.0)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..registry import param
 from ..fl.batched import masked_mean
-from .base import FLMethod, MethodParams, register
+from .base import FLMethod, MethodParams, Stage, register
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 
 
@@ -36,11 +36,13 @@ class FedLA(LogitAdjusted, FLMethod):
         super().begin_round(r)
         self.refresh_priors()
 
-    def loss(self, model, x, idx, step, k, r):
-        return la_cross_entropy(model(x), self.labels(idx), self.log_prior[k], self.params.tau)
+    def loss(self, b):
+        return la_cross_entropy(b.model(b.x), self.labels(b.idx), self.log_prior[b.k], self.params.tau)
 
     def batched_loss(self, logits, idx, mask, clients, r):
         k, b, c = logits.shape
         z = logits + self.params.tau * self.log_prior[clients][:, None, :]
         per = F.cross_entropy(z.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
         return masked_mean(per.view(k, b), mask)
+
+    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}

@@ -22,10 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.local import train_streams
-from ..fl.state import snapshot, load
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .parts import beta_draw, js_elementwise
 
 
@@ -80,18 +78,17 @@ class FedLSR(FLMethod):
     paper = "Jiang et al. (CIKM'22); baseline in FedNoRo and FedMLP"
     round_cost = 2.0  # benchmarks/README.md, bench_methods.py
 
-    def local_update(self, r, k):
-        load(self.worker, self.global_model.state_dict())
-        idx = self.ctx.data.clients[k]
-        gamma_t = ramp(r, self.params.gamma, self.params.t_w)
+    def prepare(self, r, k, nets):
+        # raw images: the loss makes its two weak views and draws lam after them
+        stream = (self.ctx.data.clients[k], self.ctx.settings.batch_size)
+        return LocalJob(phases=[Phase(augment="raw", streams={"train": stream})])
+
+    def loss(self, b: Batch):
         ctx = self.ctx
+        xb, idx = b.streams["train"]
+        v = ctx.pipeline.views(xb, ctx.aug_gen, ("weak:1", "weak:2"))
+        z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
+        lam = beta_draw(1.0, ctx.aug_gen, xb.device)
+        return fedlsr_loss(z1, z2, self.labels(idx), lam, ramp(b.r, self.params.gamma, self.params.t_w), self.params)
 
-        def loss_fn(model, batches, step):
-            xb, bidx = batches["train"]
-            v = ctx.pipeline.views(xb, ctx.aug_gen, ("weak:1", "weak:2"))
-            z1, z2 = model(v["weak:1"]), model(v["weak:2"])
-            lam = beta_draw(1.0, ctx.aug_gen, xb.device)
-            return fedlsr_loss(z1, z2, self.labels(bidx), lam, gamma_t, self.params)
-
-        loss = train_streams(ctx, self.worker, {"train": (idx, ctx.settings.batch_size)}, loss_fn, r)
-        return ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss})
+    stages = {"main": Stage(loss=loss, prepare=prepare)}

@@ -21,10 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.local import train_streams
-from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .parts import beta_draw, js_elementwise
 
 
@@ -73,20 +71,18 @@ class FedLSRML(FLMethod):
     paper = "Jiang et al. (CIKM'22) as FedMLP's code ports it; baseline in FedMLP"
     label_kinds = ("multi",)
 
-    def local_update(self, r, k):
-        load(self.worker, self.global_model.state_dict())
-        ctx = self.ctx
-        idx = ctx.data.clients[k]
-        beta_t = ramp(r, self.params.gamma, self.params.t_w)
-        pw = self.pos_weights()[k]
+    def prepare(self, r, k, nets):
+        # raw images: the loss makes its two weak views and draws lam after them
+        stream = (self.ctx.data.clients[k], self.ctx.settings.batch_size)
+        return LocalJob(phases=[Phase(augment="raw", streams={"train": stream})])
 
-        def loss_fn(model, batches, step):
-            xb, bidx = batches["train"]
-            v = ctx.pipeline.views(xb, ctx.aug_gen, ("weak:1", "weak:2"))
-            z1, z2 = model(v["weak:1"]), model(v["weak:2"])
-            lam = beta_draw(1.0, ctx.aug_gen, xb.device)
-            y = self.multi_label_targets(bidx)
-            return fedlsr_ml_loss(z1, z2, y, pw, lam, beta_t, ctx.settings.batch_size, self.params)
+    def loss(self, b: Batch):
+        ctx, p = self.ctx, self.params
+        xb, idx = b.streams["train"]
+        v = ctx.pipeline.views(xb, ctx.aug_gen, ("weak:1", "weak:2"))
+        z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
+        lam = beta_draw(1.0, ctx.aug_gen, xb.device)
+        return fedlsr_ml_loss(z1, z2, self.multi_label_targets(idx), self.pos_weights()[b.k], lam,
+                              ramp(b.r, p.gamma, p.t_w), ctx.settings.batch_size, p)
 
-        loss = train_streams(ctx, self.worker, {"train": (idx, ctx.settings.batch_size)}, loss_fn, r)
-        return ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss})
+    stages = {"main": Stage(loss=loss, prepare=prepare)}

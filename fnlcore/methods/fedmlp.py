@@ -54,10 +54,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..fl.local import train_streams
-from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .logit_adjust import la_bce, la_shift
 from .multilabel import client_active_classes, partial_bce
 
@@ -181,6 +179,8 @@ class FedMLP(FLMethod):
     paper = "FedMLP (MICCAI'24)"
     label_kinds = ("multi",)
 
+    persistent = ("pseudo", "protos_g", "degree_g")
+
     def __init__(self, params: FedMLPParams, ctx):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
@@ -190,33 +190,11 @@ class FedMLP(FLMethod):
         self.pseudo = torch.full((n, c), UNLABELLED, dtype=torch.int8, device=ctx.device)
         self.protos_g: torch.Tensor | None = None  # (C, 2, D) global dual prototypes
         self.degree_g: torch.Tensor | None = None  # (C,) global learning degrees
-        self._uploads: list[ClientUpdate] = []
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "stage2"
 
-    def begin_round(self, r: int) -> None:
-        super().begin_round(r)
-        self._uploads = []
-
     # -- client -----------------------------------------------------------------------------
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        p, ctx = self.params, self.ctx
-        load(self.worker, self.global_model.state_dict())
-        idx = ctx.data.clients[k]
-        warm = r < p.warmup_rounds
-        if not warm and p.mld and self.protos_g is not None:
-            self._detect(k, idx)
-        loss_fn = self._warmup_loss(k) if warm else self._stage2_loss(k, idx)
-        loss = train_streams(ctx, self.worker, {"x": (idx, ctx.settings.batch_size)}, loss_fn, r)
-        uploads = {"train_loss": loss}
-        if p.mld and r >= p.warmup_rounds - 1:
-            uploads.update(self._client_statistics(k, idx))
-        return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
-
-    def _targets(self, bidx: torch.Tensor) -> torch.Tensor:
-        return self.multi_label_targets(bidx)
-
     def _priors(self, k: int, idx: torch.Tensor) -> torch.Tensor:
         """pi_c: n_c^+ / N_k on annotated classes, |P^k_{c,1}| / N_k on missing ones (fedmlp.md §2.1)."""
         i = idx.to(self.ctx.device)
@@ -225,60 +203,70 @@ class FedMLP(FLMethod):
         pseudo_pos = (self.pseudo[i] == 1).float().sum(0) * (1.0 - a)
         return (pos + pseudo_pos) / max(len(idx), 1)
 
+    def _shift(self, k: int) -> torch.Tensor:
+        """Client k's LA shift for this local update (job.info), from its priors after detection."""
+        return la_shift(self._priors(k, self.ctx.data.clients[k]), self.params.tau)
+
     def _teacher_probs(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return torch.sigmoid(self.global_model.eval()(x).float())
 
-    def _warmup_loss(self, k: int):
+    def prepare_warmup(self, r: int, k: int, nets) -> LocalJob:
+        # raw images: the loss makes the two weak views
+        stream = (self.ctx.data.clients[k], self.ctx.settings.batch_size)
+        return LocalJob(phases=[Phase(augment="raw", streams={"x": stream})], info=self._shift(k))
+
+    def prepare_stage2(self, r: int, k: int, nets) -> LocalJob:
+        if self.params.mld and self.protos_g is not None:
+            self._detect(k, self.ctx.data.clients[k])
+        return LocalJob(info=self._shift(k))  # one train view of the client's samples
+
+    def loss_warmup(self, b: Batch) -> torch.Tensor:
         p, ctx = self.params, self.ctx
         bs = ctx.settings.batch_size
-        active = self.active[k]
-        missing = 1.0 - active
-        shift = la_shift(self._priors(k, ctx.data.clients[k]), p.tau)
-        pw = self.pos_weights()[k]
-        distil = p.cr in ("both", "warmup")
+        active = self.active[b.k]
+        x, idx = b.streams["x"]
+        y = self.multi_label_targets(idx)
+        views = ctx.pipeline.views(x, ctx.aug_gen, ("weak:1", "weak:2"))
+        total = 0.0
+        for v in views.values():
+            z = b.model(v)
+            sup = wpc_loss(z, y, b.job.info, active, bs) if p.wpc else partial_bce(z, y, self.pos_weights()[b.k], bs)
+            total = total + 0.5 * sup
+            if p.cr in ("both", "warmup"):
+                total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), self._teacher_probs(v), 1.0 - active, bs)
+        return total
 
-        def loss_fn(model, batches, step):
-            x, bidx = batches["x"]
-            y = self._targets(bidx)
-            views = ctx.pipeline.views(x, ctx.aug_gen, ("weak:1", "weak:2"))
-            total = 0.0
-            for v in views.values():
-                z = model(v)
-                sup = wpc_loss(z, y, shift, active, bs) if p.wpc else partial_bce(z, y, pw, bs)
-                total = total + 0.5 * sup
-                if distil:
-                    total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), self._teacher_probs(v), missing, bs)
-            return total
-
-        return loss_fn
-
-    def _stage2_loss(self, k: int, idx: torch.Tensor):
-        p, ctx = self.params, self.ctx
-        bs = ctx.settings.batch_size
-        active = self.active[k]
-        shift = la_shift(self._priors(k, idx), p.tau)
-        pw = self.pos_weights()[k]
+    def loss_stage2(self, b: Batch) -> torch.Tensor:
+        p = self.params
+        bs = self.ctx.settings.batch_size
+        active = self.active[b.k].bool()[None]
+        pw = self.pos_weights()[b.k]
         consistency = p.cr == "both"
+        pseudo = self.pseudo[b.idx.to(self.ctx.device)]
+        labelled = pseudo != UNLABELLED
+        # targets: annotated classes their labels, missing ones their pseudo-labels, else 0
+        y = torch.where(active | ~labelled, self.multi_label_targets(b.idx), pseudo.float())
+        supervised = active | labelled
+        z = b.model(b.x)
+        if not p.wpc and not consistency:  # FedAvg + MLD: BCE(pos_weight) over all entries / (B C)
+            return partial_bce(z, y, pw, bs)
+        per = la_bce(z, y, b.job.info) if p.wpc else F.binary_cross_entropy_with_logits(
+            z.float(), y, pos_weight=pw, reduction="none"
+        )
+        mse = (torch.sigmoid(z.float()) - self._teacher_probs(b.x)) ** 2 if consistency else None
+        return stage2_loss(per, mse, supervised)
 
-        def loss_fn(model, batches, step):
-            x, bidx = batches["x"]
-            pseudo = self.pseudo[bidx.to(ctx.device)]
-            labelled = pseudo != UNLABELLED
-            # targets: annotated classes their labels, missing ones their pseudo-labels, else 0
-            y = torch.where(active.bool()[None] | ~labelled, self._targets(bidx), pseudo.float())
-            supervised = active.bool()[None] | labelled
-            v = ctx.pipeline.train(x, ctx.aug_gen)
-            z = model(v)
-            if not p.wpc and not consistency:  # FedAvg + MLD: BCE(pos_weight) over all entries / (B C)
-                return partial_bce(z, y, pw, bs)
-            per = la_bce(z, y, shift) if p.wpc else F.binary_cross_entropy_with_logits(
-                z.float(), y, pos_weight=pw, reduction="none"
-            )
-            mse = (torch.sigmoid(z.float()) - self._teacher_probs(v)) ** 2 if consistency else None
-            return stage2_loss(per, mse, supervised)
+    def upload(self, r: int, k: int, job: LocalJob, nets) -> dict:
+        """Dual prototypes and learning degrees from the last warm-up round on (fedmlp.md §2.4)."""
+        if not self.params.mld or r < self.params.warmup_rounds - 1:
+            return {}
+        return self._client_statistics(k, self.ctx.data.clients[k], nets["model"])
 
-        return loss_fn
+    stages = {
+        "warmup": Stage(loss=loss_warmup, prepare=prepare_warmup, upload=upload),
+        "stage2": Stage(loss=loss_stage2, prepare=prepare_stage2, upload=upload),
+    }
 
     @torch.no_grad()
     def _features(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,30 +301,23 @@ class FedMLP(FLMethod):
             self.pseudo[rows[residual[neg]], c] = 0
             self.pseudo[rows[residual[pos]], c] = 1
 
-    def _client_statistics(self, k: int, idx: torch.Tensor) -> dict:
+    def _client_statistics(self, k: int, idx: torch.Tensor, model: torch.nn.Module) -> dict:
         """Dual prototypes of annotated classes and learning degrees of missing ones (fedmlp.md §2.4)."""
-        logits, feats = self._features(self.worker, idx)
-        y = self._targets(idx)
+        logits, feats = self._features(model, idx)
+        y = self.multi_label_targets(idx)
         return {
             "prototypes": class_prototypes(feats, y, self.active[k]),
             "degrees": learning_degree(torch.sigmoid(logits), self.params.low, self.params.high),
         }
 
     # -- server -----------------------------------------------------------------------------
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        super().accumulate(r, upd)
-        if "prototypes" in upd.uploads:
-            self._uploads.append(upd)
-
-    def aggregate(self, r: int) -> None:
-        super().aggregate(r)
-        ups = self._uploads
+    def aggregate(self, r: int, updates) -> None:
+        ups = [u for u in self.fedavg(updates) if "prototypes" in u.uploads]
         if ups:
             sizes = [u.num_samples for u in ups]
             actives = [self.active[u.client] for u in ups]
             self.protos_g = aggregate_prototypes([u.uploads["prototypes"] for u in ups], sizes, actives)
             self.degree_g = aggregate_degrees([u.uploads["degrees"] for u in ups], sizes, actives)
-        self._uploads = []
 
     def end_round(self, r: int) -> None:
         if r < self.params.warmup_rounds or not self.params.mld:
@@ -365,17 +346,3 @@ class FedMLP(FLMethod):
                 "pseudo_agreement": agree / int(lab.sum()) if int(lab.sum()) else float("nan"),
             })
         return pd.DataFrame(rows)
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["pseudo"] = self.pseudo.detach().cpu().clone()
-        d["protos_g"] = None if self.protos_g is None else self.protos_g.detach().cpu().clone()
-        d["degree_g"] = None if self.degree_g is None else self.degree_g.detach().cpu().clone()
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        dev = self.ctx.device
-        self.pseudo = d["pseudo"].to(dev).clone()
-        self.protos_g = None if d["protos_g"] is None else d["protos_g"].to(dev).clone()
-        self.degree_g = None if d["degree_g"] is None else d["degree_g"].to(dev).clone()

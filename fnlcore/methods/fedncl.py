@@ -47,7 +47,7 @@ from ..errors import ConfigError
 from ..fl.local import predict
 from ..fl.state import State, load
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import FLMethod, MethodParams, Stage, register
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,8 @@ class FedNCL(FLMethod):
     paper = "Fed-NCL (Tam et al., TNNLS)"
     round_cost = 1.0  # benchmarks/README.md, bench_methods.py
 
+    persistent = ("counts", "in_correction", "last_noisy", "original")
+
     def __init__(self, params: FedNCLParams, ctx):
         super().__init__(params, ctx)
         _check(params, ctx.settings.rounds)
@@ -185,19 +187,15 @@ class FedNCL(FLMethod):
         self.in_correction = np.zeros(k, dtype=bool)  # S_corr (permanent)
         self.last_noisy = np.zeros(k, dtype=bool)
         self.original = ctx.data.given.detach().clone()  # relabelling restarts from these every round
-        self._updates: list[ClientUpdate] = []
 
-    def begin_round(self, r: int) -> None:
-        super().begin_round(r)
-        self._updates = []
-
-    def _corrects(self, r: int, k: int) -> bool:
+    def prepare(self, r: int, k: int, nets) -> None:
+        """A member of the correction set relabels its samples before it trains (the default job)."""
         p = self.params
-        return p.use_label_correction and r > p.correction_round and bool(self.in_correction[k])
-
-    def before_local(self, r: int, k: int) -> None:
-        if self._corrects(r, k):
+        if p.use_label_correction and r > p.correction_round and bool(self.in_correction[k]):
             self.relabel_client(r, k)
+
+    # plain CE, batchable: the relabelling is a side effect of prepare
+    stages = {"main": Stage(loss=FLMethod.loss, prepare=prepare, batched_loss=FLMethod.batched_loss)}
 
     def relabel_client(self, r: int, k: int) -> None:
         idx = self.ctx.data.clients[k]
@@ -206,11 +204,9 @@ class FedNCL(FLMethod):
         new = confident_relabel(probs, original.to(probs.device), self.params.eta)
         self.ctx.data.relabel(idx, new, r, self.stage(r), k)
 
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        self._updates.append(upd)  # layer-wise weights need every client's distances first
-
-    def aggregate(self, r: int) -> None:
-        p, ups = self.params, self._updates
+    def aggregate(self, r: int, updates) -> None:
+        p = self.params
+        ups = list(updates)  # layer-wise weights need every client's distances first
         glob = self.global_model.state_dict()
         keys = list(glob)
         states = [u.state for u in ups]
@@ -223,7 +219,6 @@ class FedNCL(FLMethod):
         w = layer_weights(dist, noisy, m, sizes if p.size_factor else None)
         load(self.global_model, layerwise_average(states, keys, w))
         self._record(r, [u.client for u in ups], noisy, m)
-        self._updates = []
 
     def _record(self, r: int, clients: list[int], noisy: np.ndarray, m: float) -> None:
         p = self.params
@@ -248,18 +243,3 @@ class FedNCL(FLMethod):
                 "flagged_last_round": bool(self.last_noisy[k]),
             })
         return pd.DataFrame(rows)
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d.update(
-            counts=self.counts.copy(), in_correction=self.in_correction.copy(), last_noisy=self.last_noisy.copy(),
-            original=self.original.cpu().clone(),
-        )
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        self.counts = np.array(d["counts"], dtype=np.int64)
-        self.in_correction = np.array(d["in_correction"], dtype=bool)
-        self.last_noisy = np.array(d["last_noisy"], dtype=bool)
-        self.original = d["original"].to(self.ctx.data.given.device)

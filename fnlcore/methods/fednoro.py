@@ -34,9 +34,10 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl.local import predict
-from ..fl.state import load, per_tensor_distance, snapshot, weighted_average
+from ..fl.batched import masked_mean
+from ..fl.state import load, per_tensor_distance, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import warm_up_then
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import class_loss_matrix, minmax_columns
@@ -127,6 +128,8 @@ class FedNoRo(LogitAdjusted, FLMethod):
     # benchmarks/README.md, bench_methods.py: stage 2 (DaAgg, per-client LA, distances);
     # warm-up rounds about 1.0x (cost_stages)
     round_cost = 1.4
+    client_networks = ("teacher",)  # stage 2: the frozen global model a noisy client distils from
+    persistent = ("noisy", "loss_matrix")
 
     @classmethod
     def cost_stages(cls, params, settings, num_clients):
@@ -142,55 +145,59 @@ class FedNoRo(LogitAdjusted, FLMethod):
         )
         self.noisy: frozenset[int] | None = None  # detected after warm-up
         self.loss_matrix: np.ndarray | None = None
-        self._updates: list[ClientUpdate] = []
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "stage2"
 
     def select_clients(self, r: int) -> list[int]:
         clients = super().select_clients(r)
-        if self.noisy is not None and not self.params.use_noisy_clients:
+        if self.stage(r) == "stage2" and not self.params.use_noisy_clients:
             clients = [k for k in clients if k not in self.noisy]
         return clients
 
     def begin_round(self, r: int) -> None:
         super().begin_round(r)
         self.refresh_priors()
-        self._updates = []
-        if self.noisy is not None:
-            self._teacher_state = snapshot(self.global_model)
+        if self.stage(r) == "stage2":
             self.round_info["kd_lambda"] = ramp_weight(r, *self.ramp, self.params.lambda_max)
 
     # -- local objectives --------------------------------------------------------------
-    def loss(self, model, x, idx, step, k, r):
-        y = self.labels(idx)
-        if self.noisy is None or k not in self.noisy or not self.params.use_kd:
-            return la_cross_entropy(model(x), y, self.log_prior[k], self.params.tau)
+    def la_loss(self, b):
+        return la_cross_entropy(b.model(b.x), self.labels(b.idx), self.log_prior[b.k], self.params.tau)
+
+    def la_batched_loss(self, logits, idx, mask, clients, r):
+        k, b, c = logits.shape
+        z = logits + self.params.tau * self.log_prior[clients][:, None, :]
+        per = F.cross_entropy(z.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
+        return masked_mean(per.view(k, b), mask)
+
+    def prepare_stage2(self, r, k, nets):
+        """A noisy client distils from the round's global model; a clean one keeps LA-CE."""
+        if k not in self.noisy or not self.params.use_kd:
+            return None
+        load(nets["teacher"], self.global_model.state_dict())
+        nets["teacher"].eval()
+        return LocalJob(phases=[Phase(loss=self.distill_loss)])
+
+    def distill_loss(self, b):
+        """lambda(r) KL(softmax(f_G / T) || p_LA) + (1 - lambda(r)) NLL(p_LA) (fednoro.md §4.3)."""
         with torch.no_grad():
-            target = F.softmax(self._teacher(x) / self.params.kd_temperature, dim=1)
-        log_p = F.log_softmax(model(x) + self.log_prior[k], dim=1)
+            target = F.softmax(b.nets["teacher"](b.x) / self.params.kd_temperature, dim=1)
+        log_p = F.log_softmax(b.model(b.x) + self.log_prior[b.k], dim=1)
         log_p = torch.where(torch.isinf(log_p), torch.zeros_like(log_p), log_p)  # absent classes (code)
         lam = self.round_info["kd_lambda"]
-        return lam * F.kl_div(log_p, target, reduction="batchmean") + (1 - lam) * F.nll_loss(log_p, y)
+        return lam * F.kl_div(log_p, target, reduction="batchmean") + (1 - lam) * F.nll_loss(log_p, self.labels(b.idx))
 
-    def local_update(self, r, k):
-        if self.noisy is not None and k in self.noisy and self.params.use_kd:
-            if not hasattr(self, "_teacher_model"):
-                self._teacher_model = self.ctx.new_model()
-            load(self._teacher_model, self._teacher_state)
-            self._teacher = self._teacher_model.eval()
-        return super().local_update(r, k)
+    stages = {
+        "warmup": Stage(loss=la_loss, batched_loss=la_batched_loss),
+        "stage2": Stage(loss=la_loss, prepare=prepare_stage2),
+    }
 
     # -- server --------------------------------------------------------------------------
-    def accumulate(self, r, upd):
-        if self.noisy is None or not self.params.use_daagg:
-            return super().accumulate(r, upd)
-        self._updates.append(upd)  # DaAgg needs every client's model at once
-
-    def aggregate(self, r):
-        if self.noisy is None or not self.params.use_daagg:
-            return super().aggregate(r)
-        ups = self._updates
+    def aggregate(self, r, updates):
+        if self.stage(r) == "warmup" or not self.params.use_daagg:
+            return self.fedavg(updates)
+        ups = list(updates)  # DaAgg needs every client's model at once
         clean = [u for u in ups if u.client not in self.noisy]
         noisy = [u for u in ups if u.client in self.noisy]
         sizes = np.array([u.num_samples for u in ups], dtype=np.float64)
@@ -202,7 +209,6 @@ class FedNoRo(LogitAdjusted, FLMethod):
             weights = daagg_weights(sizes, d)
         self.round_info["daagg_min_weight"] = float(weights.min())
         load(self.global_model, weighted_average([u.state for u in ups], weights))
-        self._updates = []
 
     def _distance(self, a, b) -> float:
         if self.params.distance == "per_tensor_sum":
@@ -238,14 +244,3 @@ class FedNoRo(LogitAdjusted, FLMethod):
             rate = float(flipped[idx.numpy()].mean()) if len(idx) else 0.0
             rows.append({"client": k, "n": len(idx), "noise_rate": rate, "true_noisy": rate > 0, "detected_noisy": k in self.noisy})
         return pd.DataFrame(rows)
-
-    def state_dict(self):
-        d = super().state_dict()
-        d["noisy"] = None if self.noisy is None else sorted(self.noisy)
-        d["loss_matrix"] = self.loss_matrix
-        return d
-
-    def load_state_dict(self, d):
-        super().load_state_dict(d)
-        self.noisy = None if d["noisy"] is None else frozenset(d["noisy"])
-        self.loss_matrix = d["loss_matrix"]

@@ -25,9 +25,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..fl.batched import masked_mean
 from ..fl.local import predict
 from ..registry import param
-from .base import FLMethod, MethodParams, register
+from .base import FLMethod, MethodParams, Stage, register
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import class_loss_matrix, lid_scores, minmax_columns
 
@@ -79,6 +80,7 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
     Params = FedNoRoDetectionParams
     paper = "FedNoRo (IJCAI'23) Table 3: noisy-client detection indicators"
     round_cost = 1.4  # as FedNoRo's stage 2 (benchmarks/README.md, bench_methods.py)
+    persistent = ("features", "rates")
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
@@ -90,16 +92,25 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
         if self.params.logit_adjust:
             self.refresh_priors()
 
-    def loss(self, model, x, idx, step, k, r):
-        y = self.labels(idx)
+    def loss(self, b):
+        z, y = b.model(b.x), self.labels(b.idx)
         if self.params.logit_adjust:
-            return la_cross_entropy(model(x), y, self.log_prior[k], self.params.tau)
-        return F.cross_entropy(model(x), y)
+            return la_cross_entropy(z, y, self.log_prior[b.k], self.params.tau)
+        return F.cross_entropy(z, y)
+
+    def batched_loss(self, logits, idx, mask, clients, r):
+        k, b, c = logits.shape
+        if self.params.logit_adjust:
+            logits = logits + self.params.tau * self.log_prior[clients][:, None, :]
+        per = F.cross_entropy(logits.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
+        return masked_mean(per.view(k, b), mask)
+
+    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
 
     def end_round(self, r):
         if r != self.num_rounds() - 1:
             return
-        p, data = self.params, self.ctx.data
+        p = self.params
         self.features = client_indicators(self.ctx, self.global_model, p)
         truth = self.true_noisy()
         feats = minmax_columns(self.features) if p.norm else self.features
@@ -115,13 +126,6 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
             return None
         cols = {f"indicator_{j}": self.features[:, j] for j in range(self.features.shape[1])}
         return pd.DataFrame({"client": np.arange(len(self.features)), "true_noisy": self.true_noisy(), **cols})
-
-    def state_dict(self):
-        return {**super().state_dict(), "features": self.features, "rates": self.rates}
-
-    def load_state_dict(self, d):
-        super().load_state_dict(d)
-        self.features, self.rates = d["features"], d["rates"]
 
 
 def client_indicators(ctx, model, p: FedNoRoDetectionParams) -> np.ndarray:

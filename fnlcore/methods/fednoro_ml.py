@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import param
-from .base import FLMethod, MethodParams, register
+from .base import Batch, FLMethod, MethodParams, Stage, register
 from .logit_adjust import la_bce, la_shift
 from .multilabel import client_active_classes
 
@@ -75,10 +75,13 @@ class FedNoRoML(FLMethod):
         # classes a client does not annotate get no LA shift (their prior is unused: masked out)
         self.shift = torch.where(self.active > 0, shift, torch.zeros_like(shift))
 
-    def loss(self, model, x, idx, step, k, r):
+    def loss(self, b: Batch):
         p = self.params
         with torch.no_grad():
-            zt = self.global_model.eval()(x)
-        w = distill_weight(r, p.lambda_max, p.ramp_begin, p.ramp_end)
-        return fednoro_ml_loss(model(x), zt, self.multi_label_targets(idx), self.shift[k], self.active[k], w,
+            zt = self.global_model.eval()(b.x)
+        w = distill_weight(b.r, p.lambda_max, p.ramp_begin, p.ramp_end)
+        return fednoro_ml_loss(b.model(b.x), zt, self.multi_label_targets(b.idx), self.shift[b.k], self.active[b.k], w,
                                p.kd_temperature)
+
+    # no batched form: the teacher's logits need the batch's images, which a batched loss does not get
+    stages = {"main": Stage(loss=loss)}

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..fl.state import parameter_keys, snapshot
 from ..registry import param
-from .base import FLMethod, MethodParams, register
+from .base import FLMethod, MethodParams, Stage, register
 from .parts import proximal_term
 
 
@@ -44,9 +44,12 @@ class FedProx(FLMethod):
         self._ref = snapshot(self.global_model)
         self._keys = parameter_keys(self.global_model)
 
-    def loss(self, model, x, idx, step, k, r):
-        loss = F.cross_entropy(model(x), self.labels(idx))
+    def loss(self, b):
+        loss = F.cross_entropy(b.model(b.x), self.labels(b.idx))
         p = self.params
-        if p.mu > 0 and not (p.skip_first_batch and step == 0):
-            loss = loss + proximal_term(model, self._ref, self._keys, p.mu, p.form)
+        if p.mu > 0 and not (p.skip_first_batch and b.step == 0):
+            loss = loss + proximal_term(b.model, self._ref, self._keys, p.mu, p.form)
         return loss
+
+    # no batched form: the proximal term needs each client's parameters, which a batched loss does not see
+    stages = {"main": Stage(loss=loss)}

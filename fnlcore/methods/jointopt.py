@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,7 @@ class JointOpt(FLMethod):
     Params = JointOptParams
     paper = "Tanaka et al. 2018; baseline (via FedCorr) in FedDiv"
     round_cost = 1.65  # benchmarks/README.md, bench_methods.py
+    persistent = ("soft", "history", "counts")
 
     def __init__(self, params: JointOptParams, ctx):
         super().__init__(params, ctx)
@@ -106,43 +107,34 @@ class JointOpt(FLMethod):
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "joint"
 
-    def loss(self, model, x, idx, step, k, r):
-        dev_idx = idx.to(self.ctx.device, non_blocking=True)
-        logits = model(x)
+    def loss(self, b):
+        dev_idx = b.idx.to(self.ctx.device, non_blocking=True)
+        logits = b.model(b.x)
         record_predictions(self.history, self.counts, dev_idx, F.softmax(logits.detach().float(), dim=1))
         return jointopt_loss(logits, self.soft[dev_idx], self.params.alpha, self.params.beta)
 
-    def _update_labels(self, r: int, k: int) -> None:
-        if r >= self.params.warmup_rounds:
-            idx = self.ctx.data.clients[k].to(self.ctx.device)
-            self.soft[idx] = history_mean(self.history[idx], self.counts[idx])
+    def _update_labels(self, k: int) -> None:
+        idx = self.ctx.data.clients[k].to(self.ctx.device)
+        self.soft[idx] = history_mean(self.history[idx], self.counts[idx])
 
-    def on_local_epoch_start(self, r, k, epoch, model):
-        if epoch > 0:  # the end of the previous epoch
-            self._update_labels(r, k)
+    def prepare_joint(self, r, k, nets):
+        def on_epoch(epoch):
+            if epoch > 0:  # the end of the previous epoch
+                self._update_labels(k)
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        upd = super().local_update(r, k)
-        if r >= self.params.warmup_rounds:
-            self._update_labels(r, k)  # the end of the last epoch
-            idx = self.ctx.data.clients[k]
-            upd.uploads["relabelled"] = self.ctx.data.relabel(
-                idx, self.soft[idx.to(self.ctx.device)].argmax(1), r, self.stage(r), k)
-        return upd
+        return LocalJob(phases=[Phase(on_epoch=on_epoch)])
+
+    def upload_joint(self, r, k, job, nets):
+        self._update_labels(k)  # the end of the last epoch
+        idx = self.ctx.data.clients[k]
+        return {"relabelled": self.ctx.data.relabel(idx, self.soft[idx.to(self.ctx.device)].argmax(1), r, self.stage(r), k)}
+
+    stages = {
+        "warmup": Stage(loss=loss),
+        "joint": Stage(loss=loss, prepare=prepare_joint, upload=upload_joint),
+    }
 
     def end_round(self, r: int) -> None:
         data = self.ctx.data
         idx = torch.cat(data.clients).to(self.ctx.device)
         self.round_info["soft_label_acc"] = float((self.soft[idx].argmax(1) == data.y_true[idx]).float().mean())
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d.update(soft=self.soft.clone(), history=self.history.clone(), counts=self.counts.clone())
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        dev = self.ctx.device
-        self.soft = d["soft"].to(dev).clone()
-        self.history = d["history"].to(dev).clone()
-        self.counts = d["counts"].to(dev).clone()

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..fl.local import predict
 from ..fl.state import load, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import FLMethod, MethodParams, Stage, register
 
 LOG_1E4 = math.log(1e-4)
 
@@ -75,34 +75,29 @@ class RHFL(FLMethod):
     paper = "Fang & Ye (CVPR'22) as FedNoRo's baseline: CCR + FedAvg"
     round_cost = 1.1  # benchmarks/README.md, bench_methods.py
 
+    persistent = ("prev_loss",)
+
     def __init__(self, params: RHFLParams, ctx):
         super().__init__(params, ctx)
         self.prev_loss = np.full(ctx.data.num_clients, np.nan)  # L_k of the client's last participation
-        self._updates: list[ClientUpdate] = []
 
-    def loss(self, model, x, idx, step, k, r):
-        y = self.labels(idx)
+    def loss(self, b):
+        z, y = b.model(b.x), self.labels(b.idx)
         if self.params.local_loss == "ce":
-            return F.cross_entropy(model(x), y)
-        return symmetric_ce(model(x), y, self.params.alpha, self.params.beta_s)
+            return F.cross_entropy(z, y)
+        return symmetric_ce(z, y, self.params.alpha, self.params.beta_s)
 
-    def local_update(self, r, k):
-        upd = super().local_update(r, k)
+    def upload(self, r, k, job, nets):
+        """L_k^t: the mean SCE of the trained model on the client's data (eval mode, no augmentation)."""
         idx = self.ctx.data.clients[k]
-        logits = predict(self.ctx, self.worker, self.ctx.data.train, idx)  # eval mode, no augmentation
+        logits = predict(self.ctx, nets["model"], self.ctx.data.train, idx)
         y = self.ctx.data.given[idx.to(self.ctx.device)]
-        upd.uploads["mean_loss"] = float(symmetric_ce(logits, y, self.params.alpha, self.params.beta_s))
-        return upd
+        return {"mean_loss": float(symmetric_ce(logits, y, self.params.alpha, self.params.beta_s))}
 
-    def begin_round(self, r):
-        super().begin_round(r)
-        self._updates = []
+    stages = {"main": Stage(loss=loss, upload=upload)}
 
-    def accumulate(self, r, upd):
-        self._updates.append(upd)  # CCR needs every client's loss before weighting
-
-    def aggregate(self, r):
-        ups = self._updates
+    def aggregate(self, r, updates):
+        ups = list(updates)  # CCR needs every client's loss before weighting
         clients = [u.client for u in ups]
         cur = np.array([u.uploads["mean_loss"] for u in ups], dtype=np.float64)
         prev = self.prev_loss[clients]
@@ -110,11 +105,3 @@ class RHFL(FLMethod):
         load(self.global_model, weighted_average([u.state for u in ups], weights))
         self.prev_loss[clients] = cur
         self.round_info["ccr_max_weight"] = float(weights.max()) if len(weights) else float("nan")
-        self._updates = []
-
-    def state_dict(self):
-        return {**super().state_dict(), "prev_loss": self.prev_loss.copy()}
-
-    def load_state_dict(self, d):
-        super().load_state_dict(d)
-        self.prev_loss = d["prev_loss"].copy()

@@ -38,10 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..fl.local import train_epochs
-from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 
 DENOMINATOR_GUARD = 1e-8  # |Σ_k s_kc| below this is replaced by 1 (spec A4(d))
 
@@ -172,13 +170,14 @@ class RoFL(FLMethod):
     paper = "Yang et al. 2022; baseline in FedNoRo and (via FedCorr) FedDiv"
     round_cost = 2.17  # benchmarks/README.md, bench_methods.py
 
+    persistent = ("f_g",)
+
     def __init__(self, params: RoFLParams, ctx):
         super().__init__(params, ctx)
         # f_G: standard normal, from a generator seeded off the run's method stream (no global RNG)
         gen = torch.Generator().manual_seed(int(ctx.rng.randint(0, 2**31 - 1)))
         self.f_g = torch.randn(ctx.data.num_classes, self.global_model.feature_dim, generator=gen).to(ctx.device)
         self._pseudo = torch.zeros(len(ctx.data.train), dtype=torch.int64, device=ctx.device)
-        self._client_centroids: list[torch.Tensor] = []
 
     def aggregation_weight(self, upd: ClientUpdate) -> float:
         return float(upd.num_samples) if self.params.weighting == "size" else 1.0
@@ -188,65 +187,56 @@ class RoFL(FLMethod):
         p = self.params
         self._forget = forget_rate_at(r, p.forget_rate, p.forget_ramp_rounds)
         self._lambda_cen = centroid_weight_at(r, p.lambda_cen, p.t_pl)
-        self._client_centroids = []
         self._counts = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)  # selected, masked, changed
         self.round_info.update(forget_rate=self._forget, lambda_cen=self._lambda_cen)
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
+    def prepare(self, r, k, nets):
+        """Global pseudo-labels of the client's samples and its starting centroids (§5 steps 1-2)."""
         ctx = self.ctx
-        load(self.worker, self.global_model.state_dict())
         idx = ctx.data.clients[k]
         logits, feats = logits_and_features(ctx, self.global_model, idx)
         dev_idx = idx.to(ctx.device)
         self._pseudo[dev_idx] = logits.argmax(1)
         if r == 0:
-            self._centroids = class_means(feats, ctx.data.given[dev_idx], ctx.data.num_classes)
+            centroids = class_means(feats, ctx.data.given[dev_idx], ctx.data.num_classes)
         else:
-            self._centroids = self.f_g.clone()
-        self._step_features = None
-        loss = train_epochs(ctx, self.worker, idx, lambda m, x, b, s: self.loss(m, x, b, s, k, r), r,
-                            after_step=self._centroid_step)
-        self._client_centroids.append(self._centroids)
-        return ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss, "centroids": self._centroids})
+            centroids = self.f_g.clone()
+        # the client's centroids, and the selected features and labels of the last step (for after_step)
+        info = {"centroids": centroids, "step": None}
 
-    def loss(self, model, x, idx, step, k, r):
-        p = self.params
-        dev_idx = idx.to(self.ctx.device, non_blocking=True)
+        def centroid_step() -> None:  # §5 step 4
+            info["centroids"] = update_centroids(info["centroids"], *info["step"])
+
+        return LocalJob(phases=[Phase(after_step=centroid_step)], info=info)
+
+    def loss(self, b):
+        p, info = self.params, b.job.info
+        dev_idx = b.idx.to(self.ctx.device, non_blocking=True)
         labels = self.ctx.data.given[dev_idx]
-        logits, feats = model.forward_features(x)
-        out = rofl_batch_loss(logits, feats, labels, self._pseudo[dev_idx], self._centroids, self._forget,
-                              self._lambda_cen, p.lambda_e, r >= p.t_pl, p.cen_grad)
+        logits, feats = b.model.forward_features(b.x)
+        out = rofl_batch_loss(logits, feats, labels, self._pseudo[dev_idx], info["centroids"], self._forget,
+                              self._lambda_cen, p.lambda_e, b.r >= p.t_pl, p.cen_grad)
         y = labels[out.selected]
-        self._step_features = (feats[out.selected].detach().float(), y)
+        info["step"] = (feats[out.selected].detach().float(), y)
         self._counts += torch.stack([
             torch.tensor(float(out.selected.numel()), dtype=torch.float64, device=y.device),
             out.mask.sum().double(), (out.targets != y).sum().double(),
         ])
         return out.loss
 
-    def _centroid_step(self) -> None:
-        feats, labels = self._step_features
-        self._centroids = update_centroids(self._centroids, feats, labels)
+    def upload(self, r, k, job, nets):
+        return {"centroids": job.info["centroids"]}
 
-    def aggregate(self, r: int) -> None:
-        super().aggregate(r)
-        stacked = torch.stack(self._client_centroids)
+    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload)}
+
+    def aggregate(self, r: int, updates) -> None:
+        stacked = torch.stack([u.uploads["centroids"] for u in self.fedavg(updates)])
         if r == 0 and self.params.fg_init == "round0_mean":
             self.f_g = stacked.mean(0)
         else:
             self.f_g = aggregate_centroids(self.f_g, stacked)
-        self._client_centroids = []
 
     def end_round(self, r: int) -> None:
         selected, masked, changed = self._counts.tolist()
         if selected:
             self.round_info.update(rofl_mask_rate=masked / selected, rofl_pseudo_target_rate=changed / selected)
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["f_g"] = self.f_g.clone()
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        self.f_g = d["f_g"].to(self.ctx.device).clone()

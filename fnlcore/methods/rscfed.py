@@ -29,16 +29,14 @@ groups are drawn from the round's selected clients (all of them by default).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import ConfigError
-from ..fl.local import train_streams
 from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .multilabel import client_active_classes, partial_bce
 from .parts import ema_update
 
@@ -97,6 +95,8 @@ class RSCFed(FLMethod):
     Params = RSCFedParams
     paper = "Liang et al. CVPR'22 (RSCFed), as FedMLP (MICCAI'24) adapts it to partial labels"
     label_kinds = ("multi",)
+    client_networks = ("teacher",)
+    persistent = ("teachers",)
 
     def __init__(self, params: RSCFedParams, ctx):
         super().__init__(params, ctx)
@@ -108,11 +108,11 @@ class RSCFed(FLMethod):
                 "code's 6 for ChestXray14's 8)"
             )
         self.active = client_active_classes(ctx.data)
+        self.teachers = ClientStore("teachers")  # per-client EMA teachers, all from the initial global model
         init = snapshot(self.global_model)
-        self.teachers = [copy.deepcopy(init) for _ in range(k)]  # per-client EMA teacher states
-        self.teacher = ctx.new_model()  # reusable module holding the current client's teacher
+        for c in range(k):
+            self.teachers.put(c, init)
         self.groups: list[list[int]] = []
-        self._states: dict[int, tuple[dict, int]] = {}
 
     def select_clients(self, r: int) -> list[int]:
         clients = super().select_clients(r)
@@ -128,55 +128,33 @@ class RSCFed(FLMethod):
         ]
         return clients
 
-    def begin_round(self, r: int) -> None:
-        super().begin_round(r)
-        self._states = {}
+    def prepare(self, r, k, nets):
+        teacher = nets["teacher"]
+        load(teacher, self.teachers.get(k))
+        teacher.eval()
+        # raw batches: the loss makes both weak views; the teacher follows the student after every step
+        phase = Phase(augment="raw", after_step=lambda: ema_update(teacher, nets["model"], self.params.ema_decay))
+        return LocalJob([phase], info=1.0 - self.active[k])  # info: the missing classes M_k
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        p, ctx = self.params, self.ctx
-        load(self.worker, self.global_model.state_dict())
-        load(self.teacher, self.teachers[k])
-        self.teacher.eval()
-        idx = ctx.data.clients[k]
-        active, bs = self.active[k], ctx.settings.batch_size
-        missing = 1.0 - active
-        pw = self.pos_weights()[k]
+    def loss(self, b):
+        x, idx = b.streams["data"]
+        v = self.ctx.pipeline.views(x, self.ctx.aug_gen, ("weak:1", "weak:2"))
+        z = b.model(v["weak:1"])
+        loss = partial_bce(z, self.multi_label_targets(idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
+                           classes=self.active[b.k])
+        with torch.no_grad():
+            pt = torch.sigmoid(b.nets["teacher"](v["weak:2"]).float())
+        return loss + missing_mse(torch.sigmoid(z.float()), pt, b.job.info)
 
-        def loss_fn(model, batches, step):
-            x, bidx = batches["x"]
-            v = ctx.pipeline.views(x, ctx.aug_gen, ("weak:1", "weak:2"))
-            z = model(v["weak:1"])
-            loss = partial_bce(z, self.multi_label_targets(bidx), pw, bs, classes=active)
-            with torch.no_grad():
-                pt = torch.sigmoid(self.teacher(v["weak:2"]).float())
-            return loss + missing_mse(torch.sigmoid(z.float()), pt, missing)
+    def upload(self, r, k, job, nets):
+        self.teachers.put(k, nets["teacher"].state_dict())  # the teacher stays with the client
+        return {}
 
-        loss = train_streams(ctx, self.worker, {"x": (idx, bs)}, loss_fn, r,
-                             after_step=lambda: ema_update(self.teacher, self.worker, p.ema_decay))
-        self.teachers[k] = snapshot(self.teacher)
-        return ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss})
+    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload)}
 
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        self._states[upd.client] = (upd.state, upd.num_samples)
-
-    def aggregate(self, r: int) -> None:
-        subs = []
-        for g in self.groups:
-            states = [self._states[k][0] for k in g]
-            sizes = [self._states[k][1] for k in g]
-            subs.append(group_consensus(states, sizes, self.params.beta)[0])
+    def aggregate(self, r, updates):
+        got = {u.client: u for u in updates}
+        subs = [group_consensus([got[k].state for k in g], [got[k].num_samples for k in g], self.params.beta)[0]
+                for g in self.groups]
         load(self.global_model, weighted_average(subs, [1.0] * len(subs)))
-        self._states = {}
-        self._round_avg = None
-        in_groups = {k for g in self.groups for k in g}
-        self.round_info["rscfed_clients_in_groups"] = float(len(in_groups))
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["teachers"] = [{k: v.detach().cpu().clone() for k, v in t.items()} for t in self.teachers]
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        dev = self.ctx.device
-        self.teachers = [{k: v.to(dev).clone() for k, v in t.items()} for t in d["teachers"]]
+        self.round_info["rscfed_clients_in_groups"] = float(len({k for g in self.groups for k in g}))

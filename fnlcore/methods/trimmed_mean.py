@@ -25,7 +25,7 @@ import torch
 from ..errors import ConfigError
 from ..fl.state import State, load
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import FLMethod, MethodParams, register
 
 
 @dataclass(frozen=True)
@@ -80,16 +80,7 @@ class TrimmedMean(FLMethod):
                 f"method 'trimmed_mean': keep = int({ctx.data.num_clients} clients * clean_fraction "
                 f"{params.clean_fraction} * client_fraction {s.client_fraction}) - 1 = {self.keep} < 1; set keep"
             )
-        self._states: list[State] = []
 
-    def begin_round(self, r: int) -> None:
-        super().begin_round(r)
-        self._states = []
-
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        self._states.append(upd.state)
-
-    def aggregate(self, r: int) -> None:
-        keep = min(self.keep, len(self._states))
-        load(self.global_model, trimmed_mean(self._states, keep, self.params.rule))
-        self._states = []
+    def aggregate(self, r: int, updates) -> None:
+        states = [u.state for u in updates]  # the median needs every client's value of each entry
+        load(self.global_model, trimmed_mean(states, min(self.keep, len(states)), self.params.rule))
