@@ -1,6 +1,5 @@
 """Batched augmentation and the model registry."""
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F

@@ -17,7 +17,7 @@ from fnlcore.methods.fedcorr import (
     FedCorr, FedCorrParams, client_split, confident_relabels, estimate_noise_level, lid_scores,
     mixup_la_cross_entropy, relabel_candidates, stage_schedule,
 )
-from fnlcore.methods.parts import mixup_cross_entropy, sequential_client_groups
+from fnlcore.methods.parts import mixup_cross_entropy
 
 from .engine_helpers import make_ctx
 

@@ -109,21 +109,22 @@ def test_a_short_run_sieves_after_begin_sel_and_keeps_no_personal_models():
     df, m, _ = _run(FedFixerParams(begin_sel=1, inner_steps=2))
     assert df["stage"].tolist() == ["early", "early", "sieve"]
     assert df["selected_frac"].tolist()[:2] == [1.0, 1.0] and 0 < df["selected_frac"].iloc[2] < 1
-    assert np.isfinite(df["acc"]).all() and m.personal == {}
+    assert np.isfinite(df["acc"]).all() and len(m.personal) == 0
 
 
 def test_persistent_personal_models_are_kept_per_client_and_restored():
     df, m, ctx = _run(FedFixerParams(begin_sel=1, inner_steps=1, personalised="persistent", lam=0.0), rounds=2)
     assert np.isfinite(df["acc"]).all()
-    assert 1 <= len(m.personal) <= 4 and all(v.device.type == "cpu" for st in m.personal.values() for v in st.values())
-    k = next(iter(m.personal))
+    kept = {k: m.personal.get(k) for k in m.personal.clients()}
+    assert 1 <= len(kept) <= 4 and all(v.device.type == "cpu" for st in kept.values() for v in st.values())
+    k = next(iter(kept))
     # λ = 0: the personalised model drifts from the global one
     g = m.global_model.state_dict()
-    assert any(not torch.equal(v, g[n].cpu()) for n, v in m.personal[k].items() if v.is_floating_point())
+    assert any(not torch.equal(v, g[n].cpu()) for n, v in kept[k].items() if v.is_floating_point())
     fresh = METHODS["fedfixer"](m.params, ctx)
     fresh.load_state_dict(m.state_dict())
-    assert list(fresh.personal) == list(m.personal)
-    assert all(torch.equal(fresh.personal[k][n], v) for n, v in m.personal[k].items())
+    assert fresh.personal.clients() == m.personal.clients()
+    assert all(torch.equal(fresh.personal.get(k)[n], v) for n, v in kept[k].items())
 
 
 def test_persistent_personal_models_survive_a_kill_and_resume(tmp_path):
@@ -142,5 +143,6 @@ def test_persistent_personal_models_survive_a_kill_and_resume(tmp_path):
     resumed, m_res = run(checkpoint_path=ckpt)
     cols = [c for c in full.columns if c != "seconds"]
     assert full[cols].equals(resumed[cols])
-    assert list(m_res.personal) == list(m_full.personal)
-    assert all(torch.equal(m_res.personal[k][n], v) for k, st in m_full.personal.items() for n, v in st.items())
+    assert m_res.personal.clients() == m_full.personal.clients()
+    assert all(torch.equal(m_res.personal.get(k)[n], v) for k in m_full.personal.clients()
+               for n, v in m_full.personal.get(k).items())

@@ -171,9 +171,10 @@ def test_federated_sieving_pools_the_uploaded_proxies_on_the_server():
     m.begin_round(0)
     c0, c1 = ctx.data.clients[0], ctx.data.clients[1]
     state = snapshot(m.global_model)
-    m.accumulate(0, ClientUpdate(0, len(c0), state, {"proxy": (c0, torch.full((len(c0),), 0.01, dtype=torch.float64))}))
-    m.accumulate(0, ClientUpdate(1, len(c1), state, {"proxy": (c1, torch.full((len(c1),), 2.0, dtype=torch.float64))}))
-    m.aggregate(0)
+    m.aggregate(0, [
+        ClientUpdate(0, len(c0), {"model": state}, {"proxy": (c0, torch.full((len(c0),), 0.01, dtype=torch.float64))}),
+        ClientUpdate(1, len(c1), {"model": state}, {"proxy": (c1, torch.full((len(c1),), 2.0, dtype=torch.float64))}),
+    ])
     assert m.noise_ratio(0) == 0.0 and m.noise_ratio(1) == 1.0
     assert m.noise_ratio(2) == 0.0  # never sieved: counts as clean
     assert bool((m.clean_prob[c0] > 0.99).all()) and bool((m.clean_prob[c1] < 0.01).all())
@@ -216,14 +217,14 @@ def _float_values(state):
 def test_ema_revision_by_hand():
     m, _ = _method(FedGRParams(warmup_rounds=1, gamma_g=0.75))
     _fill(m.global_model, 1.0)
-    m.ema[0] = {k: torch.zeros_like(v) for k, v in m.global_model.state_dict().items()}
+    m.ema.put(0, {k: torch.zeros_like(v) for k, v in m.global_model.state_dict().items()})
     assert m.revise_ema(1, 0, noise_ratio=0.0, reliable_frac=1.0) == 0.75
-    assert bool((_float_values(m.ema_model.state_dict()) == 0.25).all())  # 0.75·0 + 0.25·1
+    assert bool((_float_values(m.workers["ema"].state_dict()) == 0.25).all())  # 0.75·0 + 0.25·1
     for r, ratio, frac in ((0, 0.0, 1.0), (1, 0.9, 0.4)):  # warm-up; high noise short of reliable labels
         assert m.revise_ema(r, 0, noise_ratio=ratio, reliable_frac=frac) == 0.0
-        assert bool((_float_values(m.ema_model.state_dict()) == 1.0).all())
+        assert bool((_float_values(m.workers["ema"].state_dict()) == 1.0).all())
     assert m.revise_ema(1, 3, 0.0, 1.0) == 0.0  # a client without an EMA model yet starts from the global one
-    assert bool((_float_values(m.ema_model.state_dict()) == 1.0).all())
+    assert bool((_float_values(m.workers["ema"].state_dict()) == 1.0).all())
 
 
 # -- runs -------------------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def test_warmup_then_main_phase_end_to_end():
         counts[sel] += 1
     for k, c in enumerate(ctx.data.clients):
         assert bool((m.loss_count[c] == counts[k]).all())
-    assert sorted(m.ema) == [0, 1, 2, 3]
+    assert m.ema.clients() == [0, 1, 2, 3]
     assert bool(m.has_reliable.any()) and len(ctx.data.relabels) > 0  # ε = 0: every sample has a pseudo-label
     changed = ctx.data.given != m.noisy_labels
     assert bool((m.has_reliable[changed]).all())  # only Y* entries differ from ŷ

@@ -10,7 +10,7 @@ import torch
 from fnlcore.errors import ConfigError
 from fnlcore.fl.data import FederatedData, ImageSource
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.base import client_pos_weights, partial_bce
+from fnlcore.methods.base import Batch, LocalJob, client_pos_weights, partial_bce
 
 from .engine_helpers import make_ctx
 
@@ -48,7 +48,7 @@ def test_fedavg_multi_label_default_loss_masks_missing_classes_and_uses_nominal_
         def forward(self, x):
             return logits
 
-    loss = m.loss(Fixed(), torch.zeros(3, 1, 8, 8), idx, 0, k, 0)
+    loss = m.loss(Batch(Fixed(), {}, torch.zeros(3, 1, 8, 8), idx, {}, 0, 0, 0, k, LocalJob()))
     # zero logits: every entry costs ln 2, a positive one pw * ln 2; the missing classes count as 0
     y = ctx.data.y_true[idx] * ctx.data.active[idx]
     pw = m.pos_weights()[k]
@@ -274,7 +274,7 @@ def test_plus_mld_ablation_is_fedavgs_loss_with_pseudo_labels_injected():
         def forward(self, x):
             return torch.zeros(len(x), 4)
 
-    loss = m._stage2_loss(0, ctx.data.clients[0])(Zero(), {"x": (ctx.data.train.images[idx], idx)}, 0)
+    loss = m.loss_stage2(_batch(m, "stage2", Zero(), idx))
     y = ctx.data.y_true[idx] * ctx.data.active[idx]
     y[0, 2] = 1.0
     pw = m.pos_weights()[0]
@@ -297,6 +297,14 @@ def test_the_plan_rejects_a_method_on_the_wrong_label_kind():
     _check_method_fits("w", method_from_dict({"name": "fedavg"}), single)
 
 
+def _batch(m, stage: str, model: torch.nn.Module, idx: torch.Tensor, k: int = 0) -> Batch:
+    """A step of client k on samples ``idx`` in ``stage`` (its job from the stage's prepare; round 1)."""
+    ctx = m.ctx
+    job = m.stages[stage].prepare(m, 1, k, m.workers)
+    x = ctx.data.train.images[idx]
+    return Batch(model, m.workers, ctx.pipeline.train(x, ctx.aug_gen), idx, {"x": (x, idx)}, 0, 0, 1, k, job)
+
+
 class _Zero(torch.nn.Module):
     def forward(self, x):
         return torch.zeros(len(x), 4)
@@ -313,7 +321,7 @@ def test_warmup_loss_composes_wpc_and_distillation_by_hand():
     m._teacher_probs = lambda x: torch.full((len(x), 4), 0.25)
     client = ctx.data.clients[0]
     idx = client[:2]
-    loss = m._warmup_loss(0)(_Zero(), {"x": (ctx.data.train.images[idx], idx)}, 0)
+    loss = m.loss_warmup(_batch(m, "warmup", _Zero(), idx))
     pi = ctx.data.y_true[client].mean(0)  # n_c^+ / N_k
     y = ctx.data.y_true[idx]
     wpc = _hand_la(y[:, :2], pi[:2]).sum() / (16 * 2)  # client 0 annotates classes 0, 1; B = 16 nominal
@@ -328,7 +336,7 @@ def test_stage2_loss_full_method_by_hand():
     client = ctx.data.clients[0]
     idx = client[:2]
     m.pseudo[idx[0], 2] = 1  # one pseudo-positive of missing class 2 on the client: pi_2 = 1/100
-    loss = m._stage2_loss(0, client)(_Zero(), {"x": (ctx.data.train.images[idx], idx)}, 0)
+    loss = m.loss_stage2(_batch(m, "stage2", _Zero(), idx))
     pi = ctx.data.y_true[client].mean(0)
     y = ctx.data.y_true[idx]
     sup = _hand_la(y[:, :2], pi[:2]).sum() + (-math.log(0.01))  # annotated entries + the pseudo-positive
@@ -336,5 +344,5 @@ def test_stage2_loss_full_method_by_hand():
     assert loss.item() == pytest.approx((sup + unc).item() / 8, rel=1e-6)  # / (sum s + sum u) = 2 x 4
     no_cr = _fedmlp(ctx, cr="warmup")
     no_cr.pseudo = m.pseudo
-    loss = no_cr._stage2_loss(0, client)(_Zero(), {"x": (ctx.data.train.images[idx], idx)}, 0)
+    loss = no_cr.loss_stage2(_batch(no_cr, "stage2", _Zero(), idx))
     assert loss.item() == pytest.approx(sup.item() / 5, rel=1e-6)  # HEAD code: / sum s

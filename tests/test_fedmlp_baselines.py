@@ -10,7 +10,7 @@ import torch
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.base import partial_bce
+from fnlcore.methods.base import Batch, ClientUpdate, LocalJob, partial_bce
 from fnlcore.methods.fedfixmatch import confident_pseudo_labels, unsupervised_loss
 
 from .engine_helpers import make_ctx
@@ -33,7 +33,8 @@ def test_fedavg_pl_gives_missing_classes_no_gradient_and_matches_the_hand_value(
     k = 1  # annotates classes 1 and 2 (engine_helpers.active_classes)
     idx = ctx.data.clients[k][:2]
     z = torch.zeros(2, 4, requires_grad=True)
-    loss = m.loss(_Logits(z), torch.zeros(2, 1, 8, 8), idx, 0, k, 0)
+    model = _Logits(z)
+    loss = m.loss(Batch(model, {"model": model}, torch.zeros(2, 1, 8, 8), idx, {}, 0, 0, 0, k, LocalJob()))
     loss.backward()
     assert z.grad[:, [0, 3]].abs().sum() == 0 and z.grad[:, [1, 2]].abs().sum() > 0
     y = ctx.data.y_true[idx][:, [1, 2]]
@@ -97,7 +98,7 @@ def test_partial_label_baselines_train_on_multi_label_digits():
 # -- RSCFed, FedIRM, CBAFed (baselines.md §15, §17, §18) ------------------------------------------
 
 from fnlcore.errors import ConfigError  # noqa: E402
-from fnlcore.fl.state import RunningAverage, snapshot  # noqa: E402
+from fnlcore.fl.state import snapshot  # noqa: E402
 from fnlcore.methods import cbafed, fedirm, rscfed  # noqa: E402
 
 
@@ -146,9 +147,8 @@ def test_rscfed_groups_and_plain_mean_of_subconsensus_models():
     # scalar-valued states 0, 2, 4 (every float entry), equal sizes; groups {0,1} and {1,2}
     base = snapshot(m.global_model)
     states = [{k: torch.full_like(v, 2.0 * i) if v.is_floating_point() else v for k, v in base.items()} for i in range(3)]
-    m._states = {i: (states[i], 10) for i in range(3)}
     m.groups = [[0, 1], [1, 2]]
-    m.aggregate(0)
+    m.aggregate(0, (ClientUpdate(i, 10, {"model": states[i]}) for i in range(3)))
     w = next(v for v in m.global_model.state_dict().values() if v.is_floating_point())
     assert torch.allclose(w, torch.full_like(w, 2.0))  # mean of the sub-consensus models 1 and 3
 
@@ -213,12 +213,11 @@ def test_cbafed_residual_aggregation_schedule():
     m = METHODS["cbafed"](method_from_dict({"name": "cbafed", "warmup_rounds": 3, "period": 2}), ctx)
     base = snapshot(m.global_model)
     got = []
+    counts = torch.tensor([1.0, 3.0, 2.0, 4.0], dtype=torch.float64)
     for r, v in enumerate([1.0, 2.0, 3.0, 5.0, 6.0, 7.0]):
         m.begin_round(r)
-        m._round_avg = RunningAverage()
-        m._round_avg.add({k: torch.full_like(x, v) if x.is_floating_point() else x for k, x in base.items()}, 1.0)
-        m._counts, m._data = torch.tensor([1.0, 3.0, 2.0, 4.0], dtype=torch.float64), 10.0
-        m.aggregate(r)
+        state = {k: torch.full_like(x, v) if x.is_floating_point() else x for k, x in base.items()}
+        m.aggregate(r, [ClientUpdate(0, 10, {"model": state}, {"counts": counts, "data": 10.0, "pseudo": 0.0})])
         w = next(x for x in m.global_model.state_dict().values() if x.is_floating_point())
         got.append(w.flatten()[0].item())
     # r0: w_rec = 1; r1: plain; r2: 0.2*3 + 0.8*1; r3 (= warm-up): reset w_rec = 5; r4: plain; r5: 0.5*7 + 0.5*5
@@ -238,8 +237,9 @@ def test_rscfed_two_rounds_keep_a_persistent_teacher():
     g = m.global_model.state_dict()
     key = next(k for k, v in g.items() if v.is_floating_point())
     init = METHODS["rscfed"](method_from_dict({"name": "rscfed", "group_size": 3}), make_ctx(multi_label=True))
-    t0 = init.teachers[0][key]
-    for t in m.teachers:  # moved away from the initial model, never reset to the global one
+    t0 = init.teachers.get(0)[key]
+    assert m.teachers.clients() == list(range(4))
+    for t in map(m.teachers.get, m.teachers.clients()):  # moved away from the initial model, never reset to the global one
         assert not torch.equal(t[key], t0) and not torch.equal(t[key], g[key])
         assert (t[key] - t0).abs().max() < (g[key] - t0).abs().max()  # decay 0.999: a small step
 
@@ -248,7 +248,7 @@ def test_fedirm_two_rounds_match_relations_after_the_supervised_round():
     df, m = _run2("fedirm", sup_rounds=1, ramp_rounds=2)
     assert df["stage"].tolist() == ["supervised", "relation"] and df["bacc"].notna().all()
     assert m.relation_g.shape == (4, 4) and ((m.relation_g > 0) & (m.relation_g < 1)).all()
-    assert all(t is not None for t in m.teachers) and all(s > 0 for s in m.steps)
+    assert m.teachers.clients() == list(range(4)) and all(s > 0 for s in m.steps)
     assert 0 <= df["fedirm_masked_share"].iloc[1] <= 1
 
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import math
 import urllib.error
-import pandas as pd
 import pytest
 import torch
-from fnlcore.app.papers import Scale, load_paper
 from fnlcore.errors import ConfigError
-from fnlcore.tables import load_reported
 
 
 def test_pretrained_weights_without_network_name_the_file_and_folder(monkeypatch, tmp_path):

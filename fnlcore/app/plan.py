@@ -259,7 +259,7 @@ def _register(table: dict[str, Any], spec: Any, where: str) -> None:
 
 
 def _check_partition_fits(where: str, spec: Any, info: Any) -> None:
-    if info.multi_label and getattr(spec, "uses_labels", False):
+    if info.multi_label and spec.needs_labels():
         raise ConfigError(
             f"{where}: partitioner {spec.name!r} splits by class and needs single-label data, "
             f"but dataset {info.name!r} is multi-label; use 'iid' or 'fedmlp_equal'"

@@ -1,6 +1,6 @@
 """The batched-clients engine: the selected clients of a round train together, as one computation.
 
-``train_clients`` is what :func:`~fnlcore.fl.local.train_epochs` is for one client, for K
+``train_clients`` is what :func:`~fnlcore.fl.client.train_epochs` is for one client, for K
 clients at once: the K local models are one :class:`~fnlcore.fl.stacked.StackedNet`, each
 step gathers every client's next batch into one tensor, runs one forward and one backward
 pass and one optimiser step over the stacked parameters.
@@ -15,8 +15,8 @@ summation order), which the engine tests bound.
 Clients of different sizes: the steps of all clients are aligned on one timeline; a client
 with fewer steps rides along masked (its parameters, optimiser state and BatchNorm statistics
 do not move), a short last batch is padded and masked (padded rows leave the loss and the
-BatchNorm statistics). Methods supply the loss as ``loss_fn(logits (K, B, classes), idx (K, B)
-on the device, mask (K, B) bool on the device or None when every row is real) -> (K,)``.
+BatchNorm statistics). Methods supply the loss as ``loss_fn(StackedBatch) -> (K,)``: the
+clients' logits (K, B, classes), sample ids, real-row mask, train views and stacked network.
 """
 
 from __future__ import annotations
@@ -31,7 +31,36 @@ from .data import trim_last_batch
 from .client import epoch_order
 from .stacked import StackedNet, stacked_input, stacked_optimizer
 
-BatchedLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+@dataclass
+class StackedBatch:
+    """One step of K clients as a batched loss sees it (the batched twin of fnlcore.fl.client.Batch).
+
+    ``logits`` (K, B, classes) of the stacked network; ``idx`` (K, B) sample ids on the device;
+    ``mask`` (K, B) real rows, or None when every row is real; ``clients`` (K,) client ids;
+    ``x`` the train view of the K batches, client after client ((K * B, C, H, W): a global
+    model's forward on it, viewed as (K, B, classes), is the clients' teacher output);
+    ``epoch_step`` (K,) each client's batch number within its epoch (FedProx skips batch 0);
+    ``net`` the :class:`~fnlcore.fl.stacked.StackedNet` (``net.net`` holds each parameter
+    stacked (K, ...) under the model's own name); ``r`` the round.
+    """
+
+    logits: torch.Tensor
+    idx: torch.Tensor
+    mask: torch.Tensor | None
+    clients: torch.Tensor
+    x: torch.Tensor
+    epoch_step: torch.Tensor
+    net: StackedNet
+    r: int
+
+    def per_client(self, flat: torch.Tensor) -> torch.Tensor:
+        """(K * B, ...) rows of a forward on ``x`` -> (K, B, ...)."""
+        return flat.view(self.idx.shape[0], self.idx.shape[1], *flat.shape[1:])
+
+
+BatchedLossFn = Callable[[StackedBatch], torch.Tensor]
 
 
 @dataclass
@@ -41,7 +70,8 @@ class Timeline:
     ``index`` (T, K, B) sample ids (padding: 0), ``mask`` (T, K, B) real rows, ``width`` the
     real width of each step (max rows of any client), ``full`` whether step t has a full batch
     for every client (no masking needed), ``aug`` the augmentation parameters laid out like
-    ``index`` (one tensor per parameter).
+    ``index`` (one tensor per parameter), ``epoch_step`` (T, K) each client's batch number
+    within its epoch.
     """
 
     index: torch.Tensor
@@ -49,6 +79,7 @@ class Timeline:
     width: list[int]
     full: list[bool]
     aug: tuple
+    epoch_step: torch.Tensor
 
     @property
     def steps(self) -> int:
@@ -69,18 +100,21 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
     k, t_max = len(clients), max((len(p) for p in plans), default=0)
     index = torch.zeros(t_max, k, batch_size, dtype=torch.int64)
     lengths = torch.zeros(t_max, k, dtype=torch.int64)
+    epoch_step = torch.zeros(t_max, k, dtype=torch.int64)
     draws = []
     for i, batches in enumerate(plans):
         draws.append([ctx.pipeline.draw_train(len(b), ctx.aug_gen, ctx.device) for b in batches])  # train_epochs' order
+        per_epoch = max(len(batches) // max(epochs, 1), 1)  # every epoch of a client has as many batches
         for t, b in enumerate(batches):
             index[t, i, : len(b)] = b
             lengths[t, i] = len(b)
+            epoch_step[t, i] = t % per_epoch
     mask = torch.arange(batch_size)[None, None, :] < lengths[:, :, None]
     aug = _layout_params(draws, mask.to(ctx.device))
     width = lengths.amax(1).tolist() if t_max else []
     # "full": every client has a batch of the step's width (no padding, no rider): nothing to mask
     full = (lengths == lengths.amax(1, keepdim=True)).all(1).tolist() if t_max else []
-    return Timeline(index, mask, width, full, aug)
+    return Timeline(index, mask, width, full, aug, epoch_step)
 
 
 def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple:
@@ -122,11 +156,12 @@ def train_clients(
     loss_fn: BatchedLossFn,
     round_index: int,
     net: StackedNet | None = None,
+    clients_ids: torch.Tensor | None = None,
 ) -> tuple[list[dict[str, torch.Tensor]], list[float]]:
     """Train K copies of ``global_model`` on the K clients' samples; returns their states and mean losses.
 
     ``net``: a StackedNet of K copies of the model to train in (its contents are overwritten;
-    built here when absent).
+    built here when absent); ``clients_ids``: the clients' ids for :class:`StackedBatch` (default 0..K-1).
     """
     s = ctx.settings
     k = len(clients)
@@ -143,6 +178,8 @@ def train_clients(
     images = ctx.data.train.images
     index_dev = tl.index.to(ctx.device, non_blocking=True)
     mask_dev = tl.mask.to(ctx.device, non_blocking=True)
+    step_dev = tl.epoch_step.to(ctx.device, non_blocking=True)
+    ids = clients_ids if clients_ids is not None else torch.arange(k, device=ctx.device)
     step_losses = []
     autocast = ctx.autocast()
     for t in range(tl.steps):
@@ -150,11 +187,12 @@ def train_clients(
         idx = index_dev[t, :, :w]
         x = images.index_select(0, idx.reshape(-1))
         aug = _unflatten(like, [p[t, :, :w].reshape(-1) for p in tl.aug]) if tl.aug else ()
-        x = stacked_input(ctx.pipeline.apply_train(x, aug), k)
+        view = ctx.pipeline.apply_train(x, aug)
+        x = stacked_input(view, k)
         mask = None if tl.full[t] else mask_dev[t, :, :w]
         with autocast:
             logits = net(x, None if mask is None else mask.t().to(x.dtype))
-            losses = loss_fn(logits, idx, mask)
+            losses = loss_fn(StackedBatch(logits, idx, mask, ids, view, step_dev[t], net, round_index))
         grads = torch.autograd.grad(losses.sum(), params)
         opt.step(grads, None if mask is None else mask[:, 0])  # a client with a batch has a real row 0
         step_losses.append(losses.detach().float())

@@ -146,6 +146,8 @@ class LocalJob:
     lr: dict[str, float] = field(default_factory=dict)
     info: Any = None
     losses: list[float] = field(default_factory=list)
+    # the engine's optimisers by network, filled as phases start (a Phase.step or on_epoch steps or retunes them)
+    optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
 
     @property
     def train_loss(self) -> float:
@@ -281,7 +283,7 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
         job = LocalJob()
     idx = ctx.data.clients[k]
     lr_round = r if job.lr_round is None else job.lr_round
-    optimizers: dict[str, torch.optim.Optimizer] = {}
+    optimizers = job.optimizers
 
     def optimizer(name: str) -> torch.optim.Optimizer:
         if name not in optimizers:  # one per network and local update, kept across phases (momentum)

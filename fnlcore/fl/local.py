@@ -43,6 +43,3 @@ def evaluate(ctx: RunContext, model: torch.nn.Module) -> dict[str, float]:
     if ctx.data.multi_label:
         return metrics.evaluate_multi_label(y, torch.sigmoid(logits).cpu().numpy())
     return metrics.evaluate_single_label(y, logits.cpu().numpy())
-
-
-from .client import epoch_order, train_epochs, train_streams  # noqa: E402,F401  TEMPORARY during the port

@@ -83,32 +83,40 @@ class RoundEngine:
         return iter(self._batched(r, clients, stage))
 
     def _batched(self, r: int, clients: list[int], stage) -> list[ClientUpdate]:
+        """The round's clients as stacked computations, in chunks of ``training.batched_clients``.
+
+        The stage's ``prepare`` runs for every client first (its side effects only: a batched stage
+        trains the default job), its ``upload`` after training, on each client's trained network."""
         from .batched import train_clients
+        from .client import LocalJob
         from .stacked import StackedNet
+        from .state import load
 
         m, ctx = self.method, self.method.ctx
+        name = m.networks[0]
         if len(m.networks) != 1:
             raise ConfigError(f"{type(m).__name__}: the batched engine trains one network per client")
         for k in clients:
             if stage.prepare is not None and stage.prepare(m, r, k, m.workers) is not None:
                 raise ConfigError(
                     f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss but prepares its own job; "
-                    "a batched stage runs the default job"
+                    "a batched stage trains the default job"
                 )
         chunk = ctx.settings.batched_clients or len(clients)
         out: list[ClientUpdate] = []
         for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
             part = clients[at : at + chunk]
             ids = torch.as_tensor(part, dtype=torch.int64, device=ctx.device)
-            loss = lambda logits, idx, mask: stage.batched_loss(m, logits, idx, mask, ids, r)  # noqa: E731
             idx = [ctx.data.clients[k] for k in part]
             if len(part) not in self._stacked:
                 self._stacked[len(part)] = StackedNet(m.global_model, len(part)).to(ctx.device)
-            states, losses = train_clients(ctx, m.global_model, idx, loss, r, self._stacked[len(part)])
-            name = m.networks[0]
+            states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.batched_loss(m, sb), r,
+                                           self._stacked[len(part)], ids)
             for k, i, st, l in zip(part, idx, states, losses):
-                ups = {"train_loss": l}
+                job = LocalJob(losses=[l])
+                ups = {}
                 if stage.upload is not None:
-                    raise ConfigError(f"{type(m).__name__}: a batched stage uploads only its networks and loss")
-                out.append(ClientUpdate(k, len(i), {name: st}, ups))
+                    load(m.workers[name], st)
+                    ups = stage.upload(m, r, k, job, m.workers)
+                out.append(ClientUpdate(k, len(i), {name: st}, {"train_loss": job.train_loss, **ups}))
         return out

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..registry import Registry
 from ..fl import sampling
+from ..fl.batched import StackedBatch, masked_mean
 from ..fl.client import Batch, ClientUpdate, LocalJob, Phase, Stage
 from ..fl.context import RunContext
 from ..fl.persist import ClientStore, load_method_state, method_state
@@ -60,9 +61,6 @@ class MethodParams(Spec):
 
     def check_training(self, settings) -> None:
         """Reject hyper-parameters that cannot work with these training settings (before any job runs)."""
-
-
-_PORTING = True  # TEMPORARY while methods are ported to contract v3; removed before commit
 
 
 class FLMethod:
@@ -99,27 +97,23 @@ class FLMethod:
                                self.ctx.settings.batch_size)
         return F.cross_entropy(b.model(b.x), self.labels(b.idx))
 
-    def batched_loss(
-        self, logits: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None, clients: torch.Tensor, r: int
-    ) -> torch.Tensor:
-        """:meth:`loss` for the batched engine: (K, B, classes) logits of clients ``clients`` (K,) ->
-        (K,) losses; ``idx`` (K, B) sample ids, ``mask`` (K, B) real rows or None when all are real
-        (:func:`~fnlcore.fl.batched.masked_mean`)."""
-        from ..fl.batched import masked_mean
-
-        k, b, c = logits.shape
+    def batched_loss(self, sb: StackedBatch) -> torch.Tensor:
+        """:meth:`loss` for the batched engine: K clients' step (:class:`~fnlcore.fl.batched.StackedBatch`)
+        -> (K,) losses, each the mean over the client's real rows (:func:`~fnlcore.fl.batched.masked_mean`)."""
+        k, b, c = sb.logits.shape
         if self.ctx.data.multi_label:
-            y = self.multi_label_targets(idx.reshape(-1)).view(k, b, c)
-            return batched_partial_bce(logits, y, self.pos_weights()[clients], self.ctx.settings.batch_size, mask)
-        per = F.cross_entropy(logits.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
-        return masked_mean(per.view(k, b), mask)
+            y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
+            return batched_partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size,
+                                       sb.mask)
+        per = F.cross_entropy(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), reduction="none")
+        return masked_mean(per.view(k, b), sb.mask)
 
     # stage name -> what the stage does (fnlcore.fl.client.Stage); functions of this class body
     stages: ClassVar[dict[str, Stage]] = {"main": Stage(loss=loss, batched_loss=batched_loss)}
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
-        if "loss" in cls.__dict__ and "stages" not in cls.__dict__ and not _PORTING:
+        if "loss" in cls.__dict__ and "stages" not in cls.__dict__:
             raise TypeError(
                 f"{cls.__name__} defines loss but no stage table: add "
                 "`stages = {\"main\": Stage(loss=loss)}` to its class body (and batched_loss=... when it has one)"
@@ -278,6 +272,3 @@ def register(cls: type[FLMethod]) -> type[FLMethod]:
 def method_from_dict(d: dict) -> MethodParams:
     """Build a method's typed hyper-parameters from a config entry {name: ..., **params}."""
     return METHODS.from_dict(d)
-
-
-MultiNetwork = FLMethod  # TEMPORARY while methods are ported to contract v3; removed before commit

@@ -35,11 +35,10 @@ class FedAvgPL(FLMethod):
         return partial_bce(b.model(b.x), self.multi_label_targets(b.idx), self.pos_weights()[b.k],
                            self.ctx.settings.batch_size, classes=self.active[b.k])
 
-    def batched_loss(self, logits, idx, mask, clients, r):
-        k, b, c = logits.shape
-        y = self.multi_label_targets(idx.reshape(-1)).view(k, b, c)
-        return batched_partial_bce(
-            logits, y, self.pos_weights()[clients], self.ctx.settings.batch_size, mask, classes=self.active[clients]
-        )
+    def batched_loss(self, sb):
+        k, b, c = sb.logits.shape
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
+        return batched_partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
+                                   classes=self.active[sb.clients])
 
     stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}

@@ -43,7 +43,7 @@ non-IID tables, 0 for IID). Table 6 variants: ``filter`` 'degraded' / 'local', `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -52,10 +52,8 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl import sampling
-from ..fl.local import train_epochs
-from ..fl.state import load, snapshot
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import Batch, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .parts import client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy, sequential_client_groups
 from .costs import CostStage
 
@@ -255,6 +253,16 @@ def initial_filter(seed: int, reg_covar: float = REG_COVAR) -> np.ndarray:
     return m_step(x, resp, reg_covar)
 
 
+@dataclass
+class ClientPlan:
+    """What a client's preparation decided, for its loss and its upload (LocalJob.info)."""
+
+    labels: torch.Tensor  # the label array training reads (working labels, or a copy with this round's relabels)
+    delta: float = 0.0  # delta_hat: the filter's noisy fraction
+    relabel: torch.Tensor | None = None  # relabelled samples (mask over the client's samples)
+    train_idx: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # last training set
+
+
 # -- the method ------------------------------------------------------------------------------
 
 
@@ -266,6 +274,8 @@ class FedDiv(FLMethod):
     # benchmarks/README.md, bench_methods.py: main rounds; a warm-up round trains one client at
     # 1.5x its FedAvg cost (cost_stages)
     round_cost = 1.33
+    persistent = ("global_filter", "filter_cache", "cached", "local_filters", "priors", "counts", "delta_hat",
+                  "debiased", "warmup_groups")
 
     @classmethod
     def cost_stages(cls, params, settings, num_clients):
@@ -320,25 +330,23 @@ class FedDiv(FLMethod):
         """training.rounds' learning-rate schedule spans the main rounds; the warm-up uses its first rate."""
         return max(r - self.pre, 0)
 
-    # -- local objective -----------------------------------------------------------------
-    def _loss_fn(self, labels: torch.Tensor):
-        p, ctx = self.params, self.ctx
-        eta = p.reg_coef * p.reg_coef  # the code multiplies L_reg by reg_coef twice
+    # -- a client ------------------------------------------------------------------------
+    def loss(self, b: Batch) -> torch.Tensor:
+        """MixUp CE on the plan's labels, + eta L_reg (eta = reg_coef**2: the code multiplies by reg_coef twice)."""
+        p = self.params
+        y = b.job.info.labels[b.idx.to(self.ctx.device, non_blocking=True)]
+        if p.bn_extra_forward:
+            with torch.no_grad():
+                b.model(b.x)  # output unused: the code's extra pass, it moves the BN running statistics
+        loss, out = mixup_cross_entropy(b.model, b.x, y, p.mixup_alpha, self.ctx.aug_gen)
+        eta = p.reg_coef * p.reg_coef
+        if eta > 0:
+            loss = loss + eta * label_balance_regulariser(out)
+        return loss
 
-        def loss_fn(model, x, bidx, step):
-            y = labels[bidx.to(ctx.device, non_blocking=True)]
-            if p.bn_extra_forward:
-                with torch.no_grad():
-                    model(x)  # output unused: the code's extra pass, it moves the BN running statistics
-            loss, out = mixup_cross_entropy(model, x, y, p.mixup_alpha, ctx.aug_gen)
-            if eta > 0:
-                loss = loss + eta * label_balance_regulariser(out)
-            return loss
-
-        return loss_fn
-
-    def _train(self, r: int, idx: torch.Tensor, labels: torch.Tensor) -> float:
-        return train_epochs(self.ctx, self.worker, idx, self._loss_fn(labels), self._lr_round(r))
+    def warm_up(self, r: int, k: int, nets: dict) -> LocalJob:
+        """All samples with their given labels."""
+        return LocalJob(lr_round=self._lr_round(r), info=ClientPlan(self.ctx.data.given))
 
     def _per_sample_loss(self, logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
         if self.params.loss_form == "double_softmax":
@@ -351,72 +359,61 @@ class FedDiv(FLMethod):
     def _filter_for(self, k: int) -> np.ndarray:
         return self.local_filters[k] if self.params.filter == "local" else self.global_filter
 
-    # -- a client ------------------------------------------------------------------------
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        load(self.worker, self.global_model.state_dict())
-        idx = self.ctx.data.clients[k]
-        if r < self.pre:  # warm-up: all samples, given labels
-            loss = self._train(r, idx, self.ctx.data.given)
-            return ClientUpdate(k, len(idx), snapshot(self.worker), {"train_loss": loss})
-        return self._main_update(r, k, idx)
-
-    def _main_update(self, r: int, k: int, idx: torch.Tensor) -> ClientUpdate:
+    def prepare_main(self, r: int, k: int, nets: dict) -> LocalJob:
+        """Steps 1-8: filter split of the global model's losses, relabels, PCS, the gated training set."""
         p, ctx = self.params, self.ctx
+        idx = ctx.data.clients[k]
         dev_idx = idx.to(ctx.device)
-        w_t = self._filter_for(k)
         # 1-3: global-model losses, split by the filter
         logits_g, probs_g, _ = client_outputs(ctx, self.global_model, idx)
-        labels = ctx.data.given[dev_idx]
-        _, clean_np = gmm_posteriors(self._per_sample_loss(logits_g, probs_g, labels), w_t,
-                                     p.clean_posterior == "inclusive")
+        _, clean_np = gmm_posteriors(self._per_sample_loss(logits_g, probs_g, ctx.data.given[dev_idx]),
+                                     self._filter_for(k), p.clean_posterior == "inclusive")
         clean = torch.as_tensor(clean_np, device=ctx.device)
         delta = 1.0 - float(clean_np.mean()) if len(idx) else 0.0
         conf_g, pred_g = probs_g.max(1)
-        # 4-6: first participation seeds the cache; relabel candidates; PCS
-        if self.counts[k] == 0:
-            self.debiased[dev_idx] = pred_g
+        # 4-6: relabel candidates; PCS (the cache is seeded by the global prediction at the first participation)
         candidates = ~clean & (conf_g > p.zeta) if p.relabel else torch.zeros_like(clean)
         select = lambda ref: training_set(  # noqa: E731  (7: gated training set and relabels)
             clean, *pcs_select(clean, candidates, pred_g, ref, p.pcs), delta, int(self.counts[k]),
             p.participation_gate, p.relabel_gate, p.clean_set_thres, p.clean_client_rule)
+        bs = ctx.settings.batch_size
         if p.pcs_reference == "cached":
-            train, relabel = select(self.debiased[dev_idx])
-            train_labels = self._apply_relabels(r, k, idx, relabel, pred_g)
+            train, relabel = select(pred_g if self.counts[k] == 0 else self.debiased[dev_idx])
+            plan = ClientPlan(self._apply_relabels(r, k, idx, relabel, pred_g), delta, relabel, idx[train.cpu()])
             # 8: local training only on more than one batch
-            train_idx = idx[train.cpu()]
-            loss = float("nan")
-            if len(train_idx) > ctx.settings.batch_size:
-                loss = self._train(r, train_idx, train_labels)
+            phases = [Phase(streams={"data": (plan.train_idx, bs)})] if len(plan.train_idx) > bs else []
         else:
             relabel = select(pred_g)[1] & candidates  # Eq. 8: every candidate of a noisy client
-            train_labels = self._apply_relabels(r, k, idx, relabel, pred_g)
-            loss, train_idx = self._train_with_epoch_pcs(r, k, idx, select, train_labels)
-        # 9, 11: local outputs -> de-biased cache and prior
-        logits_l, probs_l, _ = client_outputs(ctx, self.worker, idx)
-        self.debiased[dev_idx], self.priors[k] = debias_prior_update(
-            logits_l, probs_l, self.priors[k], p.xi, p.prior_mask, p.prior_momentum)
-        # 12: local filter, EM from W(t) on the local losses (labels as trained)
-        w_k = em_steps(self._per_sample_loss(logits_l, probs_l, train_labels[dev_idx]), w_t, p.em_steps)
-        self.counts[k] += 1
-        self.delta_hat[k] = delta
-        uploads = {"train_loss": loss, "filter": w_k, "delta_hat": delta, "train_size": int(len(train_idx)),
-                   "relabelled": int(relabel.sum())}
-        return ClientUpdate(k, len(idx), snapshot(self.worker), uploads)
+            plan = ClientPlan(self._apply_relabels(r, k, idx, relabel, pred_g), delta, relabel)
+            phases = self._epoch_pcs(k, idx, select, plan, nets[self.networks[0]])
+        return LocalJob(phases=phases, lr_round=self._lr_round(r), info=plan)
 
-    def _train_with_epoch_pcs(self, r, k, idx, select, labels) -> tuple[float, torch.Tensor]:
+    def _epoch_pcs(self, k, idx, select, plan: ClientPlan, model):
         """Paper Alg. 1 lines 15-18: before each local epoch, PCS against the de-biased prediction
-        of the model being optimised; one optimiser across the epochs. Returns (mean loss, last set)."""
-        ctx, p = self.ctx, self.params
-        opt = ctx.optimizer(self.worker.parameters(), self._lr_round(r))
-        losses, train_idx = [], idx[:0]
+        of the model being optimised (a generator: each set sees the previous epoch's training)."""
+        ctx, p, bs = self.ctx, self.params, self.ctx.settings.batch_size
         for _ in range(ctx.settings.local_epochs):
-            logits, _, _ = client_outputs(ctx, self.worker, idx)
+            logits, _, _ = client_outputs(ctx, model, idx)
             reference = (logits - p.xi * torch.log(self.priors[k])[None, :]).argmax(1)
-            train_idx = idx[select(reference)[0].cpu()]
-            if len(train_idx) > ctx.settings.batch_size:
-                losses.append(train_epochs(ctx, self.worker, train_idx, self._loss_fn(labels), self._lr_round(r),
-                                           epochs=1, optimizer=opt))
-        return (float(np.mean(losses)) if losses else float("nan")), train_idx
+            plan.train_idx = idx[select(reference)[0].cpu()]
+            if len(plan.train_idx) > bs:
+                yield Phase(streams={"data": (plan.train_idx, bs)}, epochs=1)
+
+    def main_upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
+        """Steps 9, 11, 12: the local model's de-biased labels and prior, and its filter (EM from W(t)
+        on the local losses, labels as trained)."""
+        p, ctx, plan = self.params, self.ctx, job.info
+        idx = ctx.data.clients[k]
+        dev_idx = idx.to(ctx.device)
+        logits_l, probs_l, _ = client_outputs(ctx, nets[self.networks[0]], idx)
+        debiased, prior = debias_prior_update(logits_l, probs_l, self.priors[k], p.xi, p.prior_mask, p.prior_momentum)
+        w_k = em_steps(self._per_sample_loss(logits_l, probs_l, plan.labels[dev_idx]), self._filter_for(k), p.em_steps)
+        return {"train_loss": float(np.mean(job.losses)) if job.losses else float("nan"), "filter": w_k,
+                "delta_hat": plan.delta, "train_size": int(len(plan.train_idx)), "relabelled": int(plan.relabel.sum()),
+                "debiased": debiased, "prior": prior}
+
+    stages = {"warmup": Stage(loss=loss, prepare=warm_up),
+              "main": Stage(loss=loss, prepare=prepare_main, upload=main_upload)}
 
     def _apply_relabels(self, r: int, k: int, idx: torch.Tensor, relabel: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
         """Write R' <- global argmax; returns the label array training reads (working labels, or a round copy)."""
@@ -437,36 +434,32 @@ class FedDiv(FLMethod):
 
     def begin_round(self, r: int) -> None:
         super().begin_round(r)
-        self._uploads: list[ClientUpdate] = []
         if r >= self.pre and self.params.filter == "degraded":
             self.cached[:] = False  # the degraded filter sees only this round's clients
 
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        super().accumulate(r, upd)
-        if "filter" not in upd.uploads:
+    def aggregate(self, r: int, updates) -> None:
+        ups = [u for u in self.fedavg(updates) if "filter" in u.uploads]
+        if not ups:  # warm-up
             return
-        k = upd.client
-        self._uploads.append(upd)
-        if self.params.filter == "local":
-            self.local_filters[k] = upd.uploads["filter"]
-        else:
-            self.filter_cache[k] = upd.uploads["filter"]
-            self.cached[k] = True
-
-    def aggregate(self, r: int) -> None:
-        super().aggregate(r)
-        if r < self.pre or not self._uploads:
-            return
+        for u in ups:  # the clients' state: de-biased label cache, prior, filter, participations
+            k, up = u.client, u.uploads
+            self.debiased[self.ctx.data.clients[k].to(self.ctx.device)] = up["debiased"]
+            self.priors[k] = up["prior"]
+            self.counts[k] += 1
+            self.delta_hat[k] = up["delta_hat"]
+            if self.params.filter == "local":
+                self.local_filters[k] = up["filter"]
+            else:
+                self.filter_cache[k] = up["filter"]
+                self.cached[k] = True
         if self.params.filter != "local":
             ks = np.flatnonzero(self.cached)
             self.global_filter = aggregate_filters(self.filter_cache[ks], self.sizes[ks], self.params.variance_weights)
-        ups = self._uploads
         self.round_info = {
             "delta_hat_mean": float(np.mean([u.uploads["delta_hat"] for u in ups])),
             "train_fraction": float(sum(u.uploads["train_size"] for u in ups) / sum(u.num_samples for u in ups)),
             "relabelled": float(sum(u.uploads["relabelled"] for u in ups)),
         }
-        self._uploads = []
 
     # -- outputs -------------------------------------------------------------------------
     def client_results(self):
@@ -480,26 +473,3 @@ class FedDiv(FLMethod):
                 "delta_hat": float(self.delta_hat[k]), "participations": int(self.counts[k]),
             })
         return pd.DataFrame(rows)
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d.update({
-            "global_filter": self.global_filter.copy(), "filter_cache": self.filter_cache.copy(),
-            "cached": self.cached.copy(), "local_filters": self.local_filters.copy(),
-            "priors": self.priors.detach().clone(), "counts": self.counts.copy(),
-            "delta_hat": self.delta_hat.copy(), "debiased": self.debiased.detach().clone(),
-            "warmup_groups": [list(g) for g in self.warmup_groups],
-        })
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        self.global_filter = np.array(d["global_filter"], dtype=np.float64)
-        self.filter_cache = np.array(d["filter_cache"], dtype=np.float64)
-        self.cached = np.array(d["cached"], dtype=bool)
-        self.local_filters = np.array(d["local_filters"], dtype=np.float64)
-        self.priors = d["priors"].to(self.ctx.device).clone()
-        self.counts = np.array(d["counts"], dtype=np.int64)
-        self.delta_hat = np.array(d["delta_hat"], dtype=np.float64)
-        self.debiased = d["debiased"].to(self.ctx.device).clone()
-        self.warmup_groups = [[int(k) for k in g] for g in d["warmup_groups"]]

@@ -37,7 +37,7 @@ round) | 'persistent' (θ_k kept per client in the method state, checkpointed; t
 alternative update" ablation (each network trains on its own clean set).
 
 Decided where the spec is silent: a persistent θ_k is created from the global model at the
-client's first selection; the per-client θ_k are kept on the CPU between selections.
+client's first selection; the per-client θ_k are kept in a ClientStore (on disk between selections).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.state import State, load, snapshot
+from ..fl.state import State, load
 from ..registry import param
-from .base import ClientUpdate, FLMethod, MethodParams, register
+from .base import Batch, ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 
 EMPTY_SCALE = 1e8  # the code's divisor for an empty selection and for Σ n̄ = 0
 LOG_EPS = 1e-8
@@ -150,26 +150,32 @@ def mix_aggregate(old: State, states: list[State], weights: list[float], gamma: 
 # -- the method ----------------------------------------------------------------------------
 
 
+@dataclass
+class _Twin:
+    """One client's twin training: the parameter lists, this epoch's β and rates, w's sample count."""
+
+    theta: list[torch.Tensor]
+    w: list[torch.Tensor]
+    beta: float = 0.0
+    plr: float = 0.0  # θ's (and w's optimiser's) rate this epoch
+    lr: float = 0.0  # the rate of w's move towards θ this epoch
+    used: int = 0  # samples in w's losses, summed over the epochs
+
+
 @register
 class FedFixer(FLMethod):
     Params = FedFixerParams
     paper = "Ji et al. 2024 (AAAI), FedFixer; baseline in FedGR"
     round_cost = 6.8  # benchmarks/README.md, bench_methods.py (the personalised and global models both train)
+    client_networks = ("theta",)  # the personalised model θ of the client being trained
+    persistent = ("personal",)
 
     def __init__(self, params: FedFixerParams, ctx):
         super().__init__(params, ctx)
-        self.personal_model = ctx.new_model()  # θ of the client being trained
-        self.personal: dict[int, State] = {}  # client -> θ_k (CPU), 'persistent' only
-        self._states: list[State] = []
-        self._weights: list[float] = []
-        self._selected: list[float] = []
+        self.personal = ClientStore("personal")  # client -> θ_k, 'persistent' only
 
     def stage(self, r: int) -> str:
         return "early" if r <= self.params.begin_sel else "sieve"
-
-    def begin_round(self, r: int) -> None:
-        super().begin_round(r)
-        self._states, self._weights, self._selected = [], [], []
 
     def select(self, z_p: torch.Tensor, z_g: torch.Tensor, y: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(samples for θ's loss, samples for w's loss): all early, else the peer's clean set (cross)."""
@@ -179,80 +185,69 @@ class FedFixer(FLMethod):
         s_theta, s_w = clean_for(z_p, y), clean_for(z_g, y)
         return (s_w, s_theta) if self.params.alternate else (s_theta, s_w)
 
-    def local_update(self, r: int, k: int) -> ClientUpdate:
-        ctx, p = self.ctx, self.params
-        s = ctx.settings
-        idx = ctx.data.clients[k]
-        w_net, theta_net = self.worker, self.personal_model
-        load(w_net, self.global_model.state_dict())
+    def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
+        p, s = self.params, self.ctx.settings
+        theta_net = nets["theta"]
         if p.personalised == "persistent" and k in self.personal:
-            load(theta_net, self.personal[k])
+            load(theta_net, self.personal.get(k))
         else:
             load(theta_net, self.global_model.state_dict())
-        theta = [q for q in theta_net.parameters()]
-        w = [q for q in w_net.parameters()]
+        theta_net.train()  # stepped by hand (twin_step), not by the engine
+        twin = _Twin(list(theta_net.parameters()), list(nets["model"].parameters()))
         base_lr = s.lr_at(r)
         base_plr = base_lr if p.plr is None else p.plr
-        opt_w = ctx.optimizer(w_net.parameters(), r, lr=base_plr)
-        w_net.train()
-        theta_net.train()
-        used_per_epoch, losses = [], []
-        for epoch in range(s.local_epochs):
-            beta = beta_schedule(r * s.local_epochs + epoch, s.local_epochs, p.begin_sel, p.beta_max)
-            plr_e, lr_e = base_plr / (1.0 + beta), base_lr / (1.0 + beta)
-            for group in opt_w.param_groups:
-                group["lr"] = plr_e
-            used = 0
-            perm = torch.randperm(len(idx), generator=ctx.shuffle_gen)
-            for xb, bidx in ctx.data.train.batches(idx[perm], s.batch_size, drop_last=s.drop_last):
-                x = ctx.pipeline.train(xb, ctx.aug_gen)
-                y = ctx.data.given[bidx.to(ctx.device, non_blocking=True)]
-                for step in range(p.inner_steps):
-                    z_p = theta_net(x).float()
-                    if step == p.inner_steps - 1:
-                        z_g = w_net(x).float()
-                    else:
-                        with torch.no_grad():
-                            z_g = w_net(x).float()
-                    for_theta, for_w = self.select(z_p, z_g, y, r)
-                    loss_theta, _ = selected_mean(cr_losses(z_p, y, beta, p.cr_loss), for_theta)
-                    theta_net.zero_grad(set_to_none=True)
-                    loss_theta.backward()
-                    twin_step(theta, w, plr_e, p.lam, p.mu_wd)
-                loss_w, n_w = selected_mean(cr_losses(z_g, y, beta, p.cr_loss), for_w)
-                opt_w.zero_grad(set_to_none=True)
-                loss_w.backward()  # gradient at w before the move, as the code
-                move_towards(w, theta, p.lam * lr_e)
-                opt_w.step()
-                used += n_w
-                losses.append(loss_w.detach())
-            used_per_epoch.append(used)
-        n_bar = float(sum(used_per_epoch)) / max(len(used_per_epoch), 1)
-        if p.personalised == "persistent":
-            self.personal[k] = {key: v.detach().to("cpu", copy=True) for key, v in theta_net.state_dict().items()}
-        train_loss = float(torch.stack(losses).double().mean()) if losses else 0.0
-        return ClientUpdate(k, len(idx), snapshot(w_net), {"train_loss": train_loss, "n_bar": n_bar})
 
-    def accumulate(self, r: int, upd: ClientUpdate) -> None:
-        self._states.append(upd.state)
-        self._weights.append(float(upd.uploads["n_bar"]))
-        self._selected.append(float(upd.uploads["n_bar"]) / max(upd.num_samples, 1))
+        def on_epoch(epoch: int) -> None:
+            twin.beta = beta_schedule(r * s.local_epochs + epoch, s.local_epochs, p.begin_sel, p.beta_max)
+            twin.plr, twin.lr = base_plr / (1.0 + twin.beta), base_lr / (1.0 + twin.beta)
+            for group in job.optimizers["model"].param_groups:
+                group["lr"] = twin.plr
 
-    def aggregate(self, r: int) -> None:
-        load(self.global_model, mix_aggregate(self.global_model.state_dict(), self._states, self._weights,
-                                              self.params.gamma))
-        self._states, self._weights = [], []
+        # w's optimiser is the run's at plr, rescaled every epoch; θ has none
+        job = LocalJob(phases=[Phase(step=self._step, on_epoch=on_epoch)], lr={"model": base_plr}, info=twin)
+        return job
 
-    def end_round(self, r: int) -> None:
-        super().end_round(r)
-        if self._selected:
-            self.round_info["selected_frac"] = float(sum(self._selected) / len(self._selected))
+    def _step(self, b: Batch) -> torch.Tensor:
+        """One minibatch: K personalised steps on θ, w's move towards θ, one optimiser step on w."""
+        p, twin = self.params, b.job.info
+        theta_net, w_net = b.nets["theta"], b.model
+        y = self.labels(b.idx)
+        for step in range(p.inner_steps):
+            z_p = theta_net(b.x).float()
+            if step == p.inner_steps - 1:
+                z_g = w_net(b.x).float()
+            else:
+                with torch.no_grad():
+                    z_g = w_net(b.x).float()
+            for_theta, for_w = self.select(z_p, z_g, y, b.r)
+            loss_theta, _ = selected_mean(cr_losses(z_p, y, twin.beta, p.cr_loss), for_theta)
+            theta_net.zero_grad(set_to_none=True)
+            loss_theta.backward()
+            twin_step(twin.theta, twin.w, twin.plr, p.lam, p.mu_wd)
+        loss_w, n_w = selected_mean(cr_losses(z_g, y, twin.beta, p.cr_loss), for_w)
+        opt_w = b.job.optimizers["model"]
+        opt_w.zero_grad(set_to_none=True)
+        loss_w.backward()  # gradient at w before the move, as the code
+        move_towards(twin.w, twin.theta, p.lam * twin.lr)
+        opt_w.step()
+        twin.used += n_w
+        return loss_w
 
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["personal"] = {int(k): {n: v.clone() for n, v in st.items()} for k, st in self.personal.items()}
-        return d
+    def upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
+        if self.params.personalised == "persistent":
+            self.personal.put(k, nets["theta"].state_dict())
+        return {"n_bar": float(job.info.used) / max(self.ctx.settings.local_epochs, 1)}  # n̄: per local epoch
 
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        self.personal = {int(k): {n: v.to("cpu").clone() for n, v in st.items()} for k, st in d["personal"].items()}
+    stages = {"early": Stage(prepare=prepare, upload=upload), "sieve": Stage(prepare=prepare, upload=upload)}
+
+    def aggregate(self, r: int, updates) -> None:
+        """w_g ← γ·Σ n̄_k w_k / Σ n̄_k + (1 − γ)·w_g."""
+        states, weights, fracs = [], [], []
+        for upd in updates:
+            n_bar = float(upd.uploads["n_bar"])
+            states.append(upd.state)
+            weights.append(n_bar)
+            fracs.append(n_bar / max(upd.num_samples, 1))
+        load(self.global_model, mix_aggregate(self.global_model.state_dict(), states, weights, self.params.gamma))
+        if fracs:
+            self.round_info["selected_frac"] = float(sum(fracs) / len(fracs))

@@ -73,23 +73,22 @@ class FedFixMatch(FLMethod):
 
     def prepare(self, r, k, nets):
         # raw batches: the loss makes the weak and the strong view
-        missing = 1.0 - self.active[k]
-        return LocalJob([Phase(augment="raw")], info={"missing": missing, "upw": self._unsup_pos_weight(k),
-                                                      "confident": 0, "seen": 0})
+        info = {"missing": 1.0 - self.active[k], "upw": self._unsup_pos_weight(k), "confident": 0, "seen": 0}
+        return LocalJob([Phase(augment="raw")], info=info)
 
     def loss(self, b):
         p, info = self.params, b.job.info
+        missing = info["missing"]
         x, idx = b.streams["data"]
         v = self.ctx.pipeline.views(x, self.ctx.aug_gen, ("weak", "strong"))
         z_w = b.model(v["weak"])
         loss = partial_bce(z_w, self.multi_label_targets(idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
                            classes=self.active[b.k])
-        confident, hard = confident_pseudo_labels(torch.sigmoid(z_w.detach().float()), info["missing"], p.upper, p.lower)
+        confident, hard = confident_pseudo_labels(torch.sigmoid(z_w.detach().float()), missing, p.upper, p.lower)
         info["confident"] += confident.sum()
         info["seen"] += len(idx)
         if p.lambda_u > 0:
-            loss = loss + p.lambda_u * unsupervised_loss(b.model(v["strong"]), hard, confident, info["missing"],
-                                                         info["upw"])
+            loss = loss + p.lambda_u * unsupervised_loss(b.model(v["strong"]), hard, confident, missing, info["upw"])
         return loss
 
     def upload(self, r, k, job, nets):

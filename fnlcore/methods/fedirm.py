@@ -183,8 +183,8 @@ class FedIRM(FLMethod):
             self.steps[k] += 1
 
         target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=self.ctx.device)
-        info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": ramp_weight(r, p.consistency, p.ramp_rounds),
-                "masked": 0, "seen": 0}
+        w = ramp_weight(r, p.consistency, p.ramp_rounds)
+        info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w, "masked": 0, "seen": 0}
         return LocalJob([Phase(augment="raw", after_step=after_step)], info=info)
 
     def _supervised(self, b):
@@ -201,15 +201,18 @@ class FedIRM(FLMethod):
     def supervised_loss(self, b):
         return self._supervised(b)[0]
 
-    def collect_loss(self, b):
-        loss, z1, pos, _ = self._supervised(b)
+    def _collected(self, b):
+        """:meth:`_supervised`, the batch's relation rows added to the client's."""
+        loss, z1, pos, v = self._supervised(b)
         b.job.info["rows"].add(*relation_rows(z1.detach(), pos, self.params.temperature))
-        return loss
+        return loss, z1, v
+
+    def collect_loss(self, b):
+        return self._collected(b)[0]
 
     def relation_loss(self, b):
         p, info = self.params, b.job.info
-        loss, z1, pos, v = self._supervised(b)
-        info["rows"].add(*relation_rows(z1.detach(), pos, p.temperature))
+        loss, z1, v = self._collected(b)
         p1 = torch.sigmoid(z1.float())
         with torch.no_grad():
             pt = torch.sigmoid(b.nets["teacher"](v["weak:2"]).float())
@@ -220,18 +223,18 @@ class FedIRM(FLMethod):
         source, _ = relation_rows(z1, (p1.detach() > 0.5) & mask[:, None], p.temperature)
         return info["w"] * (cons + relation_kl(source, info["target"])) + loss
 
-    def relations_upload(self, r, k, job, nets):
+    def rows_upload(self, r, k, job, nets):
         rows, valid = job.info["rows"].result()
         return {"relation": rows, "relation_valid": valid}
 
     def relation_upload(self, r, k, job, nets):
         self.teachers.put(k, nets["teacher"].state_dict())  # the teacher stays with the client
         info = job.info
-        return {"masked": float(info["masked"]), "seen": float(info["seen"]), **self.relations_upload(r, k, job, nets)}
+        return {"masked": float(info["masked"]), "seen": float(info["seen"]), **self.rows_upload(r, k, job, nets)}
 
     stages = {
         "supervised": Stage(loss=supervised_loss, prepare=prepare),
-        "collect": Stage(loss=collect_loss, prepare=collect_prepare, upload=relations_upload),
+        "collect": Stage(loss=collect_loss, prepare=collect_prepare, upload=rows_upload),
         "relation": Stage(loss=relation_loss, prepare=relation_prepare, upload=relation_upload),
     }
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.nn.functional as F
 
 from ..registry import param
-from ..fl.batched import masked_mean
 from .base import FLMethod, MethodParams, Stage, register
-from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -39,10 +37,8 @@ class FedLA(LogitAdjusted, FLMethod):
     def loss(self, b):
         return la_cross_entropy(b.model(b.x), self.labels(b.idx), self.log_prior[b.k], self.params.tau)
 
-    def batched_loss(self, logits, idx, mask, clients, r):
-        k, b, c = logits.shape
-        z = logits + self.params.tau * self.log_prior[clients][:, None, :]
-        per = F.cross_entropy(z.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
-        return masked_mean(per.view(k, b), mask)
+    def batched_loss(self, sb):
+        return batched_la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
+                                        self.params.tau, sb.mask)
 
     stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}

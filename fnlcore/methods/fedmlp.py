@@ -225,16 +225,18 @@ class FedMLP(FLMethod):
         p, ctx = self.params, self.ctx
         bs = ctx.settings.batch_size
         active = self.active[b.k]
+        missing = 1.0 - active
+        pw = self.pos_weights()[b.k]
         x, idx = b.streams["x"]
         y = self.multi_label_targets(idx)
         views = ctx.pipeline.views(x, ctx.aug_gen, ("weak:1", "weak:2"))
         total = 0.0
         for v in views.values():
             z = b.model(v)
-            sup = wpc_loss(z, y, b.job.info, active, bs) if p.wpc else partial_bce(z, y, self.pos_weights()[b.k], bs)
+            sup = wpc_loss(z, y, b.job.info, active, bs) if p.wpc else partial_bce(z, y, pw, bs)
             total = total + 0.5 * sup
             if p.cr in ("both", "warmup"):
-                total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), self._teacher_probs(v), 1.0 - active, bs)
+                total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), self._teacher_probs(v), missing, bs)
         return total
 
     def loss_stage2(self, b: Batch) -> torch.Tensor:
@@ -258,10 +260,17 @@ class FedMLP(FLMethod):
         return stage2_loss(per, mse, supervised)
 
     def upload(self, r: int, k: int, job: LocalJob, nets) -> dict:
-        """Dual prototypes and learning degrees from the last warm-up round on (fedmlp.md §2.4)."""
-        if not self.params.mld or r < self.params.warmup_rounds - 1:
+        """From the last warm-up round on: the trained model's dual prototypes of the annotated classes
+        and learning degrees of the missing ones (fedmlp.md §2.4)."""
+        p = self.params
+        if not p.mld or r < p.warmup_rounds - 1:
             return {}
-        return self._client_statistics(k, self.ctx.data.clients[k], nets["model"])
+        idx = self.ctx.data.clients[k]
+        logits, feats = self._features(nets["model"], idx)
+        return {
+            "prototypes": class_prototypes(feats, self.multi_label_targets(idx), self.active[k]),
+            "degrees": learning_degree(torch.sigmoid(logits), p.low, p.high),
+        }
 
     stages = {
         "warmup": Stage(loss=loss_warmup, prepare=prepare_warmup, upload=upload),
@@ -300,15 +309,6 @@ class FedMLP(FLMethod):
             neg, pos = select_pseudo_labels(s, d, p.lambda0, p.lambda1)
             self.pseudo[rows[residual[neg]], c] = 0
             self.pseudo[rows[residual[pos]], c] = 1
-
-    def _client_statistics(self, k: int, idx: torch.Tensor, model: torch.nn.Module) -> dict:
-        """Dual prototypes of annotated classes and learning degrees of missing ones (fedmlp.md §2.4)."""
-        logits, feats = self._features(model, idx)
-        y = self.multi_label_targets(idx)
-        return {
-            "prototypes": class_prototypes(feats, y, self.active[k]),
-            "degrees": learning_degree(torch.sigmoid(logits), self.params.low, self.params.high),
-        }
 
     # -- server -----------------------------------------------------------------------------
     def aggregate(self, r: int, updates) -> None:

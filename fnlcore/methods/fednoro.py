@@ -34,12 +34,11 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl.local import predict
-from ..fl.batched import masked_mean
 from ..fl.state import load, per_tensor_distance, weighted_average
 from ..registry import param
 from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import warm_up_then
-from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
 from .parts import class_loss_matrix, minmax_columns
 
 
@@ -165,11 +164,9 @@ class FedNoRo(LogitAdjusted, FLMethod):
     def la_loss(self, b):
         return la_cross_entropy(b.model(b.x), self.labels(b.idx), self.log_prior[b.k], self.params.tau)
 
-    def la_batched_loss(self, logits, idx, mask, clients, r):
-        k, b, c = logits.shape
-        z = logits + self.params.tau * self.log_prior[clients][:, None, :]
-        per = F.cross_entropy(z.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
-        return masked_mean(per.view(k, b), mask)
+    def la_batched_loss(self, sb):
+        return batched_la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
+                                        self.params.tau, sb.mask)
 
     def prepare_stage2(self, r, k, nets):
         """A noisy client distils from the round's global model; a clean one keeps LA-CE."""

@@ -25,11 +25,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..fl.batched import masked_mean
 from ..fl.local import predict
 from ..registry import param
 from .base import FLMethod, MethodParams, Stage, register
-from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
 from .parts import class_loss_matrix, lid_scores, minmax_columns
 
 
@@ -98,12 +97,9 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
             return la_cross_entropy(z, y, self.log_prior[b.k], self.params.tau)
         return F.cross_entropy(z, y)
 
-    def batched_loss(self, logits, idx, mask, clients, r):
-        k, b, c = logits.shape
-        if self.params.logit_adjust:
-            logits = logits + self.params.tau * self.log_prior[clients][:, None, :]
-        per = F.cross_entropy(logits.reshape(k * b, c), self.labels(idx.reshape(-1)), reduction="none")
-        return masked_mean(per.view(k, b), mask)
+    def batched_loss(self, sb):
+        return batched_la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
+                                        self.params.tau if self.params.logit_adjust else 0.0, sb.mask)
 
     stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
 

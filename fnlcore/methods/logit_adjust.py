@@ -33,3 +33,14 @@ def la_shift(prior: torch.Tensor, tau: float) -> torch.Tensor:
 def la_bce(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """Per-entry l_LA = BCE(sigma(z + shift), y), log clamped at -100 (``F.binary_cross_entropy``)."""
     return F.binary_cross_entropy(torch.sigmoid(logits.float() + shift), y, reduction="none")
+
+
+def batched_la_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor, tau: float,
+                             mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`la_cross_entropy` of K clients at once: (K, B, C) logits, (K * B,) labels, (K, C) log-priors,
+    (K, B) real rows (None: all) -> (K,) means over each client's real rows."""
+    k, b, c = logits.shape
+    per = F.cross_entropy((logits + tau * log_prior[:, None, :]).reshape(k * b, c), y, reduction="none").view(k, b)
+    if mask is None:
+        return per.mean(1)
+    return torch.where(mask, per, torch.zeros_like(per)).sum(1) / mask.sum(1).clamp_min(1).to(per.dtype)
