@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fnlcore.app.train import build_context  # noqa: E402
 from fnlcore.fl.data import FederatedData, ImageSource  # noqa: E402
 from fnlcore.fl.settings import TrainSettings  # noqa: E402
+from fnlcore.fl.rounds import RoundEngine  # noqa: E402
 from fnlcore.methods.base import METHODS  # noqa: E402
 
 CASES = {
@@ -78,6 +79,7 @@ class Runner:
         s = TrainSettings(rounds=1000, local_epochs=1, **case["settings"], **variant)
         self.ctx = build_context(data, "bench", (h, h), c, s, 0, device, log=lambda m: None)
         self.method = METHODS["fedavg"](METHODS["fedavg"].Params(), self.ctx)
+        self.engine = RoundEngine(self.method)  # sequential or batched, as Simulation picks it
         self.r = 0
 
     def round(self) -> float:
@@ -86,9 +88,7 @@ class Runner:
         sync()
         t0 = time.perf_counter()
         m.begin_round(r)
-        for upd in m.local_updates(r, m.select_clients(r)):
-            m.accumulate(r, upd)
-        m.aggregate(r)
+        m.aggregate(r, self.engine.updates(r, m.select_clients(r)))
         m.end_round(r)
         sync()
         self.r += 1

@@ -26,8 +26,8 @@ before timing), one model and one optimiser, then per batch
 ``[augment with fnlcore.augment] -> (x/255 - mean)/std -> CE(model(x), y) ->
 zero_grad, backward, step``. Engine: FedAvg rounds on a ``RunContext`` built by
 ``fnlcore.app.train.build_context``, driven exactly as ``Simulation.run`` drives
-them (``begin_round``, ``local_update`` for every client, ``accumulate``,
-``aggregate``, ``end_round``); "local" counts the ``local_update`` calls only,
+them (``begin_round``, the engine's ``train_client`` for every client, ``aggregate``
+over their updates, ``end_round``); "local" counts the clients' updates only,
 "round" the whole round including aggregation; test evaluation is timed on its own.
 
 Measurement: one repetition = one engine round and one bare pass over the same
@@ -114,13 +114,26 @@ def engine_api(package: str = "fnlcore") -> SimpleNamespace:
         FederatedData=mod("fl.data").FederatedData,
         ImageSource=mod("fl.data").ImageSource,
         evaluate=mod("fl.local").evaluate,
-        train_epochs=mod("fl.local").train_epochs,
+        train_epochs=_first(mod, ("fl.client", "train_epochs"), ("fl.local", "train_epochs")),
+        # contract v3: the engine trains a client (fl.client.train_client); older: method.local_update
+        train_client=_first(mod, ("fl.client", "train_client")),
+        Batch=_first(mod, ("fl.client", "Batch")),
         build_context=build_context,
         METHODS=mod("methods").METHODS,
         method_from_dict=mod("methods").method_from_dict,
         fednoro=mod("methods.fednoro"),
         build_model=mod("models").build_model,
     )
+
+
+def _first(mod, *where):
+    """The first of (module, attribute) that exists, or None."""
+    for name, attr in where:
+        try:
+            return getattr(mod(name), attr)
+        except (ImportError, AttributeError):
+            continue
+    return None
 
 
 def load_baseline(src: str, name: str = "fnlcore_baseline") -> SimpleNamespace:
@@ -225,12 +238,19 @@ class BareLoop:
 class RoundTimes:
     """Wall (perf_counter) and process CPU (process_time) seconds of one round."""
 
-    local: float = 0.0  # sum over clients of local_update
-    round: float = 0.0  # begin_round .. end_round (local + accumulate + aggregate + server steps)
+    local: float = 0.0  # sum over clients of their local update
+    round: float = 0.0  # begin_round .. end_round (local + aggregate + server steps)
     end_round: float = 0.0  # end_round alone (FedNoRo's detection)
     evaluate: float = 0.0
     local_cpu: float = 0.0
     round_cpu: float = 0.0
+
+
+def client_update(method, r: int, k: int):
+    """Client k's local update under either contract (v3: the engine's train_client; older: the method's)."""
+    if hasattr(method, "local_update"):
+        return method.local_update(r, k)
+    return importlib.import_module(type(method).__module__.split(".methods")[0] + ".fl.client").train_client(method, r, k)
 
 
 def engine_round(method, r: int, evaluate=None) -> RoundTimes:
@@ -238,14 +258,16 @@ def engine_round(method, r: int, evaluate=None) -> RoundTimes:
     t = RoundTimes()
     w0, c0 = _now()
     method.begin_round(r)
+    v3 = not hasattr(method, "local_update")
+    updates = []
     for k in method.select_clients(r):
         w1, c1 = _now()
-        upd = method.local_update(r, k)
+        upd = client_update(method, r, k)
         w2, c2 = _now()
         t.local += w2 - w1
         t.local_cpu += c2 - c1
-        method.accumulate(r, upd)
-    method.aggregate(r)
+        updates.append(upd) if v3 else method.accumulate(r, upd)
+    method.aggregate(r, iter(updates)) if v3 else method.aggregate(r)
     w2, _ = _now()
     method.end_round(r)
     w3, c3 = _now()
@@ -429,6 +451,8 @@ def breakdown(case: Case, reps: int, warmup: int, api: SimpleNamespace) -> list[
     shared_opt = ctx.optimizer(m.worker.parameters(), 0)
 
     def loss_for(k):
+        if api.Batch is not None:  # contract v3: the loss of a Batch
+            return lambda model, x, idx, step: m.loss(api.Batch(model, {}, x, idx, {}, step, 0, 0, k, None))
         return lambda model, x, idx, step: m.loss(model, x, idx, step, k, 0)
 
     variants = {
@@ -439,8 +463,8 @@ def breakdown(case: Case, reps: int, warmup: int, api: SimpleNamespace) -> list[
             train_epochs(ctx, m.worker, idx, loss_for(k), 0, optimizer=shared_opt) for k, idx in enumerate(clients)],
         "+ a fresh optimiser per client (as the engine does)": lambda: [
             train_epochs(ctx, m.worker, idx, loss_for(k), 0) for k, idx in enumerate(clients)],
-        "+ load global / snapshot worker (= local_update)": lambda: [m.local_update(0, k) for k in range(len(clients))],
-        "+ begin_round, accumulate, aggregate (= a round)": lambda: engine_round(m, 0),
+        "+ load global / snapshot worker (= a client's update)": lambda: [client_update(m, 0, k) for k in range(len(clients))],
+        "+ begin_round, aggregate, end_round (= a round)": lambda: engine_round(m, 0),
     }
     names = list(variants)
     cpu: dict[str, list[float]] = {k: [] for k in names}

@@ -63,10 +63,10 @@ wildcard_constraints:
 
 
 def annotator_settings(slug):
-    """The annotator settings behind an annotator slug (from any H-IDN noise spec using it)."""
+    """The annotator settings behind an annotator slug (from any noise spec declaring it: NoiseSpec.annotator_slug)."""
     from fnlcore.app.annotate import AnnotatorSettings
 
     for spec in PLAN.noises.values():
-        if getattr(spec, "needs_soft_labels", False) and spec.annotator_slug() == slug:
+        if spec.annotator_slug() == slug:
             return AnnotatorSettings.from_noise_spec(spec)
     raise ValueError(f"annotator {slug!r} is not used by any noise model in the configuration")

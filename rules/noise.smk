@@ -1,7 +1,8 @@
 # Noisy labels: results/noise/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}.*
-# H-IDN annotator networks: .../pseed{pseed}/annotators/{annotator}/client{client}.{pt,probs.npz}
-# An annotator depends only on the partition and its own settings, so every noise
-# setting that makes client k noisy reuses the same cached network.
+# Annotator networks (H-IDN's): .../pseed{pseed}/annotators/{annotator}/client{client}.{pt,probs.npz}
+# A noise model declares them (NoiseSpec.annotator_slug / annotator_clients); nothing here
+# names a model. An annotator depends only on the partition and its own settings, so every
+# noise setting that needs client k's network reuses the same cached one.
 
 
 def _partition_parquet(w):
@@ -9,10 +10,9 @@ def _partition_parquet(w):
 
 
 def _annotator_inputs(w):
+    """The probability files of the annotators the noise spec declares for this draw."""
     spec = noise_spec(w.noise)
-    if not getattr(spec, "needs_soft_labels", False) or getattr(spec, "soft_labels", "") != "annotator":
-        return []
-    num_clients = partition_spec(w.partition).num_clients
+    clients = spec.annotator_clients(partition_spec(w.partition).num_clients, int(w.nseed))
     return [
         pattern(
             paths.ANNOTATOR,
@@ -23,12 +23,12 @@ def _annotator_inputs(w):
             client=k,
         )
         + paths.ANNOTATOR_SUFFIXES["probs"]
-        for k in spec.noisy_clients(num_clients, int(w.nseed))
+        for k in clients
     ]
 
 
 rule annotator:
-    """Train one H-IDN annotator network on one client's clean labels (FedNoRo Alg. 1)."""
+    """Train one annotator network on one client's clean labels (H-IDN: FedNoRo Alg. 1)."""
     input:
         data=_data_inputs,
         partition=_partition_parquet,

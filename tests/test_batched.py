@@ -156,10 +156,50 @@ def _assert_same_run(a, b, atol):
         ("trimmed_mean", {"keep": 1}, {}),
         ("arfl", None, {}),
         ("fedncl", {"correction_round": 1, "tau": 2.0, "start_penalty": 1.0}, {"rounds": 4}),
+        ("fedprox", {"mu": 0.5}, {}),
+        ("fedprox", {"mu": 0.5, "form": "fedcorr_unsquared", "skip_first_batch": True}, {"drop_last": True}),
+        ("rhfl", None, {}),  # its upload (an evaluation pass on each trained model) runs after the batched step
+        ("rhfl", {"local_loss": "ce"}, {}),
+        ("fednoro_detection", {"gmm_seeds": 2}, {}),
+        ("fednoro_detection", {"gmm_seeds": 2, "logit_adjust": True}, {}),
+        ("test_smooth", {"start_round": 1}, {}),  # a stage table of two batched stages
     ],
 )
 def test_batched_engine_reproduces_the_sequential_engine(method, params, settings):
     _assert_same_run(_run(method, "sequential", params, **settings), _run(method, "batched", params, **settings), 1e-6)
+
+
+def test_fednoro_both_stages_batched_with_distillation_equal_the_sequential_engine():
+    # client 0 is noisy (60 % flipped): detected after the warm-up, it distils from the global model in stage 2
+    kw = dict(rounds=4, local_epochs=1)
+    params = {"warmup_rounds": 2, "detection_votes": 1}
+    seq, bat = _run("fednoro", "sequential", params, **kw), _run("fednoro", "batched", params, **kw)
+    assert seq[1].noisy == bat[1].noisy and any(bat[1].distils(k) for k in range(3))
+    assert bat[0]["stage"].tolist() == ["warmup", "warmup", "stage2", "stage2"]
+    _assert_same_run(seq, bat, 1e-6)
+
+
+def test_fednoro_ml_distillation_batched_equals_sequential():
+    params = {"ramp_begin": 0, "ramp_end": 2}  # w(r) > 0 from the first round: the teacher term counts
+    _assert_same_run(_run("fednoro_ml", "sequential", params, multi_label=True),
+                     _run("fednoro_ml", "batched", params, multi_label=True), 1e-6)
+
+
+def test_a_round_runs_batched_only_where_its_stage_declares_a_batched_loss(monkeypatch):
+    """FedNoRo's stage table with stage 2's batched form taken out: warm-up rounds batched, stage 2 sequential."""
+    from fnlcore.fl import batched, client
+    from fnlcore.fl.client import Stage
+
+    cls = METHODS["fednoro"]
+    st = cls.stages["stage2"]
+    monkeypatch.setattr(cls, "stages", {**cls.stages, "stage2": Stage(loss=st.loss, prepare=st.prepare)})
+    calls = {"batched": [], "sequential": []}
+    train_clients, train_client = batched.train_clients, client.train_client
+    monkeypatch.setattr(batched, "train_clients", lambda ctx, *a, **k: calls["batched"].append(1) or train_clients(ctx, *a, **k))
+    monkeypatch.setattr("fnlcore.fl.rounds.train_client",
+                        lambda m, r, k: calls["sequential"].append(r) or train_client(m, r, k))
+    _run("fednoro", "batched", {"warmup_rounds": 2, "detection_votes": 1}, rounds=4, local_epochs=1)
+    assert len(calls["batched"]) == 2 and sorted(set(calls["sequential"])) == [2, 3]
 
 
 def test_batched_engine_multi_label_losses_match():

@@ -35,8 +35,9 @@ import pytest
 import torch
 import yaml
 
+from fnlcore.assignment import ClientAssignment
 from fnlcore.datasets import DATASETS
-from fnlcore.errors import ConfigError
+from fnlcore.errors import ConfigError, DataError
 from fnlcore.app.papers import Scale, load_paper
 from fnlcore.app.runs import PAPERS_DIR
 from fnlcore.fl.settings import TrainSettings
@@ -187,6 +188,126 @@ def test_the_spec_generator_perturbs_a_field_it_is_given():
 @pytest.mark.parametrize("name", sorted(DATASETS))
 def test_dataset_names_are_filesystem_safe(name):
     assert SAFE_SLUG.match(name) and DATASETS[name].name == name
+
+
+# -- noise models and partitioners: every registered entry runs and meets the invariants --------
+# Like cleanlab's noise-generation tests, no model's numbers are asserted here (the per-model
+# tests pin those against the official code): only what EVERY model must satisfy, checked on
+# the specs the generator above makes (defaults, then each field perturbed) and several seeds,
+# on digits-sized data (10 classes, a few hundred samples, a few clients and some samples in
+# no client).
+
+N_SAMPLES, N_CLASSES, N_CLIENTS = 360, 10, 6
+CONTRACT_SEEDS = (0, 1, 7)
+
+
+def _contract_data(multi_label: bool):
+    """Labels (1-D, or (n, C) 0/1), soft labels and a partition leaving 12 samples in no client."""
+    rs = np.random.RandomState(0)
+    y = rs.randint(0, N_CLASSES, N_SAMPLES).astype(np.int64)
+    if multi_label:
+        y = (rs.rand(N_SAMPLES, N_CLASSES) < 0.3).astype(np.uint8)
+    soft = rs.dirichlet(np.ones(N_CLASSES), size=N_SAMPLES)
+    perm = rs.permutation(N_SAMPLES)[: N_SAMPLES - 12]
+    assignment = ClientAssignment.from_lists(N_SAMPLES, [perm[k::N_CLIENTS] for k in range(N_CLIENTS)])
+    return y, soft, assignment
+
+
+def _runnable(spec, *args) -> bool:
+    """False where the spec's dataset checks reject the contract data (e.g. a 100-class map)."""
+    try:
+        spec.check_dataset(*args)
+        return True
+    except ConfigError:
+        return False
+
+
+NOISE_ENTRIES = sorted(NOISE_MODELS)
+
+
+@pytest.mark.parametrize("name", NOISE_ENTRIES)
+def test_every_noise_model_runs_and_meets_the_invariants(name):
+    cls = NOISE_MODELS[name]
+    specs = _generated_specs(cls, per_field=1)
+    ran = 0
+    for multi in ((True, False) if name == "clean" else (cls.multi_label,)):
+        y, soft, a = _contract_data(multi)
+        outside = np.setdiff1d(np.arange(N_SAMPLES), np.concatenate(a.clients))
+        for spec in specs:
+            if not _runnable(spec, N_CLASSES, N_CLIENTS):
+                continue
+            sl = soft if spec.needs_soft_labels else None
+            where = f"{spec.slug()} ({'multi' if multi else 'single'}-label)"
+            for seed in CONTRACT_SEEDS:
+                before = y.copy()
+                r = spec.run(y, a, N_CLASSES, seed, sl)
+                np.testing.assert_array_equal(y, before, err_msg=f"{where}: run changed its input labels")
+                g = np.asarray(r.given)
+                assert g.shape == y.shape and np.issubdtype(g.dtype, np.integer), f"{where}: given {g.shape} {g.dtype}"
+                if multi:
+                    assert set(np.unique(g)) <= {0, 1}, f"{where}: multi-label given outside {{0, 1}}"
+                    changed = (g != y).any(axis=1)
+                else:
+                    assert g.min() >= 0 and g.max() < N_CLASSES, f"{where}: given labels out of [0, {N_CLASSES})"
+                    changed = g != y
+                np.testing.assert_array_equal(r.is_noisy, changed, err_msg=f"{where}: is_noisy != (given != true)")
+                assert not r.is_noisy[outside].any(), f"{where}: a sample in no client was changed"
+                assert len(r.client_noisy) == len(r.client_level) == len(r.client_type) == N_CLIENTS, where
+                for k in np.flatnonzero(~r.client_noisy):
+                    assert not r.is_noisy[a.clients[k]].any(), f"{where}: client {k} is not noisy but has changes"
+                cheap = spec.noisy_clients(N_CLIENTS, seed)
+                assert cheap is None or cheap == r.noisy_clients(), f"{where}: noisy_clients {cheap} != run's"
+                again = spec.run(y, a, N_CLASSES, seed, sl)
+                np.testing.assert_array_equal(again.given, g, err_msg=f"{where}: seed {seed} is not deterministic")
+                assert set(spec.annotator_clients(N_CLIENTS, seed)) <= set(range(N_CLIENTS)), where
+                ran += 1
+    assert ran, f"{name}: no generated spec runs on {N_CLASSES}-class data; widen the contract data"
+
+
+@pytest.mark.parametrize("name", NOISE_ENTRIES)
+def test_every_noise_model_goes_through_the_shared_checks(name):
+    """run() is NoiseSpec's template: the seed and soft-label checks hold for every model."""
+    spec = _base_spec(NOISE_MODELS[name])
+    y, soft, a = _contract_data(spec.multi_label)
+    with pytest.raises(ConfigError, match="seed"):
+        spec.run(y, a, N_CLASSES, -1, soft if spec.needs_soft_labels else None)
+    with pytest.raises(DataError, match="soft_labels"):
+        spec.run(y, a, N_CLASSES, 0, None if spec.needs_soft_labels else soft)
+    slug = spec.annotator_slug()
+    assert slug is None or SAFE_SLUG.match(slug), f"{name}: annotator slug {slug!r} is not filesystem-safe"
+    assert slug is not None or not spec.annotator_clients(N_CLIENTS, 0), f"{name}: annotators without a slug"
+
+
+PARTITION_ENTRIES = sorted(PARTITIONERS)
+
+
+@pytest.mark.parametrize("name", PARTITION_ENTRIES)
+def test_every_partitioner_runs_and_meets_the_invariants(name):
+    cls = PARTITIONERS[name]
+    y = np.random.RandomState(0).randint(0, N_CLASSES, N_SAMPLES).astype(np.int64)
+    multi = (np.random.RandomState(1).rand(N_SAMPLES, N_CLASSES) < 0.3).astype(np.uint8)
+    ran = 0
+    for spec in _generated_specs(cls, per_field=5):  # every candidate: some defaults need more data (fedmlp_equal)
+        for seed in CONTRACT_SEEDS:
+            before = y.copy()
+            try:
+                a = spec.run(y, seed)
+            except ConfigError:
+                continue  # settings that do not fit this small data (e.g. 5,000 per client); the error says so
+            where = f"{spec.slug()} seed {seed}"
+            np.testing.assert_array_equal(y, before, err_msg=f"{where}: run changed its input labels")
+            assert isinstance(a, ClientAssignment) and a.num_samples == N_SAMPLES, where
+            if hasattr(spec, "num_clients"):
+                assert a.num_clients == spec.num_clients, f"{where}: {a.num_clients} clients"
+            idx = np.concatenate(a.clients)
+            assert idx.size == 0 or (idx.min() >= 0 and idx.max() < N_SAMPLES), f"{where}: index out of range"
+            assert np.unique(idx).size == idx.size, f"{where}: a sample is in two clients (or twice in one)"
+            again = spec.run(y, seed)
+            assert again.equals(a), f"{where}: not deterministic"
+            if not spec.needs_labels():  # only n is used: a multi-label matrix of n rows gives the same split
+                assert spec.run(multi, seed).equals(a), f"{where}: needs_labels() is False but the labels changed it"
+            ran += 1
+    assert ran >= len(CONTRACT_SEEDS), f"{name}: too few generated specs fit {N_SAMPLES} samples of {N_CLASSES} classes"
 
 
 # -- methods: kill and resume, state round trip ------------------------------------------------

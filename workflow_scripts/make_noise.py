@@ -1,5 +1,4 @@
 """Rule noise: draw one noisy label set for one partition and write parquet, summary and figures."""
-from fnlcore.noise.hidn import assemble_soft_labels
 from fnlcore.datasets import load_prepared
 from fnlcore.logs import job_log
 from fnlcore.noise import write_noise_artifacts
@@ -12,14 +11,7 @@ with job_log(sm.log[0]) as log:
     labels = ds.labels("train")
     C = ds.info.num_classes
     assignment = read_partition(sm.input.partition, num_samples=len(labels), num_clients=sm.params.partition_spec.num_clients)
-    soft = None
-    if getattr(spec, "needs_soft_labels", False):
-        if spec.soft_labels == "annotator":
-            soft = assemble_soft_labels(list(sm.input.annotators), len(labels), C)
-        else:
-            from fnlcore.datasets.ich import official_soft_labels
-
-            soft = official_soft_labels(ds)
+    soft = spec.soft_labels_from(ds, list(sm.input.annotators))  # None unless the model reads soft labels
     result = spec.run(labels, assignment, C, seed=int(sm.wildcards.nseed), soft_labels=soft)
     log.info("%s seed %s: %d noisy samples", spec.slug(), sm.wildcards.nseed, int(result.is_noisy.sum()))
     write_noise_artifacts(

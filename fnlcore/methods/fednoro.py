@@ -32,11 +32,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..fl.batched import masked_mean
 from ..errors import ConfigError
 from ..fl.local import predict
 from ..fl.state import load, per_tensor_distance, weighted_average
 from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .base import FLMethod, MethodParams, Stage, register
 from .costs import warm_up_then
 from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
 from .parts import class_loss_matrix, minmax_columns
@@ -168,13 +169,32 @@ class FedNoRo(LogitAdjusted, FLMethod):
         return batched_la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
                                         self.params.tau, sb.mask)
 
+    def distils(self, k: int) -> bool:
+        """Stage 2: a noisy client distils from the round's global model; a clean one keeps LA-CE."""
+        return self.params.use_kd and k in self.noisy
+
     def prepare_stage2(self, r, k, nets):
-        """A noisy client distils from the round's global model; a clean one keeps LA-CE."""
-        if k not in self.noisy or not self.params.use_kd:
-            return None
-        load(nets["teacher"], self.global_model.state_dict())
-        nets["teacher"].eval()
-        return LocalJob(phases=[Phase(loss=self.distill_loss)])
+        if self.distils(k):
+            load(nets["teacher"], self.global_model.state_dict())
+            nets["teacher"].eval()
+
+    def stage2_loss(self, b):
+        return self.distill_loss(b) if self.distils(b.k) else self.la_loss(b)
+
+    def stage2_batched_loss(self, sb):
+        la = self.la_batched_loss(sb)
+        if not any(self.distils(k) for k in self.noisy or ()):
+            return la
+        with torch.no_grad():  # the teacher: the round's global model, frozen (eval mode)
+            target = F.softmax(sb.per_client(self.global_model.eval()(sb.x)) / self.params.kd_temperature, dim=2)
+        log_p = F.log_softmax(sb.logits + self.log_prior[sb.clients][:, None, :], dim=2)
+        log_p = torch.where(torch.isinf(log_p), torch.zeros_like(log_p), log_p)
+        kl = F.kl_div(log_p, target, reduction="none").sum(2)
+        nll = -log_p.gather(2, self.labels(sb.idx.reshape(-1)).view(*sb.idx.shape, 1)).squeeze(2)
+        lam = self.round_info["kd_lambda"]
+        kd = lam * masked_mean(kl, sb.mask) + (1 - lam) * masked_mean(nll, sb.mask)
+        distil = torch.as_tensor([self.distils(k) for k in range(self.ctx.data.num_clients)], device=kd.device)
+        return torch.where(distil[sb.clients], kd, la)
 
     def distill_loss(self, b):
         """lambda(r) KL(softmax(f_G / T) || p_LA) + (1 - lambda(r)) NLL(p_LA) (fednoro.md §4.3)."""
@@ -187,7 +207,7 @@ class FedNoRo(LogitAdjusted, FLMethod):
 
     stages = {
         "warmup": Stage(loss=la_loss, batched_loss=la_batched_loss),
-        "stage2": Stage(loss=la_loss, prepare=prepare_stage2),
+        "stage2": Stage(loss=stage2_loss, prepare=prepare_stage2, batched_loss=stage2_batched_loss),
     }
 
     # -- server --------------------------------------------------------------------------

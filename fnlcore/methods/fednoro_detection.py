@@ -98,8 +98,10 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
         return F.cross_entropy(z, y)
 
     def batched_loss(self, sb):
+        if not self.params.logit_adjust:
+            return FLMethod.batched_loss(self, sb)
         return batched_la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
-                                        self.params.tau if self.params.logit_adjust else 0.0, sb.mask)
+                                        self.params.tau, sb.mask)
 
     stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
 

@@ -83,5 +83,22 @@ class FedNoRoML(FLMethod):
         return fednoro_ml_loss(b.model(b.x), zt, self.multi_label_targets(b.idx), self.shift[b.k], self.active[b.k], w,
                                p.kd_temperature)
 
-    # no batched form: the teacher's logits need the batch's images, which a batched loss does not get
-    stages = {"main": Stage(loss=loss)}
+    def batched_loss(self, sb):
+        p = self.params
+        with torch.no_grad():
+            zt = sb.per_client(self.global_model.eval()(sb.x)).float()
+        w = distill_weight(sb.r, p.lambda_max, p.ramp_begin, p.ramp_end)
+        k, b, c = sb.logits.shape
+        z = sb.logits.float()
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
+        rows = torch.ones(k, b, 1, device=z.device) if sb.mask is None else sb.mask[:, :, None].to(z.dtype)
+        n = rows.sum((1, 2))
+        active = self.active[sb.clients][:, None, :]
+        missing = 1.0 - active
+        sup = (la_bce(z, y, self.shift[sb.clients][:, None, :]) * active * rows).sum((1, 2))
+        sup = sup / (n * active.sum((1, 2)).clamp_min(1))
+        mse = (((torch.sigmoid(z) - torch.sigmoid(zt / p.kd_temperature)) ** 2) * missing * rows).sum((1, 2))
+        mse = mse / (n * missing.sum((1, 2))).clamp_min(1)  # clamped: no 0/0 where nothing is missing
+        return torch.where(missing.sum((1, 2)) == 0, (1.0 - w) * sup, w * mse + (1.0 - w) * sup)
+
+    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
+from ..fl.batched import masked_mean
 from ..fl.state import parameter_keys, snapshot
 from ..registry import param
 from .base import FLMethod, MethodParams, Stage, register
-from .parts import proximal_term
+from .parts import batched_proximal_term, proximal_term
 
 
 @dataclass(frozen=True)
@@ -51,5 +52,14 @@ class FedProx(FLMethod):
             loss = loss + proximal_term(b.model, self._ref, self._keys, p.mu, p.form)
         return loss
 
-    # no batched form: the proximal term needs each client's parameters, which a batched loss does not see
-    stages = {"main": Stage(loss=loss)}
+    def batched_loss(self, sb):
+        k, b, c = sb.logits.shape
+        per = F.cross_entropy(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), reduction="none")
+        loss = masked_mean(per.view(k, b), sb.mask)
+        p = self.params
+        if p.mu > 0:
+            skip = sb.epoch_step == 0 if p.skip_first_batch else None
+            loss = loss + batched_proximal_term(sb.net, self._ref, self._keys, p.mu, p.form, skip)
+        return loss
+
+    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}

@@ -87,6 +87,18 @@ def client_outputs(ctx, model: torch.nn.Module, idx: torch.Tensor, augment: bool
     return logits, probs, double_softmax_loss(probs, labels)
 
 
+def batched_proximal_term(net, ref: dict[str, torch.Tensor], keys: list[str], mu: float, form: str,
+                          skip: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`proximal_term` of the K clients of a :class:`~fnlcore.fl.stacked.StackedNet` at once -> (K,);
+    0 where ``skip`` (K,) is set, with no gradient (the square root's at 0 would be infinite)."""
+    params = dict(net.net.named_parameters())
+    sq = sum(((params[k] - ref[k].unsqueeze(0)) ** 2).flatten(1).sum(1) for k in keys)
+    if skip is not None:
+        sq = torch.where(skip, torch.ones_like(sq), sq)
+    out = 0.5 * mu * sq if form == "squared_half" else mu * torch.sqrt(sq)
+    return out if skip is None else torch.where(skip, torch.zeros_like(out), out)
+
+
 def proximal_term(model: torch.nn.Module, ref: dict[str, torch.Tensor], keys: list[str], mu: float, form: str) -> torch.Tensor:
     params = dict(model.named_parameters())
     sq = sum(((params[k] - ref[k]) ** 2).sum() for k in keys)

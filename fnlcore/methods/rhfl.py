@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..fl.batched import masked_mean
 from ..fl.local import predict
 from ..fl.state import load, weighted_average
 from ..registry import param
@@ -94,7 +95,16 @@ class RHFL(FLMethod):
         y = self.ctx.data.given[idx.to(self.ctx.device)]
         return {"mean_loss": float(symmetric_ce(logits, y, self.params.alpha, self.params.beta_s))}
 
-    stages = {"main": Stage(loss=loss, upload=upload)}
+    def batched_loss(self, sb):
+        k, b, c = sb.logits.shape
+        z, y = sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1))
+        if self.params.local_loss == "ce":
+            per = F.cross_entropy(z, y, reduction="none")
+        else:
+            per = symmetric_ce(z, y, self.params.alpha, self.params.beta_s, reduction="none")
+        return masked_mean(per.view(k, b), sb.mask)
+
+    stages = {"main": Stage(loss=loss, upload=upload, batched_loss=batched_loss)}
 
     def aggregate(self, r, updates):
         ups = list(updates)  # CCR needs every client's loss before weighting

@@ -25,7 +25,7 @@ from ..spec import Spec, param
 from ..rng import legacy_rng
 from . import generators, schedules
 from .checks import check_num_classes
-from .hidn import fednoro_noisy_clients, hidn_noise
+from .hidn import assemble_soft_labels, fednoro_noisy_clients, hidn_noise
 from .maps import canonical_map, map_slug, resolve_map
 from .partial import FEDMLP_CLASS_SEED, fedmlp_active_classes, fedmlp_partial_noise
 from .result import NoiseResult
@@ -45,6 +45,16 @@ class NoiseSpec(Spec):
     ClassVars: ``name`` (config name), ``paper``, ``needs_soft_labels`` (H-IDN),
     ``multi_label`` (works on (n, C) 0/1 labels), ``switches`` (code≠paper
     switches: field -> explanation, for the README table), ``slug_head``/``slug_fields``.
+
+    :meth:`run` is a template: it runs the checks every model shares (the noise seed, the
+    soft labels as ``needs_soft_labels`` says, :meth:`check_dataset` for the class and client
+    counts), then the model's own :meth:`draw`, which a subclass overrides. Labels are
+    checked by the generators (``fnlcore.noise.checks``).
+
+    Artifacts made before the draw (the workflow's jobs): :meth:`annotator_slug` and
+    :meth:`annotator_clients` declare per-client annotator networks (rule ``annotator``), and
+    :meth:`soft_labels_from` turns the prepared dataset and those networks' probability files
+    into ``run``'s ``soft_labels``. The defaults declare none.
     """
 
     kind: ClassVar[str] = "noise model"
@@ -64,11 +74,52 @@ class NoiseSpec(Spec):
         seed: int,
         soft_labels: np.ndarray | None = None,
     ) -> NoiseResult:
-        """Apply the model; ``seed`` is the noise seed (see fnlcore.rng for the convention)."""
-        raise NotImplementedError
+        """Apply the model; ``seed`` is the noise seed (see fnlcore.rng for the convention).
+
+        The shared checks (seed, soft labels, :meth:`check_dataset`), then :meth:`draw`.
+        """
+        seed = _check_seed(seed)
+        if self.needs_soft_labels:
+            if soft_labels is None:
+                raise DataError(
+                    f"noise model {self.name!r} needs soft_labels, an (n, C) array of class probabilities "
+                    f"({self.soft_labels_source})"
+                )
+        else:
+            _no_soft(self, soft_labels)
+        num_clients = assignment.num_clients if isinstance(assignment, ClientAssignment) else None
+        self.check_dataset(num_classes, num_clients)
+        return self.draw(labels, assignment, num_classes, seed, soft_labels)
+
+    def draw(
+        self,
+        labels: np.ndarray,
+        assignment: ClientAssignment,
+        num_classes: int,
+        seed: int,
+        soft_labels: np.ndarray | None = None,
+    ) -> NoiseResult:
+        """The model's own draw, called by :meth:`run` after the shared checks (``seed`` checked)."""
+        raise NotImplementedError(f"noise model {self.name!r} defines no draw()")
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int] | None:
         """Ascending ids of the nominally noisy clients, without labels; None where not cheap."""
+        return None
+
+    # -- artifacts the draw reads (made by the workflow before the noise job) --------------------
+    #: where ``soft_labels`` come from, for the error when they are missing
+    soft_labels_source: ClassVar[str] = "none"
+
+    def annotator_slug(self) -> str | None:
+        """Name of the annotator networks this model's settings train (their folder); None: no annotators."""
+        return None
+
+    def annotator_clients(self, num_clients: int, seed: int) -> list[int]:
+        """Clients whose annotator network (one workflow job each) the draw with ``seed`` reads."""
+        return []
+
+    def soft_labels_from(self, dataset: Any, annotator_files: list[str]) -> np.ndarray | None:
+        """``run``'s soft_labels from the prepared dataset and the annotators' probability files."""
         return None
 
 
@@ -93,9 +144,7 @@ class CleanNoise(NoiseSpec):
     name: ClassVar[str] = "clean"
     paper: ClassVar[str] = "all (rho = 0 baselines)"
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        _check_seed(seed)
-        _no_soft(self, soft_labels)
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
         return generators.clean_noise(labels, assignment, num_classes)
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int]:
@@ -126,12 +175,8 @@ class FedCorrNoise(NoiseSpec):
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         generators.label_space_size(self.label_space, check_num_classes(num_classes))
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        _no_soft(self, soft_labels)
-        self.check_dataset(num_classes)
-        return generators.fedcorr_noise(
-            labels, assignment, self.rho, self.tau, _check_seed(seed), num_classes, self.label_space
-        )
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
+        return generators.fedcorr_noise(labels, assignment, self.rho, self.tau, seed, num_classes, self.label_space)
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int]:
         level = schedules.fedcorr_levels(legacy_rng(_check_seed(seed)), num_clients, self.rho, self.tau)
@@ -176,7 +221,8 @@ class FedNoRoHIDN(NoiseSpec):
             raise self.error("annotator_model", "must be a name of letters, digits, '_' or '.'")
 
     def annotator_slug(self) -> str:
-        """Names the annotator networks; a pure function of the annotator_* fields only.
+        """Names the annotator networks (also with soft_labels='official_csv', which trains none);
+        a pure function of the annotator_* fields only.
 
         So annotators are shared across rho / eta / noise seeds. Weight decay
         appears only when it differs from the default 5e-4.
@@ -192,16 +238,22 @@ class FedNoRoHIDN(NoiseSpec):
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=2)
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        self.check_dataset(num_classes)
-        if soft_labels is None:
-            raise DataError(
-                "noise model 'fednoro_hidn' needs soft_labels, an (n, C) array of class probabilities "
-                "(from the annotator networks or the official soft-label CSV)"
-            )
-        return hidn_noise(
-            labels, assignment, self.rho, self.eta_l, self.eta_u, soft_labels, _check_seed(seed), num_classes
-        )
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
+        return hidn_noise(labels, assignment, self.rho, self.eta_l, self.eta_u, soft_labels, seed, num_classes)
+
+    # the annotator networks (paper Alg. 1), one workflow job per noisy client
+    soft_labels_source: ClassVar[str] = "from the annotator networks or the official soft-label CSV"
+
+    def annotator_clients(self, num_clients: int, seed: int) -> list[int]:
+        return self.noisy_clients(num_clients, seed) if self.soft_labels == "annotator" else []
+
+    def soft_labels_from(self, dataset: Any, annotator_files: list[str]) -> np.ndarray:
+        n, c = len(dataset.labels("train")), dataset.info.num_classes
+        if self.soft_labels == "annotator":
+            return assemble_soft_labels(list(annotator_files), n, c)
+        from ..datasets.ich import official_soft_labels
+
+        return official_soft_labels(dataset)
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int]:
         return fednoro_noisy_clients(num_clients, self.rho, _check_seed(seed))
@@ -233,11 +285,9 @@ class FedNCLBernoulli(NoiseSpec):
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        _no_soft(self, soft_labels)
-        self.check_dataset(num_classes)
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
         return generators.fedncl_bernoulli_noise(
-            labels, assignment, self.p, _check_seed(seed), num_classes, self.include_true, self.stream
+            labels, assignment, self.p, seed, num_classes, self.include_true, self.stream
         )
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int]:
@@ -276,15 +326,13 @@ class FedNCLGaussian(NoiseSpec):
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        _no_soft(self, soft_labels)
-        self.check_dataset(num_classes)
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
         return generators.fedncl_gaussian_noise(
             labels,
             assignment,
             self.mu,
             self.sigma,
-            _check_seed(seed),
+            seed,
             num_classes,
             self.truncation,
             self.include_true,
@@ -340,9 +388,7 @@ class FedGRNoise(NoiseSpec):
         if self.noise_type != "sym":
             resolve_map(generators.resolve_auto_map(self.asym_map, num_classes), num_classes)
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        _no_soft(self, soft_labels)
-        self.check_dataset(num_classes)
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
         return generators.fedgr_noise(
             labels,
             assignment,
@@ -350,7 +396,7 @@ class FedGRNoise(NoiseSpec):
             self.phi,
             self.rho_min,
             self.rho_max,
-            _check_seed(seed),
+            seed,
             num_classes,
             self.asym_map,
         )
@@ -381,12 +427,8 @@ class SymmetricNoise(NoiseSpec):
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        _no_soft(self, soft_labels)
-        self.check_dataset(num_classes)
-        return generators.symmetric_noise(
-            labels, assignment, self.rate, _check_seed(seed), num_classes, self.include_true
-        )
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
+        return generators.symmetric_noise(labels, assignment, self.rate, seed, num_classes, self.include_true)
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int]:
         return list(range(num_clients)) if self.rate > 0 else []
@@ -414,12 +456,8 @@ class AsymmetricNoise(NoiseSpec):
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         resolve_map(self.asym_map, check_num_classes(num_classes))
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        _no_soft(self, soft_labels)
-        self.check_dataset(num_classes)
-        return generators.asymmetric_noise(
-            labels, assignment, self.rate, _check_seed(seed), num_classes, self.asym_map
-        )
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
+        return generators.asymmetric_noise(labels, assignment, self.rate, seed, num_classes, self.asym_map)
 
     def noisy_clients(self, num_clients: int, seed: int) -> list[int]:
         return list(range(num_clients)) if self.rate > 0 else []
@@ -464,9 +502,7 @@ class FedMLPPartial(NoiseSpec):
     def _class_seed(self, seed: int) -> int:
         return _check_seed(seed) if self.class_seed is None else self.class_seed
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
-        _no_soft(self, soft_labels)
-        self.check_dataset(num_classes, assignment.num_clients)
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None) -> NoiseResult:
         return fedmlp_partial_noise(labels, assignment, num_classes, self.missing, self._class_seed(seed))
 
     def active_classes(self, num_clients: int, num_classes: int, seed: int) -> list[list[int]]:

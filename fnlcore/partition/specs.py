@@ -35,7 +35,7 @@ class PartitionSpec(Spec):
 
     ClassVars: ``name`` (config name), ``paper`` (where it comes from),
     ``uses_labels`` (needs 1-D class indices; the others also take (n, C)
-    multi-label matrices and only use n), ``switches`` (code≠paper switches:
+    multi-label matrices and only use n; :meth:`needs_labels` says it per setting), ``switches`` (code≠paper switches:
     field -> explanation, for the docs), ``slug_head``/``slug_fields`` (the slug).
     """
 
@@ -53,6 +53,10 @@ class PartitionSpec(Spec):
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         """Partition the training split whose labels are ``labels`` (row order) with ``seed``."""
         raise NotImplementedError
+
+    def needs_labels(self) -> bool:
+        """These settings read the class indices (1-D labels): ``uses_labels`` unless a switch says otherwise."""
+        return self.uses_labels
 
     def expected_samples(self, n_train: int) -> int:
         """Samples the clients hold in all, for a training split of ``n_train`` (the cost model)."""
@@ -95,6 +99,9 @@ class IIDPartition(PartitionSpec):
     def validate(self) -> None:
         if self.balance == "per_class" and self.client_order != "set":
             raise self.error("client_order", "applies to balance='total' only; leave it at 'set' with balance='per_class'")
+
+    def needs_labels(self) -> bool:
+        return self.balance == "per_class"  # equal counts of every class
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
         if self.balance == "per_class":

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from fnlcore.assignment import ClientAssignment
 from fnlcore.datasets import DatasetInfo, PrepareContext, register, write_prepared
+from fnlcore.fl.batched import masked_mean
 from fnlcore.methods import FLMethod, MethodParams, Stage, register as register_method
 from fnlcore.noise.generators import symmetric_noise
 from fnlcore.noise.specs import NoiseSpec
@@ -42,10 +43,18 @@ class Smooth(FLMethod):
         return "plain" if r < self.params.start_round else "smooth"
 
     def loss(self, b):
-        eps = self.params.smoothing if b.r >= self.params.start_round else 0.0
-        return F.cross_entropy(b.model(b.x), self.labels(b.idx), label_smoothing=eps)
+        return F.cross_entropy(b.model(b.x), self.labels(b.idx), label_smoothing=self.params.smoothing)
 
-    stages = {"plain": Stage(loss=loss), "smooth": Stage(loss=loss)}
+    def batched_loss(self, sb):  # the same loss on K clients' (K, B, classes) logits at once
+        k, b, c = sb.logits.shape
+        per = F.cross_entropy(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)),
+                              label_smoothing=self.params.smoothing, reduction="none")
+        return masked_mean(per.view(k, b), sb.mask)
+
+    stages = {
+        "plain": Stage(loss=FLMethod.loss, batched_loss=FLMethod.batched_loss),  # FedAvg's
+        "smooth": Stage(loss=loss, batched_loss=batched_loss),
+    }
 
 
 # -- a noise model: symmetric noise at half the given rate on every client --------------------------
@@ -53,11 +62,11 @@ class Smooth(FLMethod):
 class HalfSymmetricNoise(NoiseSpec):
     name: ClassVar[str] = "test_half_symmetric"
     paper: ClassVar[str] = "test plug-in"
-    slug_head: ClassVar[str] = "halfsym"
+    slug_head: ClassVar[str] = "test_halfsym"
     slug_fields: ClassVar[tuple] = (("rate", "r"),)
     rate: float = param(0.5, ge=0, le=1, doc="twice the fraction of each client's samples to corrupt")
 
-    def run(self, labels, assignment, num_classes, seed, soft_labels=None):
+    def draw(self, labels, assignment, num_classes, seed, soft_labels=None):  # run() checks, then draws
         return symmetric_noise(labels, assignment, self.rate / 2, seed, num_classes)
 
 
@@ -66,7 +75,7 @@ class HalfSymmetricNoise(NoiseSpec):
 class BlocksPartition(PartitionSpec):
     name: ClassVar[str] = "test_blocks"
     paper: ClassVar[str] = "test plug-in"
-    slug_head: ClassVar[str] = "blocks"
+    slug_head: ClassVar[str] = "test_blocks"
     slug_fields: ClassVar[tuple] = (("num_clients", "K"),)
     num_clients: int = param(2, ge=1, doc="number of clients K")
 
