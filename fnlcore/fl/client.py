@@ -18,6 +18,7 @@ lead batch before the loss; ``"raw"``: the loss makes its own views), the loss.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MethodType
 from typing import Any, Callable, Iterable
 
 import torch
@@ -163,10 +164,12 @@ class Stage:
     ``prepare(r, k, nets) -> LocalJob | None`` runs before client k trains (``nets``: the
     client's working networks, loaded from the global ones); None means the default job.
     ``loss(batch)`` is the default phase loss. ``upload(r, k, job, nets) -> dict`` is what the
-    client sends besides its networks (default: its mean training loss). ``batched_loss``
-    (logits (K, B, C), sample ids (K, B), row mask or None, client ids (K,), round) -> (K,)
+    client sends besides its networks (default: its mean training loss). ``batched_loss(sb)``,
+    the loss of K clients' step at once (:class:`~fnlcore.fl.batched.StackedBatch` -> (K,)),
     makes the stage batchable: the engine may then train the round's clients as one stacked
-    computation (only for the default job: one network, one stream, no hooks).
+    computation. A batched stage trains the default job (one network, one stream, no hooks):
+    its ``prepare`` may act (relabel, load a teacher) but returns None; its ``upload`` runs on
+    each client's trained network after the stacked step.
     """
 
     loss: LossFn | None = None
@@ -236,15 +239,15 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
             for n in train:
                 nets[n].train()  # the hook may have run an evaluation pass
         order = epoch_order(ctx, lead_idx)
+        b = Batch(model, nets, None, lead_idx[:0], {}, 0, epoch, r, k, job)  # one per epoch, refilled per step
         for step, (xb, bidx) in enumerate(ctx.data.train.batches(order, lead_bs, drop_last=s.drop_last)):
+            b.idx, b.step = bidx, step
             if phase.augment == "train":
-                b = Batch(model, nets, None, bidx, {}, step, epoch, r, k, job)
                 with amp:
                     b.x = augment(xb, aug_gen)
             else:
-                got = {names[0]: (xb, bidx)}
-                got.update((nm, c.next()) for nm, c in cursors.items())
-                b = Batch(model, nets, None, bidx, got, step, epoch, r, k, job)
+                b.streams = {names[0]: (xb, bidx)}
+                b.streams.update((nm, c.next()) for nm, c in cursors.items())
             if phase.step is not None:
                 loss = phase.step(b)
             else:
@@ -290,7 +293,7 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
             optimizers[name] = ctx.optimizer(nets[name].parameters(), lr_round, lr=job.lr.get(name))
         return optimizers[name]
 
-    default_loss = (lambda b: stage.loss(method, b)) if stage.loss is not None else None
+    default_loss = MethodType(stage.loss, method) if stage.loss is not None else None
     phases = job.phases if job.phases is not None else [Phase()]
     for phase in phases:
         train = phase.train or (method.networks[0],)
