@@ -1,8 +1,13 @@
 """Stream images that stay on disk (ICH, ISIC, ChestX-ray14, Clothing1M).
 
-A DataLoader over this dataset returns uint8 tensors (C, H, W) resized to the
-network's input size; augmentation and normalisation then run batched on the
-training device (fnlcore.augment), so workers only decode and resize.
+A DataLoader over this dataset returns uint8 tensors (C, H, W) of one size:
+each image resized to ``image_size`` (torchvision's ``Resize((H, W))``), or with
+``short_side`` its shorter side resized to that length, aspect kept, then the
+central ``image_size`` cut (``Resize(short_side)`` + ``CenterCrop(image_size)``),
+both with PIL's bilinear filter as torchvision applies them to images
+(fnlcore.fl.pipeline.image_loading: which one each split gets). Augmentation and
+normalisation then run batched on the training device (fnlcore.augment), so
+workers only decode, resize and cut.
 """
 
 from __future__ import annotations
@@ -17,10 +22,15 @@ from .errors import DataError
 
 
 class ImageFiles(Dataset):
-    def __init__(self, paths: Sequence[str], image_size: tuple[int, int], channels: int = 3):
+    def __init__(
+        self, paths: Sequence[str], image_size: tuple[int, int], channels: int = 3, short_side: int | None = None
+    ):
         self.paths = list(paths)
         self.size = (int(image_size[1]), int(image_size[0]))  # PIL wants (W, H)
         self.mode = "RGB" if channels == 3 else "L"
+        self.short_side = None if short_side is None else int(short_side)
+        if self.short_side is not None and self.short_side < min(self.size):
+            raise ValueError(f"short_side={short_side} is smaller than the crop {image_size}")
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -31,7 +41,9 @@ class ImageFiles(Dataset):
         try:
             with Image.open(self.paths[i]) as im:
                 im = im.convert(self.mode)
-                if im.size != self.size:
+                if self.short_side is not None:
+                    im = center_crop(resize_short_side(im, self.short_side), self.size)
+                elif im.size != self.size:
                     im = im.resize(self.size, Image.BILINEAR)
                 arr = np.asarray(im, dtype=np.uint8)
         except OSError as err:
@@ -39,3 +51,28 @@ class ImageFiles(Dataset):
         if arr.ndim == 2:
             arr = arr[:, :, None]
         return torch.from_numpy(arr.copy()).permute(2, 0, 1), i
+
+
+def short_side_size(w: int, h: int, short: int) -> tuple[int, int]:
+    """(W, H) of torchvision's Resize(short) for a w x h image: the shorter side becomes
+    ``short``, the longer int(short * long / shorter) (truncated, as torchvision computes it)."""
+    if w <= h:
+        return short, int(short * h / w)
+    return int(short * w / h), short
+
+
+def resize_short_side(im, short: int):
+    """torchvision's Resize(short) on a PIL image (bilinear); unchanged when already that size."""
+    from PIL import Image
+
+    size = short_side_size(im.size[0], im.size[1], short)
+    return im if size == im.size else im.resize(size, Image.BILINEAR)
+
+
+def center_crop(im, size: tuple[int, int]):
+    """torchvision's CenterCrop on a PIL image; ``size`` is (W, H) here, as PIL writes sizes.
+    top = round((h - th) / 2), left likewise (Python's round, as torchvision)."""
+    w, h = im.size
+    tw, th = size
+    top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
+    return im.crop((left, top, left + tw, top + th))

@@ -63,7 +63,7 @@ def test_affine_keeps_uint8():
 
 @pytest.mark.parametrize(
     "name,c,size",
-    [("mlp", 1, (8, 8)), ("lenet5", 1, (28, 28)), ("cnn", 3, (32, 32)), ("vgg16", 3, (32, 32)),
+    [("mlp", 1, (8, 8)), ("lenet5", 1, (28, 28)), ("lenet5_linear_head", 3, (32, 32)), ("cnn", 3, (32, 32)), ("vgg16", 3, (32, 32)),
      ("resnet18_cifar", 3, (32, 32)), ("resnet34_cifar", 3, (32, 32)), ("resnet18", 3, (64, 64))],
 )
 def test_models_shapes_and_features(name, c, size):
@@ -79,6 +79,31 @@ def test_models_shapes_and_features(name, c, size):
 def test_fedncl_lenet_parameter_count():
     # conv 1->6 (156) + conv 6->16 (2416) + 256x120 + 120x84 + 84x10 = 44,426 (fedncl.md §4)
     assert sum(p.numel() for p in build_model("lenet5", 10, 1, (28, 28)).parameters()) == 44426
+
+
+def test_lenet_heads_fedncl_relu_on_the_logits_fedcorr_linear():
+    ncl, corr = build_model("lenet5", 10, 3, (32, 32)), build_model("lenet5_linear_head", 10, 3, (32, 32))
+    assert [type(m) for m in ncl.head] == [torch.nn.Linear, torch.nn.ReLU]
+    assert type(corr.head) is torch.nn.Linear  # FedCorr's model/lenet.py: fc3 is the output
+    assert str(ncl.backbone) == str(corr.backbone)
+    # FedCorr's LeNet on CIFAR: conv 3->6 (456) + conv 6->16 (2416) + 400x120 + 120x84 + 84x10 = 62,006
+    assert sum(p.numel() for p in corr.parameters()) == sum(p.numel() for p in ncl.parameters()) == 62006
+    x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert (ncl(x) >= 0).all() and (corr(x) < 0).any()
+
+
+@pytest.mark.parametrize("name", ["lenet5", "lenet5_linear_head"])
+def test_lenets_train_a_step(name):
+    torch.manual_seed(0)
+    m = build_model(name, 10, 1, (28, 28))
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in m.parameters()]
+    loss = F.cross_entropy(m(x), y)
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    assert all(not torch.equal(a, p) for a, p in zip(before, m.parameters()))
 
 
 def test_unknown_model_lists_valid_names():

@@ -138,7 +138,7 @@ def test_scale_and_paper_files_are_schema_checked_with_file_and_key(tmp_path):
                                       "metrics": [{"name": "m", "source": "acc", "summary": {"kind": "best"}}]}]}
     with pytest.raises(ConfigError) as e:
         schemas.check(doc, "paper", "config/papers/x.yaml")
-    assert str(e.value).startswith("config/papers/x.yaml: tables[0].rows[0]: unknown key 'methd'; valid keys: key, label")
+    assert str(e.value).startswith("config/papers/x.yaml: tables[0].rows[0]: unknown key 'methd'; valid keys: average_of, key, label")
 
 
 def test_paper_dataset_options_reach_the_dataset_and_the_user_wins(monkeypatch):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fnlcore.errors import ConfigError
-from fnlcore.fl.client import Batch, LocalJob
+from fnlcore.errors import ConfigError, FNLError
+from fnlcore.fl.client import Batch, ClientUpdate, LocalJob
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
@@ -17,7 +17,7 @@ from fnlcore.methods.fedcorr import (
     FedCorr, FedCorrParams, client_split, confident_relabels, estimate_noise_level, lid_scores,
     mixup_la_cross_entropy, relabel_candidates, stage_schedule,
 )
-from fnlcore.methods.parts import mixup_cross_entropy
+from fnlcore.methods.parts import mixup_cross_entropy, proximal_term
 
 from .engine_helpers import make_ctx
 
@@ -155,6 +155,46 @@ def test_proximal_term_is_unsquared_scaled_by_mu_and_skips_batch_zero():
     with_prox = loss(1, 2)
     assert (with_prox - base).item() == pytest.approx(5.0 * 0.4 * 0.01 * math.sqrt(n_params), rel=1e-4)
     assert loss(1, 3).item() == pytest.approx(base.item())  # mu_k = 0: no term
+
+
+def test_unsquared_proximal_term_has_a_nan_gradient_where_the_model_has_not_moved():
+    model = torch.nn.Linear(3, 2)
+    ref = {k: v.detach().clone() for k, v in model.named_parameters()}
+    proximal_term(model, ref, list(ref), 2.0, "fedcorr_unsquared").backward()
+    assert all(torch.isnan(p.grad).all() for p in model.parameters())  # d sqrt(s)/ds at s = 0 times 0
+
+
+def _upload(m, k, lid, losses):
+    n = len(m.ctx.data.clients[k])
+    return ClientUpdate(k, n, {"model": m.global_model.state_dict()}, {"lid": lid, "losses": np.full(n, losses)})
+
+
+def test_a_non_finite_lid_stops_with_the_round_the_clients_and_the_cause():
+    ctx = _ctx()
+    m = FedCorr(FedCorrParams(iterations1=2, rounds1=1, frac1=0.5), ctx)  # groups of two clients
+    for r in range(3):  # iteration 0 and the first group of iteration 1
+        m.begin_round(r)
+    m.noise_level[:] = [0.0, 0.3, 0.0, 0.0]
+    with pytest.raises(FNLError) as e:  # client with mu_k > 0: the proximal term's NaN gradient
+        m.aggregate(2, [_upload(m, 0, 1.0, 0.5), _upload(m, 1, float("nan"), float("nan"))])
+    msg = str(e.value)
+    assert not isinstance(e.value, ConfigError)
+    assert "round 2 (pre-processing iteration 1, group 0)" in msg and "client(s) [1]" in msg
+    assert "NaN gradient where w = w_g" in msg and "beta: 0" in msg and "lenet5_linear_head" in msg
+    assert "beta*mu_k = 1.5" in msg and "diverged" not in msg
+    with pytest.raises(FNLError, match=r"client\(s\) \[0, 3\].*Client\(s\) \[0, 3\] had no proximal term.*diverged"):
+        m.aggregate(2, [_upload(m, 3, 1.0, float("inf")), _upload(m, 0, float("nan"), 0.5)])
+    m.aggregate(2, [_upload(m, 0, 1.0, 0.5), _upload(m, 1, 2.0, 0.5)])  # finite: accepted
+    assert m.lid_client[1] == 2.0
+
+
+def test_a_model_that_never_moves_fails_clearly_not_inside_sklearn():
+    # updates below float32 precision: in iteration 1 a noisy client's proximal term is taken at w = w_g
+    s = TrainSettings(rounds=1, local_epochs=1, batch_size=16, optimizer="sgd", lr=1e-20)
+    ctx = make_ctx(s, seed=0, noisy_clients=(0, 1), rate=0.8)
+    m = FedCorr(FedCorrParams(iterations1=2, rounds1=0), ctx)
+    with pytest.raises(FNLError, match="NaN gradient where w = w_g"):
+        Simulation(m, ctx, progress=lambda s: None).run()
 
 
 def test_check_training_rejects_fine_tuning_longer_than_training():

@@ -286,3 +286,85 @@ def test_without_label_refining_no_label_is_written_but_the_reliable_set_is_coun
     assert m.label_refining(1, 0, pseudo) == 0 and len(ctx.data.relabels) == 0
     assert torch.equal(ctx.data.given, m.noisy_labels)
     assert int(m.has_reliable[idx].sum()) == len(idx) - 1  # all clean-flagged + sample 0
+
+
+# -- R_k's target: per step or cached (global_features) ------------------------------------------------
+
+
+def _replay_weak(m, ctx, k, state):
+    """The weak views the pre-training pass draws for client k from aug_gen ``state``: per chunk of
+    eval_batch_size, one weak draw per sample (the un-augmented view draws nothing)."""
+    ctx.aug_gen.set_state(state)
+    views = [m._views(xb, ("weak",))["weak"] for xb, _ in ctx.data.train.batches(ctx.data.clients[k],
+                                                                                 ctx.settings.eval_batch_size)]
+    return torch.cat(views)
+
+
+@pytest.mark.parametrize("stage", ["warmup", "main"])
+def test_cached_global_features_come_from_one_weak_draw_per_sample_before_training(stage):
+    settings = dataclasses.replace(RUN, eval_batch_size=32)  # 100 samples a client: 4 chunks
+    m, ctx = _method(FedGRParams(warmup_rounds=1, global_features="cached", confidence=0.0), settings, crop=True)
+    r, k = (0, 2) if stage == "warmup" else (1, 2)
+    m.begin_round(r)
+    for name, g in m.globals.items():
+        m.workers[name].load_state_dict(g.state_dict())
+    start = ctx.aug_gen.get_state()
+    prepare = m.prepare_warmup if stage == "warmup" else m.prepare_main
+    job = prepare(r, k, m.workers)
+    after = ctx.aug_gen.get_state()
+    weak = _replay_weak(m, ctx, k, start)
+    m.global_model.eval()
+    with torch.no_grad():
+        logits, feats = m.global_model.forward_features(weak)
+    idx = ctx.data.clients[k]
+    cached = job.info.features
+    assert cached is not None and torch.allclose(cached[idx], feats.float(), atol=1e-6)
+    perm = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(1))]
+    assert torch.equal(cached[perm], cached[idx][torch.searchsorted(idx, perm)])  # looked up by sample id
+    if stage == "main":  # the pseudo-labels (ε = 0: every sample) come from the same forward pass
+        assert torch.equal(m._pseudo[idx], logits.argmax(1))
+        # then the revised teacher draws one more weak view per sample: replay it from where the features left
+        teacher_weak = _replay_weak(m, ctx, k, ctx.aug_gen.get_state())
+        with torch.no_grad():
+            t = m.workers["ema"].eval()(teacher_weak).float()
+        assert torch.allclose(job.info.teacher[idx], t, atol=1e-6)
+    assert torch.equal(ctx.aug_gen.get_state(), after)  # and nothing else was drawn
+
+
+def test_per_step_features_are_the_default_and_leave_no_cache():
+    assert FedGRParams().global_features == "per_step"
+    m, ctx = _method(FedGRParams(warmup_rounds=1))
+    m.begin_round(0)
+    assert m.prepare_warmup(0, 0, m.workers).info.features is None
+
+
+@pytest.mark.parametrize("mode", ["per_step", "cached"])
+def test_cached_features_spare_the_global_forward_in_every_step(mode):
+    settings = dataclasses.replace(RUN, rounds=3)
+    m, ctx = _method(FedGRParams(warmup_rounds=1, confidence=0.3, global_features=mode), settings, n_train=160)
+    calls = []
+    features = m.global_model.features
+    m.global_model.features = lambda x: calls.append(len(x)) or features(x)
+    df = Simulation(m, ctx, progress=lambda s: None).run()
+    assert len(df) == 3 and np.isfinite(df["acc"]).all()
+    assert (len(calls) > 0) == (mode == "per_step")
+
+
+# -- 'pseudo_only': this round's pseudo-labels ------------------------------------------------------
+
+
+def test_pseudo_only_uses_this_rounds_pseudo_labels_not_older_ones():
+    m, ctx = _method(FedGRParams(warmup_rounds=1, high_noise_labels="pseudo_only"))
+    idx = ctx.data.clients[0]
+    m.noisy_flag[idx] = True
+    first = torch.full((len(idx),), -1, dtype=torch.int64)
+    first[:2] = B([7, 7])
+    m.label_refining(1, 0, first)  # round 1: confident pseudo-labels for samples 0 and 1
+    now = torch.full((len(idx),), -1, dtype=torch.int64)
+    now[1] = 3
+    m.label_refining(2, 0, now)  # round 2: sample 0 has none (its round-1 label must not be used), sample 1 → 3
+    loss = m._supervised(high_noise=True)
+    # uniform logits: CE = log 10 for a sample with a label; sample 0 counts as a zero
+    got = float(loss(torch.zeros(2, 10), idx[:2]))
+    assert got == pytest.approx(math.log(10.0) / 2, rel=1e-6)
+    assert bool(m.has_reliable[idx[0]])  # Y*_k (the 'reliable' mode) still keeps the older entry

@@ -203,6 +203,30 @@ def test_detection_uses_the_learning_degree_only_with_st_and_never_touches_annot
             assert all(int((before[:, c] != UNLABELLED).sum()) in (49, 50) for c in (2, 3))
 
 
+def test_pos_needs_neg_drops_a_class_pseudo_positives_when_it_gets_no_pseudo_negatives():
+    """The released code (utils/local_training.py L1076/L1099 at 2ad28b8) keeps no pseudo-positives of a class
+    in a round whose n_0 is 0; pos_needs_neg: false selects S_0 and S_1 independently (fedmlp.md §2.5)."""
+    s = TrainSettings(rounds=3, local_epochs=1, batch_size=16, optimizer="adam", lr=3e-3)
+    got = {}
+    for gate in (True, False):
+        ctx = make_ctx(s, multi_label=True, missing=2)
+        # lambda0 = 0: n_0 = 0 for every class; lambda1 = 0.5: n_1 = floor(|S_1| / 2) > 0
+        m = _fedmlp(ctx, st=False, lambda0=0.0, lambda1=0.5, pos_needs_neg=gate)
+        gen = torch.Generator().manual_seed(0)
+        m.protos_g = torch.randn(4, 2, m.global_model.feature_dim, generator=gen)
+        m.degree_g = torch.ones(4)
+        m.begin_round(1)
+        idx = ctx.data.clients[0]
+        m._detect(0, idx)
+        ps = m.pseudo[idx]
+        assert not (ps == 0).any()
+        got[gate] = (int((ps == 1).sum()), m._dropped)
+    assert got[False][0] > 0 and got[False][1] == 0  # the paper: pseudo-positives without pseudo-negatives
+    assert got[True] == (0, got[False][0])  # the code: all of them dropped, and counted
+    assert METHODS["fedmlp"].Params().pos_needs_neg  # the code's behaviour is the default
+    assert "pos_needs_neg" in METHODS["fedmlp"].Params.switches
+
+
 # -- end to end -------------------------------------------------------------------------------------
 
 E2E = TrainSettings(rounds=5, local_epochs=1, batch_size=16, optimizer="adam", lr=3e-3, checkpoint_every=1)
@@ -227,6 +251,13 @@ def test_fedmlp_runs_through_warmup_into_stage2_and_resumes_exactly(tmp_path):
     assert (ps[m.active.bool().repeat_interleave(100, 0)] == UNLABELLED).all()  # annotated entries never pseudo-labelled
     res = m.client_results()
     assert res["pseudo_pos"].sum() == df["mld_pseudo_pos"].iloc[-1]
+    # per-round outputs: d^G_c from the last warm-up round on, new pseudo-labels per round summing to the totals
+    deg = df[[f"mld_degree_{c}" for c in range(4)]]
+    assert deg.iloc[0].isna().all() and deg.iloc[1:].notna().all().all()
+    assert torch.allclose(torch.tensor(deg.iloc[-1].tolist()), m.degree_g.float().cpu())
+    st2 = df[df["stage"] == "stage2"]
+    assert st2["mld_new_pos"].sum() == st2["mld_pseudo_pos"].iloc[-1] and st2["mld_new_neg"].sum() == st2["mld_pseudo_neg"].iloc[-1]
+    assert (st2[["mld_new_pos", "mld_new_neg", "mld_dropped_pos"]] >= 0).all().all()
 
     killed, _ = _e2e(tmp_path, stop_after=3)
     killed.run()

@@ -492,3 +492,46 @@ def test_average_column_must_name_measured_columns():
         _avg_spec(columns=["c1", {"label": "Avg", "average_of": ["c1"]}, {"label": "Avg2", "average_of": ["Avg"]}])
     with pytest.raises(ConfigError, match="average_of"):
         _avg_spec(columns=["c1", {"label": "Avg", "average_of": []}])
+
+
+def test_a_row_can_average_its_own_columns():
+    # FedGR Tables 14-15: some rows' Avg includes the clean column. Row A averages c0, c1, c2;
+    # row B keeps the column's c1, c2. Seed 0: A (0.3, 0.5, 0.7) -> 0.5, B (0.2, 0.6) -> 0.4.
+    spec = _avg_spec(
+        rows=[{"label": "A", "average_of": {"Avg": ["c0", "c1", "c2"]}}, "B"],
+        columns=["c0", "c1", "c2", {"label": "Avg", "average_of": ["c1", "c2"]}],
+    )
+    assert spec.average_of("A", "Avg") == ("c0", "c1", "c2")
+    assert spec.average_of("B", "Avg") == ("c1", "c2")
+    assert spec.average_of("A", "c1") is None
+    runs = pd.DataFrame(
+        [("A", "c0", "acc", 0, 0.3), ("A", "c1", "acc", 0, 0.5), ("A", "c2", "acc", 0, 0.7),
+         ("B", "c0", "acc", 0, 0.9), ("B", "c1", "acc", 0, 0.2), ("B", "c2", "acc", 0, 0.6),
+         ("A", "c1", "acc", 1, 0.4), ("A", "c2", "acc", 1, 0.4)],  # seed 1 lacks A's c0: no average
+        columns=["row", "column", "metric", "seed", "value"],
+    )
+    long = render(spec, runs, None).long.set_index(["row", "column"])
+    assert long.loc[("A", "Avg"), "reproduced_mean"] == pytest.approx(50.0)
+    assert long.loc[("A", "Avg"), "n_seeds"] == 1
+    assert long.loc[("B", "Avg"), "reproduced_mean"] == pytest.approx(40.0)
+    # the mapping is stored as sorted pairs (a hashable, frozen spec) and equal either way it is given
+    a = RowSpec("A", average_of={"Avg2": "c1", "Avg": ["c0", "c1"]})
+    assert a.average_of == (("Avg", ("c0", "c1")), ("Avg2", ("c1",)))
+    assert a == RowSpec("A", average_of=[("Avg", ["c0", "c1"]), ("Avg2", ["c1"])])
+    assert a.averages("Avg2") == ("c1",) and a.averages("Avg3") is None
+    hash(a)
+
+
+def test_a_row_average_must_name_an_average_column_and_measured_columns():
+    cols = ["c0", "c1", "c2", {"label": "Avg", "average_of": ["c1", "c2"]}]
+    with pytest.raises(ConfigError, match="not an average_of column"):
+        _avg_spec(rows=[{"label": "A", "average_of": {"c1": ["c0", "c2"]}}], columns=cols)
+    with pytest.raises(ConfigError, match="not measured"):
+        _avg_spec(rows=[{"label": "A", "average_of": {"Avg": ["c0", "c3"]}}], columns=cols)
+    with pytest.raises(ConfigError, match="not measured"):  # no average of an average
+        _avg_spec(rows=[{"label": "A", "average_of": {"Avg": ["c0", "Avg"]}}], columns=cols)
+    for bad in ({}, {"Avg": []}, ["c0", "c1"], "c0", {"Avg": [1]}, {"Avg": ["c0", "c0"]}, {"": ["c0"]}):
+        with pytest.raises(ConfigError, match="average_of|duplicate"):
+            RowSpec("A", average_of=bad)
+    with pytest.raises(ConfigError, match="unknown key"):  # the field name is checked like the others
+        _avg_spec(rows=[{"label": "A", "averages": {"Avg": ["c0"]}}], columns=cols)

@@ -144,7 +144,7 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
     for j, c in enumerate(t["columns"]):
         cols.append({k: v for k, v in c.items() if k in ("label", "key", "note", "average_of")})
     for j, r in enumerate(t["rows"]):
-        rows.append({k: v for k, v in r.items() if k in ("label", "key", "note", "status")})
+        rows.append({k: v for k, v in r.items() if k in ("label", "key", "note", "status", "average_of")})
         if r.get("status", "implemented") == "implemented" and "method" not in r:
             raise ConfigError(f"{where}.rows[{j}] ({r.get('label')}): an implemented row needs 'method'")
     spec = _wrap(

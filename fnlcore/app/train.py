@@ -13,7 +13,7 @@ from ..io import atomic_path, write_parquet
 from ..fl.context import RunContext, resolve_model_name
 from ..fl.data import FederatedData, ImageSource
 from ..fl.device import resolve_device
-from ..fl.pipeline import make_pipeline
+from ..fl.pipeline import image_loading, make_pipeline
 from ..fl.settings import TrainSettings
 from ..fl.simulation import Simulation
 
@@ -37,9 +37,13 @@ def auto_normalize(channels: int, pretrained: bool) -> str:
 
 
 def load_federated_data(
-    data_dir: str, noise_parquet: str, num_clients: int, device: torch.device, workers: int = 4
+    data_dir: str, noise_parquet: str, num_clients: int, device: torch.device, workers: int = 4,
+    image_transform: str = "resize",
 ) -> FederatedData:
-    """Assemble a run's data from the prepared dataset and a noisy-label artifact."""
+    """Assemble a run's data from the prepared dataset and a noisy-label artifact.
+
+    ``image_transform`` (training.image_transform): how images streamed from files are resized
+    and cut per split (fnlcore.fl.pipeline.image_loading); in-memory sets are stored at size."""
     from ..datasets import load_prepared
     from ..noise import read_noise
 
@@ -56,8 +60,10 @@ def load_federated_data(
         train = ImageSource(device, images=ds.images("train"))
         test = ImageSource(device, images=ds.images("test"))
     else:
-        train = ImageSource(device, paths=list(ds.paths("train")), image_size=info.image_size, channels=info.channels, workers=workers)
-        test = ImageSource(device, paths=list(ds.paths("test")), image_size=info.image_size, channels=info.channels, workers=workers)
+        load = image_loading(image_transform, info.image_size)
+        train = ImageSource(device, paths=list(ds.paths("train")), image_size=load.train_size, channels=info.channels, workers=workers)
+        test = ImageSource(device, paths=list(ds.paths("test")), image_size=load.test_size, channels=info.channels,
+                           workers=workers, short_side=load.test_short_side)
     as_t = (lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)) if info.multi_label else (
         lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
     )
@@ -93,7 +99,8 @@ def build_context(
     aug = auto_augmentation(dataset_name, tuple(image_size)) if settings.augmentation == "auto" else settings.augmentation
     norm = auto_normalize(channels, settings.pretrained) if settings.normalize == "auto" else settings.normalize
     sample = data.train.images if data.train.in_memory else None
-    pipeline = make_pipeline(norm, aug, channels, dataset_name, sample)
+    loading = None if data.train.in_memory else image_loading(settings.image_transform, tuple(image_size))
+    pipeline = make_pipeline(norm, aug, channels, dataset_name, sample, loading)
     torch.manual_seed(seed)  # model initialisation
     return RunContext(settings, data, pipeline, device, model_name, tuple(image_size), channels, seed, log=log)
 
@@ -120,7 +127,7 @@ def train_run(
 
     dev = resolve_device(device)
     ds = load_prepared(data_dir)
-    data = load_federated_data(data_dir, noise_parquet, num_clients, dev)
+    data = load_federated_data(data_dir, noise_parquet, num_clients, dev, image_transform=settings.image_transform)
     log = progress or print
     ctx = build_context(data, ds.info.name, ds.info.image_size, ds.info.channels, settings, seed, dev, log=log)
     method = METHODS[method_params.name](method_params, ctx)

@@ -8,6 +8,14 @@ and the ``images/`` tree. Train = the noisy-train keys with their noisy labels
 (no synthetic noise), test = the clean-test keys with their clean labels, both
 in key-list order. 14 classes (the dataset's category list).
 
+Images stay on disk; ``image_size`` (224 x 224) is the network input. How they
+are read is the training setting ``image_transform`` (fnlcore/fl/pipeline.py):
+the Clothing1M tables use the papers' codes, ``resize_crop`` (FedCorr, FedDiv
+Table 5: train Resize((256, 256)) then RandomCrop(224) + flip on the device,
+test Resize((224, 224))) or ``resize_crop_center`` (FedGR Tables 3/16: test
+Resize(256) + CenterCrop(224); FedGR's strong view RandomResizedCrop(224) of the
+256 x 256 resize); ``resize`` reads every split straight at 224 x 224.
+
 The label files have a million lines; they are parsed with pandas (C parser,
 ``sep=' '``) and joined with index look-ups, never line by line in Python.
 """

@@ -47,6 +47,7 @@ class ImageSource:
         image_size: tuple[int, int] = (224, 224),
         channels: int = 3,
         workers: int = 4,
+        short_side: int | None = None,  # files: shorter side to this, then the central image_size (imagefiles)
     ):
         if (images is None) == (paths is None):
             raise ValueError("ImageSource needs exactly one of images or paths")
@@ -61,6 +62,7 @@ class ImageSource:
         self.image_size = tuple(image_size)
         self.channels = channels
         self.workers = workers
+        self.short_side = short_side
 
     def __len__(self) -> int:
         return len(self.images) if self.images is not None else len(self.paths)
@@ -98,7 +100,7 @@ class ImageSource:
 
         from ..imagefiles import ImageFiles
 
-        subset = Subset(ImageFiles(self.paths, self.image_size, self.channels), order.tolist())
+        subset = Subset(ImageFiles(self.paths, self.image_size, self.channels, self.short_side), order.tolist())
         loader = DataLoader(
             subset, batch_size=batch_size, shuffle=False, num_workers=self.workers,
             pin_memory=self.device.type == "cuda", persistent_workers=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -18,6 +19,15 @@ IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 #   affine_flip RandomAffine(10, translate=(0.02, 0.02)) + RandomHorizontalFlip  (FedNoRo, FedMLP)
 #   none        (Fed-NCL, digits)
 AUGMENTATIONS = ("none", "crop_flip", "affine_flip")
+# With ``crop_size`` set, training batches arrive larger than the network input (``input_size``,
+# e.g. Clothing1M's 256 x 256 resize, image_transform resize_crop*): crop_flip is then
+# RandomCrop(crop_size, padding=crop_padding) of them (the papers: no padding), every other
+# augmentation starts from their CenterCrop(crop_size), and the eval view centre-crops any
+# batch larger than crop_size (test batches arrive at crop_size already).
+# The strong view's crop (``strong_crop``): 'train' = the train augmentation's own crop (its
+# padding by ``strong_padding``); 'resized' = RandomResizedCrop(crop_size) of the input + flip
+# (FedGR's Clothing1M strong view, fedgr.md §4).
+STRONG_CROPS = ("train", "resized")
 # Named views of one batch (methods ask for several at once: weak + strong for FixMatch/FedGR,
 # two weak draws for FedMLP/RSCFed): 'eval' (no augmentation), 'weak' (= train), 'strong' (the
 # train augmentation, its crop padded with ``strong_padding``, then RandAugment + Cutout with the
@@ -36,12 +46,25 @@ class InputPipeline:
     strong: RandAugmentSpec = RandAugmentSpec()
     strong_padding: str = "constant"  # constant | reflect: the crop padding of the strong view
     channels_last: bool = False  # normalised batches in channels-last memory (training.channels_last)
+    crop_size: tuple[int, int] | None = None  # the network input cut from larger training batches
+    input_size: tuple[int, int] | None = None  # the size training batches arrive at (with crop_size)
+    strong_crop: str = "train"  # train | resized (see STRONG_CROPS)
 
     def __post_init__(self) -> None:
         if self.augmentation not in AUGMENTATIONS:
             raise ConfigError(f"augmentation={self.augmentation!r}; valid: {', '.join(AUGMENTATIONS)}")
         if self.strong_padding not in augment.PADDING_MODES:
             raise ConfigError(f"strong_padding={self.strong_padding!r}; valid: {', '.join(augment.PADDING_MODES)}")
+        if self.strong_crop not in STRONG_CROPS:
+            raise ConfigError(f"strong_crop={self.strong_crop!r}; valid: {', '.join(STRONG_CROPS)}")
+        if (self.crop_size is None) != (self.input_size is None):
+            raise ConfigError("crop_size and input_size come together (training batches larger than the network input)")
+        if self.crop_size is not None:
+            crop, full = tuple(int(v) for v in self.crop_size), tuple(int(v) for v in self.input_size)
+            object.__setattr__(self, "crop_size", crop)
+            object.__setattr__(self, "input_size", full)
+            if crop[0] > full[0] + 2 * self.crop_padding or crop[1] > full[1] + 2 * self.crop_padding:
+                raise ConfigError(f"crop_size {crop} larger than the training images {full}")
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # (x / 255 - mean) / std, computed in place on one fresh float copy with mean/std
@@ -57,7 +80,19 @@ class InputPipeline:
         return self._norm(self._geometric(x, gen))
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
-        return self._norm(x)
+        """Normalise; a batch larger than ``crop_size`` (training images) is centre-cropped first."""
+        return self._norm(self._center(x))
+
+    def _center(self, x: torch.Tensor) -> torch.Tensor:
+        if self.crop_size is None or tuple(x.shape[-2:]) == self.crop_size:
+            return x
+        return augment.center_crop(x, self.crop_size)
+
+    def _slack(self) -> tuple[int, int]:
+        """Input minus crop size per axis: the extra range of crop offsets."""
+        if self.crop_size is None:
+            return (0, 0)
+        return (self.input_size[0] - self.crop_size[0], self.input_size[1] - self.crop_size[1])
 
     def draw_train(self, n: int, gen: torch.Generator | None, device) -> tuple:
         """The random parameters ``train`` draws for a batch of ``n``, in the same order from ``gen``.
@@ -67,7 +102,8 @@ class InputPipeline:
         the sequential engine's order, then augments all clients at once.
         """
         if self.augmentation == "crop_flip":
-            return augment.draw_crop(n, self.crop_padding, gen, device), augment.draw_flip(n, FLIP_P, gen, device)
+            return (augment.draw_crop(n, self.crop_padding, gen, device, self._slack()),
+                    augment.draw_flip(n, FLIP_P, gen, device))
         if self.augmentation == "affine_flip":
             return (augment.draw_affine(n, AFFINE_DEGREES, AFFINE_TRANSLATE, gen, device),
                     augment.draw_flip(n, FLIP_P, gen, device))
@@ -76,9 +112,11 @@ class InputPipeline:
     def apply_train(self, x: torch.Tensor, params: tuple) -> torch.Tensor:
         """``train`` with parameters from :meth:`draw_train` (concatenated along samples for several batches)."""
         if self.augmentation == "crop_flip":
-            x = augment.flip_where(augment.crop_at(x, self.crop_padding, params[0]), params[1])
+            x = augment.flip_where(augment.crop_at(x, self.crop_padding, params[0], size=self.crop_size), params[1])
         elif self.augmentation == "affine_flip":
-            x = augment.flip_where(augment.affine_at(x, params[0]), params[1])
+            x = augment.flip_where(augment.affine_at(self._center(x), params[0]), params[1])
+        else:
+            x = self._center(x)
         return self._norm(x)
 
     def view(self, name: str, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
@@ -88,7 +126,12 @@ class InputPipeline:
         if name == "weak":
             return self.train(x, gen)
         if name == "strong":
-            return self._norm(rand_augment(self._geometric(x, gen, self.strong_padding), self.strong, gen))
+            if self.strong_crop == "resized":
+                size = self.crop_size or tuple(x.shape[-2:])
+                g = augment.random_hflip(augment.random_resized_crop(x, size, gen), FLIP_P, gen)
+            else:
+                g = self._geometric(x, gen, self.strong_padding)
+            return self._norm(rand_augment(g, self.strong, gen))
         raise ConfigError(f"view {name!r}; valid views: {', '.join(VIEWS)}")
 
     def views(self, x: torch.Tensor, gen: torch.Generator | None, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -101,7 +144,9 @@ class InputPipeline:
     def _geometric(self, x: torch.Tensor, gen: torch.Generator | None, padding_mode: str = "constant") -> torch.Tensor:
         """The train augmentation without normalisation (uint8 in, uint8 out)."""
         if self.augmentation == "crop_flip":
-            return augment.random_hflip(augment.random_crop(x, self.crop_padding, gen, padding_mode), FLIP_P, gen)
+            x = augment.random_crop(x, self.crop_padding, gen, padding_mode, self.crop_size)
+            return augment.random_hflip(x, FLIP_P, gen)
+        x = self._center(x)
         if self.augmentation == "affine_flip":
             return augment.random_hflip(augment.random_affine(x, AFFINE_DEGREES, AFFINE_TRANSLATE, gen), FLIP_P, gen)
         return x
@@ -113,8 +158,61 @@ def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torc
     return tuple(torch.tensor(v, dtype=torch.float32, device=device)[:, None, None] for v in (mean, std))
 
 
-def make_pipeline(normalize: str | dict, augmentation: str, channels: int, dataset_name: str, sample: torch.Tensor | None = None) -> InputPipeline:
+# training.image_transform (values: fnlcore.fl.settings.IMAGE_TRANSFORMS): how images read from
+# files become batches. In-memory sets (digits, CIFAR, synthetic stand-ins) are stored at the
+# network's size, so they always take 'resize'. H x W = the network input (DatasetInfo.image_size),
+# S = floor(H / CROP_RATIO) x floor(W / CROP_RATIO) (256 x 256 for 224 x 224); resizes are PIL's
+# bilinear (torchvision's Resize on images).
+#   resize              every split resized straight to H x W; crop_flip pads by crop_padding (4)
+#                       and crops back (the project's pipeline before issue 24)
+#   resize_crop         FedCorr's and FedDiv's code on Clothing1M: train Resize((S, S)) then
+#                       RandomCrop(H x W) + flip on the device; test Resize((H, W))
+#   resize_crop_center  FedGR's (dev) code: train as resize_crop; test Resize(shorter side to
+#                       floor(min(H, W) / CROP_RATIO)) + CenterCrop(H x W)
+IMAGE_TRANSFORMS = ("resize", "resize_crop", "resize_crop_center")
+CROP_RATIO = 0.875
+
+
+@dataclass(frozen=True)
+class ImageLoading:
+    """What the loader workers make of a file (fnlcore.imagefiles.ImageFiles), per split."""
+
+    train_size: tuple[int, int]  # exact resize of training images
+    test_size: tuple[int, int]  # test images' size: exact resize, or the centre crop after test_short_side
+    test_short_side: int | None = None  # resize the shorter side to this first (aspect kept), then centre-crop
+
+    @property
+    def crops(self) -> bool:
+        """Training batches arrive larger than the network input (the device cuts it)."""
+        return self.train_size != self.test_size
+
+
+def image_loading(transform: str, image_size: tuple[int, int]) -> ImageLoading:
+    """The loading of ``training.image_transform`` for a network input ``image_size`` (H, W)."""
+    h, w = int(image_size[0]), int(image_size[1])
+    if transform == "resize":
+        return ImageLoading((h, w), (h, w))
+    big = (int(math.floor(h / CROP_RATIO)), int(math.floor(w / CROP_RATIO)))
+    if transform == "resize_crop":
+        return ImageLoading(big, (h, w))
+    if transform == "resize_crop_center":
+        return ImageLoading(big, (h, w), int(math.floor(min(h, w) / CROP_RATIO)))
+    raise ConfigError(f"image_transform={transform!r}; valid: {', '.join(IMAGE_TRANSFORMS)}")
+
+
+def make_pipeline(
+    normalize: str | dict,
+    augmentation: str,
+    channels: int,
+    dataset_name: str,
+    sample: torch.Tensor | None = None,
+    loading: ImageLoading | None = None,
+) -> InputPipeline:
     """Build the pipeline; ``normalize`` is imagenet | half | data | {mean: [...], std: [...]}.
+
+    ``loading``: how file-streamed images are read (None: at the network size). Where training
+    images arrive larger than the network input, crop_flip is RandomCrop(input) without padding
+    (FedCorr's RandomCrop(224) of the 256 x 256 resize) and the eval view centre-crops them.
 
     'data' computes per-channel mean/std from ``sample`` (uint8 N,C,H,W) — used for grey sets
     (MNIST's 0.1307/0.3081 are exactly its training statistics).
@@ -135,4 +233,7 @@ def make_pipeline(normalize: str | dict, augmentation: str, channels: int, datas
         raise ConfigError(f"normalize={normalize!r}; valid: imagenet, half, data, or {{mean: [...], std: [...]}}")
     if len(mean) != channels or len(std) != channels:
         raise ConfigError(f"normalize: mean/std need {channels} values for dataset {dataset_name!r}")
+    if loading is not None and loading.crops:
+        return InputPipeline(mean=mean, std=std, augmentation=augmentation, crop_padding=0,
+                             crop_size=loading.test_size, input_size=loading.train_size)
     return InputPipeline(mean=mean, std=std, augmentation=augmentation)

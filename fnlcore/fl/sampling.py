@@ -4,7 +4,10 @@
 - a fraction per round: m = max(int(frac*K), 1) distinct clients drawn uniformly
   (``RandomState.choice(K, m, replace=False)``, FedAvg-style);
 - cycles without replacement (FedGR's warm-up): shuffle the K clients, take the
-  next m each round, reshuffle when the list is exhausted.
+  next m each round, reshuffle when the list is exhausted. When K is not a multiple
+  of m, a round that empties the list takes the rest of its m from the new
+  permutation, skipping the clients it already holds (they stay in the new cycle,
+  later): no client twice in a round, every client exactly once per permutation.
 """
 
 from __future__ import annotations
@@ -36,11 +39,21 @@ class CyclicSampler:
         self.queue: list[int] = []
 
     def next(self, rng: np.random.RandomState) -> list[int]:
-        out: list[int] = []
-        while len(out) < self.m:
-            if not self.queue:
-                self.queue = [int(k) for k in rng.permutation(self.num_clients)]
-            out.append(self.queue.pop(0))
+        """The round's m distinct clients: the next ones of the current permutation; when it runs
+        out, one fresh ``rng.permutation(K)`` whose first entries not already taken this round
+        fill the rest (the skipped ones keep their places in the new cycle)."""
+        out = self.queue[: self.m]
+        self.queue = self.queue[self.m:]
+        if len(out) < self.m:
+            taken = set(out)
+            fresh = [int(k) for k in rng.permutation(self.num_clients)]
+            for k in fresh:
+                if len(out) == self.m:
+                    break
+                if k not in taken:
+                    out.append(k)
+            picked = set(out)
+            self.queue = [k for k in fresh if k not in picked or k in taken]
         return out
 
     def state_dict(self) -> dict:

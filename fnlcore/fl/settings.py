@@ -11,6 +11,7 @@ from ..errors import ConfigError
 LR_SCHEDULES = ("exponential", "constant", "step", "cosine")
 ENGINES = ("sequential", "batched", "auto")
 PRECISIONS = ("fp32", "bf16")
+IMAGE_TRANSFORMS = ("resize", "resize_crop", "resize_crop_center")  # = fnlcore.fl.pipeline.IMAGE_TRANSFORMS
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class TrainSettings:
     weighting: str = "size"  # FedAvg weights: size (n_k) | uniform
     augmentation: str = "auto"  # auto | none | crop_flip | affine_flip
     normalize: str = "auto"  # auto | imagenet | half | data
+    # How images read from files become batches (fnlcore/fl/pipeline.py, IMAGE_TRANSFORMS): resize
+    # (every split straight to the network size) | resize_crop (FedCorr/FedDiv code, Clothing1M:
+    # train Resize((256, 256)) + RandomCrop(224) + flip, test Resize((224, 224))) |
+    # resize_crop_center (FedGR code: train as resize_crop, test Resize(256) + CenterCrop(224)).
+    # In-memory sets are stored at the network size and always take resize.
+    image_transform: str = "resize"
     drop_last: bool = False
     eval_batch_size: int = 1024
     checkpoint_every: int = 5
@@ -74,6 +81,8 @@ class TrainSettings:
             bad("weighting", "valid: size, uniform")
         if self.augmentation not in ("auto", "none", "crop_flip", "affine_flip"):
             bad("augmentation", "valid: auto, none, crop_flip, affine_flip")
+        if self.image_transform not in IMAGE_TRANSFORMS:
+            bad("image_transform", f"valid: {', '.join(IMAGE_TRANSFORMS)}")
         if self.lr_schedule not in LR_SCHEDULES:
             bad("lr_schedule", f"valid: {', '.join(LR_SCHEDULES)}")
         object.__setattr__(self, "lr_milestones", tuple(int(m) for m in self.lr_milestones))

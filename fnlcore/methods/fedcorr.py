@@ -34,7 +34,10 @@ Where the spec is silent (decisions, see also the report):
 - A8, no fine-tuning candidate: stage 2 and its relabel are skipped, its rounds run
   as usual training (stage "usual");
 - candidates of equal loss are ranked stably (numpy's default argsort is not).
-- the code's log-only test accuracy of each stage-1 local model is not computed.
+- the code's log-only test accuracy of each stage-1 local model is not computed;
+- a non-finite LID or per-sample loss (a NaN/inf local model; the un-squared proximal term has a
+  NaN gradient at w = w_g, in the code too) stops the run with an FNLError naming the round, the
+  client(s), the cause and the fix (the code fails inside sklearn's GMM: "Input X contains NaN").
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FNLError
 from ..fl.state import parameter_keys, snapshot
 from ..randaugment import mixup
 from ..registry import param
@@ -281,10 +284,38 @@ class FedCorr(LogitAdjusted, FLMethod):
 
     # -- server ------------------------------------------------------------------------------
     def aggregate(self, r: int, updates) -> None:
-        for u in self.fedavg(updates):
+        kept = self.fedavg(updates)
+        self._check_finite_detection(r, [u for u in kept if "lid" in u.uploads])
+        for u in kept:
             if "lid" in u.uploads:
                 self.lid_client[u.client] = u.uploads["lid"]
                 self.losses[self.ctx.data.clients[u.client].numpy()] = u.uploads["losses"]
+
+    def _check_finite_detection(self, r: int, uploads) -> None:
+        """Stop with the cause where a client's LID or losses are not finite (the GMMs would fail in sklearn)."""
+        bad = sorted(u.client for u in uploads
+                     if not (np.isfinite(u.uploads["lid"]) and np.isfinite(u.uploads["losses"]).all()))
+        if not bad:
+            return
+        slot, beta = self.slot(r), self.params.beta
+        mus = {k: beta * float(self.noise_level[k]) for k in bad}
+        prox = [k for k in bad if mus[k] > 0]
+        msg = (f"method 'fedcorr': round {r} (pre-processing iteration {slot.iteration}, group {slot.group}): "
+               f"client(s) {bad} uploaded a non-finite LID or per-sample loss: the local model's outputs are "
+               "NaN/inf, so the LID and loss GMMs cannot be fitted.")
+        if prox:
+            msg += (f" Client(s) {prox} trained with the proximal term beta*mu_k*||w - w_g|| (beta*mu_k = "
+                    f"{', '.join(f'{mus[k]:.3g}' for k in prox)}); this un-squared norm has a NaN gradient "
+                    "where w = w_g (FedCorr's code too), met when a local model still equals the global model at a "
+                    "batch that adds the term (every batch but an epoch's first): updates below float precision "
+                    "(a tiny training.lr) or zero gradients (a dead network; lenet5's ReLU on the logits can zero "
+                    "them all). "
+                    "Fix: method.beta: 0 (no proximal term), a larger training.lr, or for a LeNet "
+                    "the model lenet5_linear_head (FedCorr's own LeNet, no ReLU on the logits).")
+        if len(prox) < len(bad):
+            msg += (f" Client(s) {[k for k in bad if k not in prox]} had no proximal term: their local training "
+                    "diverged; lower training.lr (or check the input normalisation).")
+        raise FNLError(msg)
 
     def end_round(self, r: int) -> None:
         slot, p = self.slot(r), self.params

@@ -27,7 +27,15 @@ Round t (0-based; warm-up, the "label-noise sniffing" rounds, are t < α):
     the batch (missing labels count as zeros).
   - B_k (t ≥ α): KL(softmax(p^{le,w}/τ) ‖ softmax(p^s/τ)), batchmean, no τ² factor.
   - R_k (all rounds): KL(softmax(f_g(x^w)/τ) ‖ softmax(f_k(x^s)/τ)) over the feature dimension,
-    f = the backbone's (pooled) feature, global backbone frozen in eval mode.
+    f = the backbone's (pooled) feature, global backbone frozen in eval mode. The target f_g(x^w)
+    (``global_features``): 'per_step' (dev code, spec §1.6: the global backbone on the batch's own
+    weak view at every step) or 'cached' (paper Algorithm 2 line 4 and Table 18's (E+3)F: one
+    feature per sample before local training). Cached features come from the same forward pass
+    and weak view as the pseudo-labels of step 2 (t ≥ α); in warm-up, where nothing else needs
+    a weak view, the pre-training pass draws one per sample after its un-augmented loss
+    observation (chunks of eval_batch_size in the client's sample order, for each chunk the
+    un-augmented image, then one weak draw). With cached features and the revised teacher a
+    training step draws only the strong view.
 * upload (n_k, w_k, {(sample id, ℓ̄_i)}); the server FedAvg-aggregates and runs Federated
   Sieving (§1.3) on the proxies uploaded this round: a 2-component 1-D GMM (max_iter 50,
   tol 1e-2, reg_covar 5e-4, raw losses), q_i = posterior of the smaller-mean component, clean
@@ -93,7 +101,10 @@ class FedGRParams(MethodParams):
         "warmup_sampling": "'cyclic' (without replacement across warm-up rounds) | 'uniform' "
                            "(Table 5: random sampling in warm-up too)",
         "high_noise_labels": "'reliable' (dev code: r_k ≥ β trains on Y*_k, clean-flagged samples keep ŷ) | "
-                             "'pseudo_only' (paper Eq. 11: pseudo-labels only)",
+                             "'pseudo_only' (paper Eq. 11: this round's confident pseudo-labels only)",
+        "global_features": "'per_step' (dev code: R_k's target f(x^w; w_g) on each batch's fresh weak view) | "
+                           "'cached' (paper Alg. 2 line 4, Table 18: once per sample before local training, "
+                           "on the pseudo-labelling weak view)",
         "ema_reset_strict": "false (paper Eq. 15: reset when r_k ≥ β) | true (dev code: r_k > β)",
         "tau_r": "0.5 (paper Table 17) | 0.1 (dev code's representation temperature)",
         "freeze_sieving": "false (dev default: FS every round) | true (FS only in warm-up)",
@@ -121,6 +132,7 @@ class FedGRParams(MethodParams):
     teacher: str = param("revised", choices=("revised", "online"))
     warmup_sampling: str = param("cyclic", choices=("cyclic", "uniform"))
     high_noise_labels: str = param("reliable", choices=("reliable", "pseudo_only"))
+    global_features: str = param("per_step", choices=("per_step", "cached"))
     ema_reset_strict: bool = False
     freeze_sieving: bool = False
 
@@ -253,11 +265,27 @@ class EmaTracker:
 # -- the method ----------------------------------------------------------------------------
 
 
-class _MainInfo(NamedTuple):
-    """What a main-stage local update's loss needs from its preparation."""
+class _GlobalFeatures(NamedTuple):
+    """R_k's cached targets for one client ('cached'): the global backbone's features by sample id."""
 
-    supervised: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # L^SR(logits, sample ids on the device)
+    ids: torch.Tensor  # the client's sample ids, sorted, on the device
+    feats: torch.Tensor  # (n_k, d) float32, row j for ids[j]
+
+    @classmethod
+    def of(cls, idx: torch.Tensor, feats: torch.Tensor) -> "_GlobalFeatures":
+        ids, order = torch.sort(idx.to(feats.device))
+        return cls(ids, feats[order])
+
+    def __getitem__(self, i: torch.Tensor) -> torch.Tensor:
+        return self.feats[torch.searchsorted(self.ids, i)]
+
+
+class _JobInfo(NamedTuple):
+    """What a local update's loss needs from its preparation."""
+
+    supervised: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None  # L^SR(logits, ids); None in warm-up
     teacher: torch.Tensor | None  # revised EMA logits by sample id (Eq. 14); None: online teacher or no B_k
+    features: _GlobalFeatures | None  # R_k's cached targets; None: per step, or no R_k
 
 
 @register
@@ -268,8 +296,8 @@ class FedGR(FLMethod):
     # a CPU round; 1.75x with `strong_aug: false` (cost_stages)
     round_cost = 9.47
     client_networks = ("ema",)  # the selected client's EMA model
-    persistent = ("noisy_labels", "loss_mean", "loss_count", "clean_prob", "noisy_flag", "has_reliable", "pseudo",
-                  "ema", "sampler")
+    persistent = ("noisy_labels", "loss_mean", "loss_count", "clean_prob", "noisy_flag", "has_reliable", "ema",
+                  "sampler")
 
     @classmethod
     def cost_stages(cls, params, settings, num_clients):
@@ -280,14 +308,19 @@ class FedGR(FLMethod):
         super().__init__(params, ctx)
         n, dev = len(ctx.data.train), ctx.device
         strong = RandAugmentSpec(kind="fixmatch_uniform", n=params.randaugment_n)
-        self.pipeline = dataclasses.replace(ctx.pipeline, strong=strong, strong_padding="reflect")
+        # The strong view's crop (fedgr.md §4): CIFAR the weak crop padded by reflection;
+        # Clothing1M (training images read larger than the network input, image_transform
+        # resize_crop*) RandomResizedCrop(224) of the 256 x 256 resize + flip.
+        crop = "resized" if ctx.pipeline.crop_size is not None else "train"
+        self.pipeline = dataclasses.replace(ctx.pipeline, strong=strong, strong_padding="reflect", strong_crop=crop)
         self.noisy_labels = ctx.data.given.clone()  # ŷ: the working labels hold Y* from round α on
         self.loss_mean = torch.zeros(n, dtype=torch.float64, device=dev)  # ℓ̄_i
         self.loss_count = torch.zeros(n, dtype=torch.int64, device=dev)
         self.clean_prob = torch.ones(n, dtype=torch.float32, device=dev)  # q_i (1 until sieved)
         self.noisy_flag = torch.zeros(n, dtype=torch.bool, device=dev)
         self.has_reliable = torch.zeros(n, dtype=torch.bool, device=dev)  # entry in Y*_k
-        self.pseudo = torch.full((n,), -1, dtype=torch.int64, device=dev)  # latest confident pseudo-label
+        # this round's confident pseudo-labels (-1: none), rewritten per client before it trains (not state)
+        self._pseudo = torch.full((n,), -1, dtype=torch.int64, device=dev)
         self.ema = ClientStore("ema")  # client -> its EMA model
         self.sampler = sampling.CyclicSampler(ctx.data.num_clients, ctx.settings.client_fraction)
         self._teacher: torch.Tensor | None = None  # teacher logits by sample id, rewritten per client (not state)
@@ -324,17 +357,27 @@ class FedGR(FLMethod):
         return out
 
     @torch.no_grad()
-    def _pass(self, model: torch.nn.Module, idx: torch.Tensor, views: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Logits of ``model`` (eval mode) on the named views ('eval', 'weak') of samples ``idx``, in order."""
+    def _pass(self, model: torch.nn.Module, idx: torch.Tensor, views: tuple[str, ...],
+              features: bool = False) -> dict[str, torch.Tensor]:
+        """Logits of ``model`` (eval mode) on the named views ('eval', 'weak') of samples ``idx``, in order
+        (chunks of eval_batch_size; per chunk the views in the order named, one weak draw per sample);
+        ``features``: also the backbone features of the same weak views, under 'feat'."""
         model.eval()
-        outs = {v: [] for v in views}
+        outs = {v: [] for v in views + (("feat",) if features else ())}
         bs = self.ctx.settings.eval_batch_size
         for xb, _ in self.ctx.data.train.batches(idx, bs):
             for v in views:
                 x = self.pipeline.eval(xb) if v == "eval" else self._views(xb, ("weak",))["weak"]
-                outs[v].append(model(x).float())
+                if features and v == "weak":
+                    logits, feat = model.forward_features(x)
+                    outs["feat"].append(feat.float())
+                else:
+                    logits = model(x)
+                outs[v].append(logits.float())
+        empty = {"feat": torch.zeros(0, getattr(model, "feature_dim", 0), device=self.ctx.device)}
         c = self.ctx.data.num_classes
-        return {v: torch.cat(o) if o else torch.zeros(0, c, device=self.ctx.device) for v, o in outs.items()}
+        return {v: torch.cat(o) if o else empty.get(v, torch.zeros(0, c, device=self.ctx.device))
+                for v, o in outs.items()}
 
     def noise_ratio(self, k: int) -> float:
         """r_k: share of client k's samples flagged noisy by the latest sieving."""
@@ -346,7 +389,7 @@ class FedGR(FLMethod):
         client's samples, -1 = none); Y*_k is written into the working labels (not under 'w/o LR', where
         only its size is kept for the EMA rule, as the dev code). Returns the number of labels changed."""
         didx = self.ctx.data.clients[k].to(self.ctx.device)
-        self.pseudo[didx] = torch.where(pseudo >= 0, pseudo, self.pseudo[didx])
+        self._pseudo[didx] = pseudo  # this round's only ('pseudo_only')
         labels, has = refine_reliable(self.noisy_flag[didx], self.noisy_labels[didx], pseudo,
                                       self.ctx.data.given[didx], self.has_reliable[didx])
         self.has_reliable[didx] = has
@@ -367,11 +410,19 @@ class FedGR(FLMethod):
         load(ema, self.global_model.state_dict())
         return 0.0
 
+    @property
+    def _cache_features(self) -> bool:
+        return self.params.lambda_r > 0 and self.params.global_features == "cached"
+
     def _observe(self, k: int, views: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Steps 1-2: the received global model's logits on client k's samples; folds the loss
+        """Steps 1-2: the received global model's logits on client k's samples ('eval', 'weak' as named;
+        'cached' R_k targets: also 'weak' and the features of that weak view, 'feat'); folds the loss
         observations into ℓ̄ (federated sieving)."""
         idx = self.ctx.data.clients[k]
-        out = self._pass(self.global_model, idx, views)
+        cache = self._cache_features
+        if cache and "weak" not in views:
+            views = views + ("weak",)
+        out = self._pass(self.global_model, idx, views, features=cache)
         if self.params.sieving == "federated":
             didx = idx.to(self.ctx.device)
             obs = F.cross_entropy(out["eval"], self.noisy_labels[didx], reduction="none")
@@ -390,7 +441,11 @@ class FedGR(FLMethod):
         self._stats["ema_reset"].append(float(decay == 0.0))
         return r_k
 
-    def _job(self, nets: dict[str, torch.nn.Module], info: _MainInfo | None = None) -> LocalJob:
+    def _features(self, k: int, out: dict[str, torch.Tensor]) -> _GlobalFeatures | None:
+        """R_k's cached targets of client k from its pre-training pass ('cached'), else None."""
+        return _GlobalFeatures.of(self.ctx.data.clients[k], out["feat"]) if "feat" in out else None
+
+    def _job(self, nets: dict[str, torch.nn.Module], info: _JobInfo) -> LocalJob:
         """E epochs on the client's samples, the views made by the loss; the EMA model tracks the student."""
         self.global_model.eval()  # frozen: R_k's target features
         nets["ema"].eval()
@@ -398,9 +453,9 @@ class FedGR(FLMethod):
         return LocalJob(phases=[Phase(augment="raw", after_step=tracker)], info=info)
 
     def prepare_warmup(self, r: int, k: int, nets: dict) -> LocalJob:
-        self._observe(k, ("eval",))
+        out = self._observe(k, ("eval",))
         self._revise(r, k)
-        return self._job(nets)
+        return self._job(nets, _JobInfo(None, None, self._features(k, out)))
 
     def prepare_main(self, r: int, k: int, nets: dict) -> LocalJob:
         p, ctx = self.params, self.ctx
@@ -414,7 +469,7 @@ class FedGR(FLMethod):
             teacher = self._teacher
             idx = ctx.data.clients[k]
             teacher[idx.to(ctx.device)] = self._pass(nets["ema"], idx, ("weak",))["weak"]
-        return self._job(nets, _MainInfo(self._supervised(high_noise), teacher))
+        return self._job(nets, _JobInfo(self._supervised(high_noise), teacher, self._features(k, out)))
 
     def _supervised(self, high_noise: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """L^SR of a main-stage client (r_k ≥ β: ``high_noise``) under the switches."""
@@ -422,8 +477,8 @@ class FedGR(FLMethod):
         if not p.label_refining:  # 'w/o LR'
             return lambda z, i: clean_only_loss(z, self.noisy_labels[i], ~self.noisy_flag[i])
         if high_noise and p.high_noise_labels == "pseudo_only":
-            def pseudo_only(z, i):
-                ps = self.pseudo[i]
+            def pseudo_only(z, i):  # Eq. 11: this round's confident pseudo-labels, nothing older
+                ps = self._pseudo[i]
                 return refined_loss(z, self.noisy_labels[i], ps, ps >= 0, self.clean_prob[i], True)
             return pseudo_only
         return lambda z, i: refined_loss(z, self.noisy_labels[i], given[i], self.has_reliable[i], self.clean_prob[i],
@@ -437,23 +492,29 @@ class FedGR(FLMethod):
         logits, feat = b.model.forward_features(v["strong"])
         return v, logits.float(), feat, i
 
-    def _with_representation(self, total: torch.Tensor, v: dict, feat: torch.Tensor) -> torch.Tensor:
-        """total + λ_R R_k (the frozen global backbone's features on the weak view)."""
+    def _with_representation(self, total: torch.Tensor, v: dict, feat: torch.Tensor, i: torch.Tensor,
+                             info: _JobInfo) -> torch.Tensor:
+        """total + λ_R R_k (the frozen global backbone's features on a weak view: the batch's, or the
+        cached ones of the pre-training pass)."""
         p = self.params
         if p.lambda_r > 0:
-            with torch.no_grad():
-                g_feat = self.global_model.features(v["weak"])
+            if info.features is not None:
+                g_feat = info.features[i]
+            else:
+                with torch.no_grad():
+                    g_feat = self.global_model.features(v["weak"])
             total = total + p.lambda_r * distill_kl(feat, g_feat, p.tau_r)
         return total
 
     def warmup_loss(self, b: Batch) -> torch.Tensor:
-        v, logits, feat, i = self._student(b, self.params.lambda_r > 0)
-        return self._with_representation(F.cross_entropy(logits, self.noisy_labels[i]), v, feat)
+        info = b.job.info
+        v, logits, feat, i = self._student(b, self.params.lambda_r > 0 and info.features is None)
+        return self._with_representation(F.cross_entropy(logits, self.noisy_labels[i]), v, feat, i, info)
 
     def main_loss(self, b: Batch) -> torch.Tensor:
         p, info = self.params, b.job.info
         online = p.lambda_b > 0 and p.teacher == "online"
-        v, logits, feat, i = self._student(b, p.lambda_r > 0 or online)
+        v, logits, feat, i = self._student(b, (p.lambda_r > 0 and info.features is None) or online)
         total = info.supervised(logits, i)
         if p.lambda_b > 0:
             if online:
@@ -462,7 +523,7 @@ class FedGR(FLMethod):
             else:
                 t_logits = info.teacher[i]
             total = total + p.lambda_b * distill_kl(logits, t_logits, p.tau_b)
-        return self._with_representation(total, v, feat)
+        return self._with_representation(total, v, feat, i, info)
 
     def upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         """Keep the client's EMA model; upload the loss proxies (or sieve locally under 'w/o FS')."""

@@ -23,12 +23,22 @@ Client k annotates its classes A_k; the others (M_k) are 0 in its labels (fedmlp
   s_ic = cos(f_i, P^G_{c,0}) - cos(f_i, P^G_{c,1}) over the samples R_c not yet pseudo-labelled
   for c; S_0 = {s >= 0}, S_1 = {s < 0}; the floor(lambda_0 d^G_c |S_0|) samples with the largest s
   become 0, the floor(lambda_1 d^G_c |S_1|) with the smallest s become 1 (stable order; permanent).
+  [CODE] ``pos_needs_neg`` (default true, the released code as it runs): a class that gets no
+  pseudo-negatives in a round (n_0 = 0) gets no pseudo-positives either that round
+  (``utils/local_training.py`` lines 1076 and 1099 at 2ad28b8 test ``len(max_m_indices_list) == 0``
+  twice, the second meant to be the pseudo-positive list; fedmlp.md §2.5); false: S_0 and S_1
+  are selected independently (the paper).
 - Stage 2 (§2.6), one weak view: supervised entries (A_k, pseudo-labelled) get l_LA, the uncertain
   ones (sigma(z) - sigma(z^G))^2; L = [sum s l_LA + sum u mse] / [sum s + sum u].
 
 Switches (code≠paper, fedmlp.md §0 and §9.1; the released code is an ablation snapshot):
 - ``tau`` 1.0 (paper Eq. 3; the code's commented "abu1" lines) | 0 (HEAD code: LA commented out);
-- ``st`` true (paper: tau_n = lambda_n d^G_c) | false (HEAD code: tau_n = lambda_n);
+- ``st`` true (paper: tau_n = lambda_n d^G_c) | false (HEAD code: tau_n = lambda_n).
+  [CODE≠PAPER] (fedmlp.md §2.5) the code's commented-out ST lines use tau_n = d^G_c alone
+  (``int(tao[cls] * len(...))``), not lambda_n d^G_c; the paper's equation is ambiguous between
+  the two and the spec recommends lambda_n d^G_c (implemented); d^G_c alone is not offered;
+- ``pos_needs_neg`` true (code as it runs: no pseudo-negatives of a class in a round drops its
+  pseudo-positives, fedmlp.md §2.5 [CODE]) | false (paper: S_0 and S_1 independent);
 - ``cr`` 'both' (paper Sec. 2.4 / the commented stage-2 line) | 'warmup' (HEAD code: stage-2
   consistency term commented out, L = sum s l_LA / sum s) | 'none'.
 Table 3 ablation rows (fedmlp.md §8, cumulative): FedAvg = method ``fedavg``; +MLD = ``wpc: false,
@@ -42,6 +52,13 @@ Decisions where the spec is silent: the warm-up keeps its two views whatever the
 BCE(pos_weight)) with the stage-2 normalisation; a client's annotated classes are those annotated
 on all of its samples; pseudo-label counts and their agreement with the true labels (an oracle,
 logged only) are reported per round.
+
+Per-round outputs (metrics.parquet; with ``mld`` on): ``mld_degree_<c>``, the global learning
+degree d^G_c aggregated at the end of the round (from round warmup_rounds - 1 on; the next round's
+detection uses it), so that a run shows when d^G stays 0 and ST labels nothing (fedmlp.md §2.5:
+it does at small scale); from warmup_rounds on ``mld_pseudo_pos`` / ``mld_pseudo_neg`` (totals
+so far), ``mld_new_pos`` / ``mld_new_neg`` (labelled this round), ``mld_dropped_pos`` (the
+pseudo-positives ``pos_needs_neg`` discarded this round) and ``mld_agreement``.
 """
 
 from __future__ import annotations
@@ -68,8 +85,12 @@ class FedMLPParams(MethodParams):
     slug_fields = ("warmup_rounds",)
     switches = {
         "tau": "1.0 (paper Eq. 3: multi-label logit adjustment) | 0 (HEAD code: LA commented out, plain BCE)",
-        "st": "true (paper: self-adaptive tau_n = lambda_n d^G_c) | false (HEAD code: tau_n = lambda_n)",
+        "st": "true (paper: self-adaptive tau_n = lambda_n d^G_c; [CODE≠PAPER] the code's commented-out ST line uses "
+              "tau_n = d^G_c alone, fedmlp.md §2.5, not offered) | false (HEAD code: tau_n = lambda_n)",
         "cr": "'both' (paper: warm-up distillation + stage-2 MSE on uncertain entries) | 'warmup' (HEAD code) | 'none'",
+        "pos_needs_neg": "true (code as it runs, utils/local_training.py L1076/L1099 at 2ad28b8: a class with no "
+                         "pseudo-negatives in a round gets no pseudo-positives; fedmlp.md §2.5) | false (paper: "
+                         "S_0 and S_1 selected independently)",
     }
     warmup_rounds: int = param(50, ge=0, rounds=True, doc="stage-1 rounds T_w (rounds_FedMLP_stage1)")
     tau: float = param(1.0, ge=0, doc="logit-adjustment strength (0: none)")
@@ -81,6 +102,7 @@ class FedMLPParams(MethodParams):
     wpc: bool = param(True, doc="weighted partial-class loss; false: FedAvg's BCE(pos_weight) over all classes")
     cr: str = param("both", choices=("both", "warmup", "none"), doc="consistency regularisation on missing/uncertain entries")
     st: bool = param(True, doc="self-adaptive threshold (Table 3 ST)")
+    pos_needs_neg: bool = param(True, doc="the code's selection: no pseudo-negatives of a class in a round drops its pseudo-positives")
 
     def validate(self) -> None:
         if self.low > self.high:
@@ -190,9 +212,19 @@ class FedMLP(FLMethod):
         self.pseudo = torch.full((n, c), UNLABELLED, dtype=torch.int8, device=ctx.device)
         self.protos_g: torch.Tensor | None = None  # (C, 2, D) global dual prototypes
         self.degree_g: torch.Tensor | None = None  # (C,) global learning degrees
+        self._round_start = (0, 0)  # pseudo-positives / -negatives when the round began
+        self._dropped = 0  # pseudo-positives pos_needs_neg discarded this round
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "stage2"
+
+    def _pseudo_counts(self) -> tuple[int, int]:
+        return int((self.pseudo == 1).sum()), int((self.pseudo == 0).sum())
+
+    def begin_round(self, r: int) -> None:
+        super().begin_round(r)
+        self._round_start = self._pseudo_counts()
+        self._dropped = 0
 
     # -- client -----------------------------------------------------------------------------
     def _priors(self, k: int, idx: torch.Tensor) -> torch.Tensor:
@@ -307,6 +339,9 @@ class FedMLP(FLMethod):
             s = confidence(feats[residual], proto[0], proto[1])
             d = float(self.degree_g[c]) if p.st else 1.0
             neg, pos = select_pseudo_labels(s, d, p.lambda0, p.lambda1)
+            if p.pos_needs_neg and not len(neg):  # [CODE] local_training.py L1076/L1099 (fedmlp.md §2.5)
+                self._dropped += len(pos)
+                pos = pos[:0]
             self.pseudo[rows[residual[neg]], c] = 0
             self.pseudo[rows[residual[pos]], c] = 1
 
@@ -320,14 +355,21 @@ class FedMLP(FLMethod):
             self.degree_g = aggregate_degrees([u.uploads["degrees"] for u in ups], sizes, actives)
 
     def end_round(self, r: int) -> None:
-        if r < self.params.warmup_rounds or not self.params.mld:
+        if not self.params.mld:
+            return
+        if self.degree_g is not None:  # d^G_c as just aggregated (from round warmup_rounds - 1 on)
+            self.round_info.update({f"mld_degree_{c}": float(v) for c, v in enumerate(self.degree_g.tolist())})
+        if r < self.params.warmup_rounds:
             return
         labelled = self.pseudo != UNLABELLED
         agree = labelled & (self.pseudo.float() == self.ctx.data.y_true.float())
         n = int(labelled.sum())
+        pos, neg = self._pseudo_counts()
         self.round_info.update(
-            mld_pseudo_pos=int((self.pseudo == 1).sum()), mld_pseudo_neg=int((self.pseudo == 0).sum()),
+            mld_pseudo_pos=pos, mld_pseudo_neg=neg,
             mld_agreement=float(agree.sum()) / n if n else float("nan"),  # oracle, logged only
+            mld_new_pos=pos - self._round_start[0], mld_new_neg=neg - self._round_start[1],
+            mld_dropped_pos=self._dropped,
         )
 
     # -- outputs ----------------------------------------------------------------------------

@@ -8,7 +8,8 @@ feature (FedMLP's prototypes, FedGR's representation regulariser) use
 | name            | used by                                   |
 |-----------------|-------------------------------------------|
 | mlp             | the digits demo                           |
-| lenet5          | Fed-NCL (MNIST, Fashion-MNIST)            |
+| lenet5          | Fed-NCL (MNIST, Fashion-MNIST): ReLU on the logits, as its code |
+| lenet5_linear_head | FedCorr's LeNet (a plain linear head)  |
 | cnn             | small FedAvg-style CNN (smoke scale)      |
 | tiny            | smoke scale, any image size (8x8-512x512) |
 | vgg16           | Fed-NCL (CIFAR-10)                        |

@@ -43,9 +43,15 @@ def _mlp(num_classes, in_channels, image_size, hidden=128):
 
 
 def _lenet5(num_classes, in_channels, image_size):
+    """Fed-NCL's LeNet (``nets/models.py::Lenet``): a ReLU on the logits, kept for fidelity."""
     backbone, dim = small.lenet5_backbone(in_channels, image_size)
-    # Fed-NCL's LeNet applies a ReLU to the logits (kept for fidelity).
     return Classifier(backbone, nn.Sequential(nn.Linear(dim, num_classes), nn.ReLU()), dim)
+
+
+def _lenet5_linear_head(num_classes, in_channels, image_size):
+    """FedCorr's LeNet (``model/lenet.py``): the same backbone, plain linear logits."""
+    backbone, dim = small.lenet5_backbone(in_channels, image_size)
+    return Classifier(backbone, nn.Linear(dim, num_classes), dim)
 
 
 def _cnn(num_classes, in_channels, image_size):
@@ -137,7 +143,8 @@ def register_model(name: str, build: Callable[..., Classifier], pretrained_weigh
     return MODELS.register(ModelEntry(name, build, pretrained_weights))
 
 
-for _name, _build in (("mlp", _mlp), ("lenet5", _lenet5), ("cnn", _cnn), ("tiny", _tiny), ("vgg16", _vgg16),
+for _name, _build in (("mlp", _mlp), ("lenet5", _lenet5), ("lenet5_linear_head", _lenet5_linear_head), ("cnn", _cnn),
+                      ("tiny", _tiny), ("vgg16", _vgg16),
                       ("resnet18_cifar", _resnet_cifar(18)), ("resnet34_cifar", _resnet_cifar(34))):
     register_model(_name, _build)
 register_model("resnet18", _resnet_tv("resnet18"), pretrained_weights=True)

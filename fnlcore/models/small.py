@@ -12,7 +12,10 @@ def _flat_dim(module: nn.Module, in_channels: int, image_size: tuple[int, int]) 
 
 
 def lenet5_backbone(in_channels: int, image_size: tuple[int, int]) -> tuple[nn.Module, int]:
-    """Fed-NCL's LeNet: conv5-6, pool, conv5-16, pool, FC120, FC84 (the head adds FC K)."""
+    """LeNet-5 of Fed-NCL and FedCorr: conv5-6, pool, conv5-16, pool, FC120, FC84 (the head adds FC K).
+
+    The two codes differ only in the head: Fed-NCL's applies a ReLU to the logits (model ``lenet5``),
+    FedCorr's does not (``lenet5_linear_head``)."""
     convs = nn.Sequential(
         nn.Conv2d(in_channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),

@@ -180,21 +180,26 @@ def render(spec: TableSpec, reproduced_runs: pd.DataFrame | None, reported: pd.D
 def with_average_columns(spec: TableSpec, runs: pd.DataFrame) -> pd.DataFrame:
     """Add the per-seed values of the derived (``average_of``) columns to checked runs.
 
-    For each row, metric and seed: the mean over the listed columns, only when every
-    one of them has that seed (a partial average would not be the paper's Avg).
+    For each row, metric and seed: the mean over the listed columns (the row's own
+    ``average_of`` for that column when it gives one, else the column's), only when
+    every one of them has that seed (a partial average would not be the paper's Avg).
     """
     derived = [c for c in spec.columns if c.average_of is not None]
     if not derived or runs.empty:
         return runs
     parts = [runs[~runs["column"].isin([c.label for c in derived])]]
     for c in derived:
-        sub = runs[runs["column"].isin(c.average_of)]
-        g = sub.groupby(["row", "metric", "seed"], sort=True)["value"]
-        nan = sub["value"].isna().groupby([sub["row"], sub["metric"], sub["seed"]], sort=True).sum()
-        stats = pd.DataFrame({"value": g.mean().where(nan == 0), "n": g.size()}).reset_index()  # NaN stays NaN
-        stats = stats[stats["n"] == len(c.average_of)]
-        if len(stats):
-            parts.append(stats.assign(column=c.label)[list(runs.columns)])
+        groups: dict[tuple[str, ...], list[str]] = {}  # the rows that average the same columns
+        for r in spec.rows:
+            groups.setdefault(spec.average_of(r.label, c.label), []).append(r.label)
+        for labels, rows in groups.items():
+            sub = runs[runs["column"].isin(labels) & runs["row"].isin(rows)]
+            g = sub.groupby(["row", "metric", "seed"], sort=True)["value"]
+            nan = sub["value"].isna().groupby([sub["row"], sub["metric"], sub["seed"]], sort=True).sum()
+            stats = pd.DataFrame({"value": g.mean().where(nan == 0), "n": g.size()}).reset_index()  # NaN stays NaN
+            stats = stats[stats["n"] == len(labels)]
+            if len(stats):
+                parts.append(stats.assign(column=c.label)[list(runs.columns)])
     return pd.concat(parts, ignore_index=True)
 
 

@@ -59,12 +59,19 @@ class RowSpec:
     note: free text shown in the table notes.
     key: values of the table's ``row_fields`` in the reported CSV; ``None``
         means ``(label,)`` (allowed when there is a single row field).
+    average_of: per-row override of derived columns' ``average_of``, as
+        ``{derived column label: [measured column labels]}`` (stored as sorted
+        ``(label, labels)`` pairs). The papers that average differently per row:
+        FedGR Tables 14-15 include the clean column in FedAvg's, FedProx's and
+        FedGR's Avg only (fedgr.md section 5). Checked against the table's columns
+        by :class:`TableSpec`.
     """
 
     label: str
     status: RowStatus = "implemented"
     note: str = ""
     key: tuple[str, ...] | None = None
+    average_of: tuple[tuple[str, tuple[str, ...]], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not self.label:
@@ -75,6 +82,12 @@ class RowSpec:
             )
         if self.key is not None:
             object.__setattr__(self, "key", _as_key(self.key))
+        if self.average_of is not None:
+            object.__setattr__(self, "average_of", _row_averages(self.label, self.average_of))
+
+    def averages(self, column: str) -> tuple[str, ...] | None:
+        """The columns this row averages for derived column ``column`` (``None``: the column's own list)."""
+        return dict(self.average_of or ()).get(column)
 
 
 @dataclass(frozen=True)
@@ -227,6 +240,36 @@ class TableSpec:
                     f"{where}: column {c.label!r} averages {bad}, which are not measured columns of the table; "
                     f"measured columns: {sorted(measured)}"
                 )
+        derived = {c.label for c in self.columns if c.average_of is not None}
+        for r in self.rows:
+            for col, labels in r.average_of or ():
+                if col not in derived:
+                    raise ConfigError(
+                        f"{where}: row {r.label!r} overrides average_of of {col!r}, which is not an average_of "
+                        f"column of the table; average_of columns: {sorted(derived)}"
+                    )
+                bad = [x for x in labels if x not in measured]
+                if bad:
+                    raise ConfigError(
+                        f"{where}: row {r.label!r} averages {bad} for column {col!r}, which are not measured "
+                        f"columns of the table; measured columns: {sorted(measured)}"
+                    )
+
+    def average_of(self, row: str, column: str) -> tuple[str, ...] | None:
+        """The columns whose per-seed mean is cell (row, column); ``None`` for a measured column.
+
+        The row's own ``average_of`` for that column wins over the column's.
+        """
+        col = next((c for c in self.columns if c.label == column), None)
+        if col is None:
+            raise ConfigError(f"table {self.paper}/{self.table} has no column {column!r}")
+        if col.average_of is None:
+            return None
+        r = next((r for r in self.rows if r.label == row), None)
+        if r is None:
+            raise ConfigError(f"table {self.paper}/{self.table} has no row {row!r}")
+        own = r.averages(column)
+        return col.average_of if own is None else own
 
     # -- keys -----------------------------------------------------------------
 
@@ -328,6 +371,32 @@ def _as_key(value: Any) -> tuple[str, ...]:
     if isinstance(value, (str, int, float)):
         return (str(value),)
     return tuple(str(v) for v in value)
+
+
+def _row_averages(label: str, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A row's ``average_of`` (a mapping or (column, labels) pairs) -> sorted (column, labels) pairs."""
+    where = f"row {label!r}: average_of"
+    pairs = value.items() if isinstance(value, Mapping) else value
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+        raise ConfigError(f"{where}={value!r} must map average_of column labels to lists of column labels")
+    out: dict[str, tuple[str, ...]] = {}
+    for pair in pairs:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ConfigError(f"{where}={value!r} must map average_of column labels to lists of column labels")
+        col, labels = pair
+        labels = (labels,) if isinstance(labels, str) else labels
+        if isinstance(labels, (bytes, Mapping)) or not isinstance(labels, Iterable):
+            raise ConfigError(f"{where}[{col!r}]={labels!r} must list the labels of measured columns")
+        labels = tuple(labels)
+        if not isinstance(col, str) or not col or col in out:
+            raise ConfigError(f"{where}: column label {col!r} must be a non-empty string, given once")
+        if not labels or not all(isinstance(x, str) and x for x in labels):
+            raise ConfigError(f"{where}[{col!r}]={labels!r} must list the labels of measured columns")
+        _unique(where + f"[{col!r}]", "column label", labels)
+        out[col] = labels
+    if not out:
+        raise ConfigError(f"{where} is empty; leave it out to use the columns' own average_of")
+    return tuple(sorted(out.items()))
 
 
 def _non_negative(x: Any) -> bool:
