@@ -14,8 +14,9 @@ from typing import Iterator
 import torch
 
 from ..errors import ConfigError
-from .client import ClientUpdate, train_client
+from .client import ClientUpdate, LocalJob, train_client
 from .context import RunContext
+from .state import load
 
 
 def batched_support(cls) -> str | None:
@@ -88,9 +89,7 @@ class RoundEngine:
         The stage's ``prepare`` runs for every client first (its side effects only: a batched stage
         trains the default job), its ``upload`` after training, on each client's trained network."""
         from .batched import train_clients
-        from .client import LocalJob
         from .stacked import StackedNet
-        from .state import load
 
         m, ctx = self.method, self.method.ctx
         name = m.networks[0]

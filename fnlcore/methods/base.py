@@ -40,7 +40,7 @@ from ..fl import sampling
 from ..fl.batched import StackedBatch, masked_mean
 from ..fl.client import Batch, ClientUpdate, LocalJob, Phase, Stage
 from ..fl.context import RunContext
-from ..fl.persist import ClientStore, load_method_state, method_state
+from ..fl.persist import ClientStore, load_method_state, method_state, persistent_names
 from ..fl.state import RunningAverage, load
 from ..spec import Spec
 from .costs import CostStage
@@ -229,8 +229,6 @@ class FLMethod:
 
     # -- state (the engine's; methods declare ``networks`` and ``persistent``) ----------------
     def stores(self) -> list[ClientStore]:
-        from ..fl.persist import persistent_names
-
         return [v for v in (getattr(self, n) for n in persistent_names(type(self))) if isinstance(v, ClientStore)]
 
     def state_dict(self) -> dict:

@@ -160,6 +160,9 @@ class FedNoRo(LogitAdjusted, FLMethod):
         self.refresh_priors()
         if self.stage(r) == "stage2":
             self.round_info["kd_lambda"] = ramp_weight(r, *self.ramp, self.params.lambda_max)
+            # which clients distil, once a round for the batched loss (the noisy set is fixed after warm-up)
+            self._distil = torch.as_tensor([self.distils(k) for k in range(self.ctx.data.num_clients)],
+                                           device=self.ctx.device)
 
     # -- local objectives --------------------------------------------------------------
     def la_loss(self, b):
@@ -183,7 +186,7 @@ class FedNoRo(LogitAdjusted, FLMethod):
 
     def stage2_batched_loss(self, sb):
         la = self.la_batched_loss(sb)
-        if not any(self.distils(k) for k in self.noisy or ()):
+        if not self.params.use_kd or not self.noisy:
             return la
         with torch.no_grad():  # the teacher: the round's global model, frozen (eval mode)
             target = F.softmax(sb.per_client(self.global_model.eval()(sb.x)) / self.params.kd_temperature, dim=2)
@@ -193,8 +196,7 @@ class FedNoRo(LogitAdjusted, FLMethod):
         nll = -log_p.gather(2, self.labels(sb.idx.reshape(-1)).view(*sb.idx.shape, 1)).squeeze(2)
         lam = self.round_info["kd_lambda"]
         kd = lam * masked_mean(kl, sb.mask) + (1 - lam) * masked_mean(nll, sb.mask)
-        distil = torch.as_tensor([self.distils(k) for k in range(self.ctx.data.num_clients)], device=kd.device)
-        return torch.where(distil[sb.clients], kd, la)
+        return torch.where(self._distil[sb.clients], kd, la)
 
     def distill_loss(self, b):
         """lambda(r) KL(softmax(f_G / T) || p_LA) + (1 - lambda(r)) NLL(p_LA) (fednoro.md §4.3)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..fl.batched import masked_mean
+
 
 def log_priors(counts: torch.Tensor) -> torch.Tensor:
     """(K, C) counts -> log class frequencies per client (-inf where a class is absent)."""
@@ -40,7 +42,5 @@ def batched_la_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: t
     """:func:`la_cross_entropy` of K clients at once: (K, B, C) logits, (K * B,) labels, (K, C) log-priors,
     (K, B) real rows (None: all) -> (K,) means over each client's real rows."""
     k, b, c = logits.shape
-    per = F.cross_entropy((logits + tau * log_prior[:, None, :]).reshape(k * b, c), y, reduction="none").view(k, b)
-    if mask is None:
-        return per.mean(1)
-    return torch.where(mask, per, torch.zeros_like(per)).sum(1) / mask.sum(1).clamp_min(1).to(per.dtype)
+    per = F.cross_entropy((logits + tau * log_prior[:, None, :]).reshape(k * b, c), y, reduction="none")
+    return masked_mean(per.view(k, b), mask)
