@@ -89,24 +89,43 @@ class RandAugmentSpec:
 
 def rand_augment(x: torch.Tensor, spec: RandAugmentSpec, gen: torch.Generator | None = None) -> torch.Tensor:
     """RandAugment then Cutout on a batch of pixel values 0..255; returns the input's dtype and shape."""
-    n, dev = x.shape[0], x.device
-    out = x.float()
+    return apply_rand_augment(x, spec, draw_rand_augment(x.shape[0], spec, gen, x.device, tuple(x.shape[-2:])))
+
+
+def draw_rand_augment(n: int, spec: RandAugmentSpec, gen: torch.Generator | None, device,
+                      size: tuple[int, int]) -> tuple:
+    """The random parameters :func:`rand_augment` draws for ``n`` images of ``size`` (h, w), in its order.
+
+    Per slot (op, level, sign, apply), then the Cutout side and the uniform centre draws; no
+    draw depends on pixel values, so drawing first and applying later (the batched-clients
+    engine draws every client's batches in the sequential order, then augments them together)
+    gives the same images and leaves ``gen`` in the same state."""
+    slots = []
     for _ in range(spec.n):
-        op = torch.randint(0, len(OP_NAMES), (n,), generator=gen, device=dev)
+        op = torch.randint(0, len(OP_NAMES), (n,), generator=gen, device=device)
         if spec.kind == "fixmatch_mc":
-            level = torch.randint(1, spec.m, (n,), generator=gen, device=dev).float()
-            sign = torch.where(torch.rand(n, generator=gen, device=dev) < 0.5, -1.0, 1.0)
-            apply = torch.rand(n, generator=gen, device=dev) < 0.5
+            level = torch.randint(1, spec.m, (n,), generator=gen, device=device).float()
+            sign = torch.where(torch.rand(n, generator=gen, device=device) < 0.5, -1.0, 1.0)
+            apply = torch.rand(n, generator=gen, device=device) < 0.5
         else:
-            level = torch.rand(n, generator=gen, device=dev)
-            sign = torch.ones(n, device=dev)
-            apply = torch.ones(n, dtype=torch.bool, device=dev)
-        out = _apply_slot(out, op, level, sign, apply, spec.kind)
+            level = torch.rand(n, generator=gen, device=device)
+            sign = torch.ones(n, device=device)
+            apply = torch.ones(n, dtype=torch.bool, device=device)
+        slots.append((op, level, sign, apply))
     if spec.kind == "fixmatch_mc":
-        side = torch.full((n,), 16.0, device=dev)
+        side = torch.full((n,), 16.0, device=device)
     else:
-        side = torch.rand(n, generator=gen, device=dev) * 0.5 * x.shape[-1]
-    out = cutout(out, side, _CUTOUT[spec.kind], gen)
+        side = torch.rand(n, generator=gen, device=device) * 0.5 * size[1]
+    return tuple(slots), side, draw_cutout_centre(n, gen, device)
+
+
+def apply_rand_augment(x: torch.Tensor, spec: RandAugmentSpec, params: tuple) -> torch.Tensor:
+    """:func:`rand_augment` with parameters from :func:`draw_rand_augment`."""
+    slots, side, centre = params
+    out = x.float()
+    for op, level, sign, apply in slots:
+        out = _apply_slot(out, op, level, sign, apply, spec.kind)
+    out = cutout_at(out, side, centre, _CUTOUT[spec.kind])
     return out.to(x.dtype) if not x.is_floating_point() else out
 
 
@@ -290,9 +309,19 @@ def cutout(x: torch.Tensor, side: torch.Tensor, fill: tuple[float, ...], gen: to
     """FixMatch's CutoutAbs per sample: centre (cx, cy) uniform over the image, x0 = int(max(0, cx - side/2)),
     x1 = int(min(w, x0 + side)), and the rectangle [x0, x1] x [y0, y1] (inclusive, as PIL draws it)
     filled with ``fill`` (one value per channel, or one for all). A side <= 0 leaves the sample unchanged."""
+    return cutout_at(x, side, draw_cutout_centre(x.shape[0], gen, x.device), fill)
+
+
+def draw_cutout_centre(n: int, gen: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uniform (u_x, u_y) of :func:`cutout`'s centres, in its draw order (cx = u_x w, cy = u_y h)."""
+    return torch.rand(n, generator=gen, device=device), torch.rand(n, generator=gen, device=device)
+
+
+def cutout_at(x: torch.Tensor, side: torch.Tensor, centre: tuple[torch.Tensor, torch.Tensor],
+              fill: tuple[float, ...]) -> torch.Tensor:
+    """:func:`cutout` at the centres drawn by :func:`draw_cutout_centre`."""
     n, c, h, w = x.shape
-    cx = torch.rand(n, generator=gen, device=x.device) * w
-    cy = torch.rand(n, generator=gen, device=x.device) * h
+    cx, cy = centre[0] * w, centre[1] * h
     x0 = torch.floor((cx - side / 2.0).clamp_min(0))
     y0 = torch.floor((cy - side / 2.0).clamp_min(0))
     x1 = torch.floor(torch.minimum(x0 + side, torch.full_like(x0, w)))

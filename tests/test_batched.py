@@ -163,6 +163,8 @@ def _assert_same_run(a, b, atol):
         ("fednoro_detection", {"gmm_seeds": 2}, {}),
         ("fednoro_detection", {"gmm_seeds": 2, "logit_adjust": True}, {}),
         ("test_smooth", {"start_round": 1}, {}),  # a stage table of two batched stages
+        ("fedlsr", {"t_w": 2}, {}),  # declared views (two weak draws) and a per-batch Beta draw
+        ("fedlsr", {"cls_on_probs": False, "entropy_on": "logits"}, {"augmentation": "affine_flip"}),
     ],
 )
 def test_batched_engine_reproduces_the_sequential_engine(method, params, settings):

@@ -21,7 +21,7 @@ clients' logits (K, B, classes), sample ids, real-row mask, train views and stac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -37,16 +37,21 @@ from .stacked import StackedNet, stacked_input, stacked_optimizer
 class StackedBatch:
     """One step of K clients as a batched loss sees it (the batched twin of fnlcore.fl.client.Batch).
 
-    ``logits`` (K, B, classes) of the stacked network; ``idx`` (K, B) sample ids on the device;
-    ``mask`` (K, B) real rows, or None when every row is real; ``clients`` (K,) client ids;
-    ``x`` the train view of the K batches, client after client ((K * B, C, H, W): a global
-    model's forward on it, viewed as (K, B, classes), is the clients' teacher output);
+    ``logits`` (K, B, classes) of the stacked network on the train view (None for a phase with
+    ``augment="raw"``: the loss runs :meth:`forward` on the views it wants); ``idx`` (K, B)
+    sample ids on the device; ``mask`` (K, B) real rows, or None when every row is real;
+    ``clients`` (K,) client ids; ``x`` the train view of the K batches, client after client
+    ((K * B, C, H, W): a global model's forward on it, viewed as (K, B, classes), is the
+    clients' teacher output), or the raw uint8 batches for ``augment="raw"``;
     ``epoch_step`` (K,) each client's batch number within its epoch (FedProx skips batch 0);
     ``net`` the :class:`~fnlcore.fl.stacked.StackedNet` (``net.net`` holds each parameter
-    stacked (K, ...) under the model's own name); ``r`` the round.
+    stacked (K, ...) under the model's own name); ``r`` the round; ``views`` the phase's
+    declared views (name -> (K * B, C, H, W)); ``draws`` its declared draws (a per-batch draw
+    as (K,), a per-sample one as (K, B, ...)); ``jobs`` each client's prepared
+    :class:`~fnlcore.fl.client.LocalJob` (its ``info``), in client order.
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     idx: torch.Tensor
     mask: torch.Tensor | None
     clients: torch.Tensor
@@ -54,10 +59,18 @@ class StackedBatch:
     epoch_step: torch.Tensor
     net: StackedNet
     r: int
+    views: dict[str, torch.Tensor] = field(default_factory=dict)
+    draws: tuple = ()
+    jobs: list | None = None
 
     def per_client(self, flat: torch.Tensor) -> torch.Tensor:
         """(K * B, ...) rows of a forward on ``x`` -> (K, B, ...)."""
         return flat.view(self.idx.shape[0], self.idx.shape[1], *flat.shape[1:])
+
+    def forward(self, view: torch.Tensor) -> torch.Tensor:
+        """The stacked network on a (K * B, C, H, W) view -> (K, B, classes) (padded rows masked)."""
+        rows = None if self.mask is None else self.mask.t().to(view.dtype)
+        return self.net(stacked_input(view, self.idx.shape[0]), rows)
 
 
 BatchedLossFn = Callable[[StackedBatch], torch.Tensor]
@@ -69,9 +82,9 @@ class Timeline:
 
     ``index`` (T, K, B) sample ids (padding: 0), ``mask`` (T, K, B) real rows, ``width`` the
     real width of each step (max rows of any client), ``full`` whether step t has a full batch
-    for every client (no masking needed), ``aug`` the augmentation parameters laid out like
-    ``index`` (one tensor per parameter), ``epoch_step`` (T, K) each client's batch number
-    within its epoch.
+    for every client (no masking needed), ``aug`` the random parameters laid out like ``index``
+    (one tensor per leaf: per-sample (T, K, B, ...), per-batch (T, K)), ``epoch_step`` (T, K)
+    each client's batch number within its epoch.
     """
 
     index: torch.Tensor
@@ -80,6 +93,7 @@ class Timeline:
     full: list[bool]
     aug: tuple
     epoch_step: torch.Tensor
+    like: tuple = ()  # the structure of one batch's draws
 
     @property
     def steps(self) -> int:
@@ -94,8 +108,18 @@ def client_batches(ctx: RunContext, idx: torch.Tensor, epochs: int, batch_size: 
     return out
 
 
-def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, batch_size: int) -> Timeline:
-    """Draw every client's batch orders and augmentation parameters in the sequential order; lay them out."""
+DrawFn = Callable[[int], tuple]
+
+
+def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, batch_size: int,
+                   draw: DrawFn | None = None) -> Timeline:
+    """Draw every client's batch orders and random parameters in the sequential order; lay them out.
+
+    ``draw(n)``: a batch's random parameters (default: the train augmentation's), drawn right
+    after its order, as the sequential engine draws them."""
+    if draw is None:
+        size = tuple(ctx.data.train.images.shape[-2:])
+        draw = lambda n: ctx.pipeline.draw_train(n, ctx.aug_gen, ctx.device, size)  # noqa: E731
     plans = [client_batches(ctx, idx, epochs, batch_size) for idx in clients]
     k, t_max = len(clients), max((len(p) for p in plans), default=0)
     index = torch.zeros(t_max, k, batch_size, dtype=torch.int64)
@@ -103,34 +127,51 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
     epoch_step = torch.zeros(t_max, k, dtype=torch.int64)
     draws = []
     for i, batches in enumerate(plans):
-        draws.append([ctx.pipeline.draw_train(len(b), ctx.aug_gen, ctx.device) for b in batches])  # train_epochs' order
+        draws.append([draw(len(b)) for b in batches])  # train_epochs' order
         per_epoch = max(len(batches) // max(epochs, 1), 1)  # every epoch of a client has as many batches
         for t, b in enumerate(batches):
             index[t, i, : len(b)] = b
             lengths[t, i] = len(b)
             epoch_step[t, i] = t % per_epoch
     mask = torch.arange(batch_size)[None, None, :] < lengths[:, :, None]
-    aug = _layout_params(draws, mask.to(ctx.device))
+    aug, like = _layout_params(draws, mask.to(ctx.device))
     width = lengths.amax(1).tolist() if t_max else []
     # "full": every client has a batch of the step's width (no padding, no rider): nothing to mask
     full = (lengths == lengths.amax(1, keepdim=True)).all(1).tolist() if t_max else []
-    return Timeline(index, mask, width, full, aug, epoch_step)
+    return Timeline(index, mask, width, full, aug, epoch_step, like)
 
 
-def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple:
-    """Each parameter of the draws as a (T, K, B) tensor laid out like the sample ids (padding: zeros)."""
+def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple[tuple, tuple]:
+    """Each leaf of the draws laid out by step: a per-sample leaf (first axis the batch) as
+    (T, K, B, ...) like the sample ids, a per-batch leaf (0-dim) as (T, K); and the draws'
+    structure. Padding repeats the first real value, so padded rows stay valid parameters."""
     first = next((d for client in draws for d in client), ())
-    if not first:
-        return ()
+    if not _flatten(first):
+        return (), first
     by_client = mask.permute(1, 0, 2)  # (K, T, B): a client's real rows in its own step order
+    k, t_max, _ = by_client.shape
     out = []
     for j, ref in enumerate(_flatten(first)):
-        grid = torch.zeros(by_client.shape, dtype=ref.dtype, device=mask.device)
+        if ref.dim() == 0:
+            grid = ref.expand(k, t_max).clone()
+            for i, client in enumerate(draws):
+                for t, d in enumerate(client):
+                    grid[i, t] = _flatten(d)[j]
+            out.append(grid.t().contiguous())
+            continue
+        trail = tuple(ref.shape[1:])
+        grid = ref[:1].reshape(1, 1, 1, *trail).expand(*by_client.shape, *trail).clone()
+        sel = by_client.view(*by_client.shape, *([1] * len(trail))).expand_as(grid)
         for i, client in enumerate(draws):
             if client:
-                grid[i].masked_scatter_(by_client[i], torch.cat([_flatten(d)[j] for d in client]))
-        out.append(grid.permute(1, 0, 2))
-    return tuple(out)
+                grid[i].masked_scatter_(sel[i], torch.cat([_flatten(d)[j] for d in client]))
+        out.append(grid.transpose(0, 1))
+    return tuple(out), first
+
+
+def _at_step(grids: tuple, t: int, w: int) -> list[torch.Tensor]:
+    """Step t's leaves: per-sample (K * w, ...) client after client, per-batch (K,)."""
+    return [g[t] if g.dim() == 2 else g[t, :, :w].reshape(-1, *g.shape[3:]) for g in grids]
 
 
 def _flatten(params: tuple) -> list[torch.Tensor]:
@@ -149,6 +190,26 @@ def _unflatten(like: tuple, flat: list[torch.Tensor]) -> tuple:
     return build(like)
 
 
+@dataclass(frozen=True)
+class ChunkPhase:
+    """The one phase every client of a batched chunk trains (see fnlcore.fl.client.Phase).
+
+    ``augment`` "train" (the engine's train view, forwarded for the loss) or "raw" (the loss
+    forwards the declared ``views``); ``draws`` the phase's declared per-batch draws;
+    ``epochs``/``batch_size`` None: the run's; ``lr_round`` the round whose scheduled learning
+    rate the optimiser takes (None: this round)."""
+
+    augment: str = "train"
+    views: tuple[str, ...] = ()
+    draws: Callable | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr_round: int | None = None
+
+
+AfterStep = Callable[[StackedBatch, torch.Tensor], None]
+
+
 def train_clients(
     ctx: RunContext,
     global_model: torch.nn.Module,
@@ -157,11 +218,18 @@ def train_clients(
     round_index: int,
     net: StackedNet | None = None,
     clients_ids: torch.Tensor | None = None,
+    phase: ChunkPhase = ChunkPhase(),
+    jobs: list | None = None,
+    after_step: AfterStep | None = None,
 ) -> tuple[list[dict[str, torch.Tensor]], list[float]]:
     """Train K copies of ``global_model`` on the K clients' samples; returns their states and mean losses.
 
     ``net``: a StackedNet of K copies of the model to train in (its contents are overwritten;
-    built here when absent); ``clients_ids``: the clients' ids for :class:`StackedBatch` (default 0..K-1).
+    built here when absent); ``clients_ids``: the clients' ids for :class:`StackedBatch` (default
+    0..K-1); ``phase``: what the clients train (default: the run's epochs and batch size on the
+    train view); ``jobs``: the clients' prepared jobs, passed to the loss; ``after_step(sb,
+    stepped)``: runs after every optimiser step, ``stepped`` (K,) the clients whose parameters
+    moved (a client without a batch at this step rides along unchanged).
     """
     s = ctx.settings
     k = len(clients)
@@ -172,9 +240,9 @@ def train_clients(
     net.load_all(global_model.state_dict())
     net.train()
     params = net.trainable()
-    opt = stacked_optimizer(s, params, s.lr_at(round_index))
-    tl = build_timeline(ctx, clients, s.local_epochs, s.batch_size)
-    like = ctx.pipeline.draw_train(1, torch.Generator(device=ctx.device), ctx.device)  # structure only
+    opt = stacked_optimizer(s, params, s.lr_at(round_index if phase.lr_round is None else phase.lr_round))
+    epochs = s.local_epochs if phase.epochs is None else phase.epochs
+    tl = build_timeline(ctx, clients, epochs, phase.batch_size or s.batch_size, _draw_fn(ctx, phase))
     images = ctx.data.train.images
     index_dev = tl.index.to(ctx.device, non_blocking=True)
     mask_dev = tl.mask.to(ctx.device, non_blocking=True)
@@ -182,22 +250,48 @@ def train_clients(
     ids = clients_ids if clients_ids is not None else torch.arange(k, device=ctx.device)
     step_losses = []
     autocast = ctx.autocast()
+    raw = phase.augment == "raw"
     for t in range(tl.steps):
         w = tl.width[t]
         idx = index_dev[t, :, :w]
         x = images.index_select(0, idx.reshape(-1))
-        aug = _unflatten(like, [p[t, :, :w].reshape(-1) for p in tl.aug]) if tl.aug else ()
-        view = ctx.pipeline.apply_train(x, aug)
-        x = stacked_input(view, k)
+        drawn = _unflatten(tl.like, _at_step(tl.aug, t, w)) if tl.aug else tl.like
         mask = None if tl.full[t] else mask_dev[t, :, :w]
         with autocast:
-            logits = net(x, None if mask is None else mask.t().to(x.dtype))
-            losses = loss_fn(StackedBatch(logits, idx, mask, ids, view, step_dev[t], net, round_index))
+            if raw:
+                view_params, extra = drawn if drawn else ((), ())
+                views = {n: ctx.pipeline.apply_view(n.split(":", 1)[0], x, p) for n, p in zip(phase.views, view_params)}
+                refs = _flatten(tl.like[1]) if tl.like else []  # a 0-dim draw is per batch: (K,)
+                extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
+                sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs)
+            else:
+                view = ctx.pipeline.apply_train(x, drawn)
+                logits = net(stacked_input(view, k), None if mask is None else mask.t().to(view.dtype))
+                sb = StackedBatch(logits, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs)
+            losses = loss_fn(sb)
         grads = torch.autograd.grad(losses.sum(), params)
-        opt.step(grads, None if mask is None else mask[:, 0])  # a client with a batch has a real row 0
+        stepped = mask_dev[t, :, 0]  # a client with a batch has a real row 0
+        opt.step(grads, None if mask is None else stepped)
+        if after_step is not None:
+            after_step(sb, stepped)
         step_losses.append(losses.detach().float())
     states = [net.client_state(i) for i in range(k)]
     return states, _mean_losses(step_losses, tl)
+
+
+def _draw_fn(ctx: RunContext, phase: ChunkPhase) -> DrawFn | None:
+    """A batch's random parameters as the sequential engine draws them for ``phase``."""
+    if phase.augment != "raw":
+        return None
+    if not phase.views and phase.draws is None:
+        return lambda n: ()
+    size, gen, dev = tuple(ctx.data.train.images.shape[-2:]), ctx.aug_gen, ctx.device
+
+    def draw(n: int) -> tuple:
+        views = tuple(ctx.pipeline.draw_view(v.split(":", 1)[0], n, gen, dev, size) for v in phase.views)
+        return views, tuple(phase.draws(n, gen, dev)) if phase.draws is not None else ()
+
+    return draw
 
 
 def _mean_losses(step_losses: list[torch.Tensor], tl: Timeline) -> list[float]:

@@ -91,6 +91,8 @@ class Batch:
     of the client by name (trained ones in train mode); ``x``: the train view of the lead batch
     (``augment="train"``) or None; ``idx``: the lead batch's sample ids (CPU int64);
     ``streams``: each stream's (uint8 images on the device, sample ids) for ``augment="raw"``;
+    ``views``: the phase's declared views of the lead batch (name -> normalised batch) and
+    ``draws``: its declared per-batch draws (``Phase.views``/``Phase.draws``);
     ``step``/``epoch``: the batch number within the epoch and the epoch within the phase.
     """
 
@@ -104,6 +106,8 @@ class Batch:
     r: int
     k: int
     job: "LocalJob"
+    views: dict[str, torch.Tensor] = field(default_factory=dict)
+    draws: tuple = ()
 
 
 LossFn = Callable[[Batch], torch.Tensor]
@@ -131,6 +135,8 @@ class Phase:
     on_epoch: Callable[[int], Streams | None] | None = None
     after_step: Callable[[], None] | None = None
     step: Callable[[Batch], torch.Tensor] | None = None
+    views: tuple[str, ...] = ()
+    draws: Callable[[int, torch.Generator | None, Any], tuple] | None = None
 
 
 @dataclass
@@ -167,15 +173,22 @@ class Stage:
     client sends besides its networks (default: its mean training loss). ``batched_loss(sb)``,
     the loss of K clients' step at once (:class:`~fnlcore.fl.batched.StackedBatch` -> (K,)),
     makes the stage batchable: the engine may then train the round's clients as one stacked
-    computation. A batched stage trains the default job (one network, one stream, no hooks):
-    its ``prepare`` may act (relabel, load a teacher) but returns None; its ``upload`` runs on
-    each client's trained network after the stacked step.
+    computation. A batched stage's ``prepare`` may act (relabel, read a store) and return a job
+    of one phase on one stream with no hooks (``lr_round``, ``info``, the stream's sample ids,
+    ``augment="raw"`` with declared ``views``/``draws``: see ``rounds.chunk_phase``); its
+    per-step and per-chunk work are ``batched_after_step(sb, stepped)`` (after each stacked
+    optimiser step; ``stepped`` (K,) the clients that moved: an EMA teacher of the K clients)
+    and ``batched_begin(r, clients, jobs)`` / ``batched_end(r, clients, jobs)`` (around a chunk
+    of clients, in client order); its ``upload`` runs on each client's trained network after.
     """
 
     loss: LossFn | None = None
     prepare: Callable[[int, int, dict], LocalJob | None] | None = None
     upload: Callable[[int, int, LocalJob, dict], dict] | None = None
     batched_loss: Callable | None = None
+    batched_begin: Callable | None = None
+    batched_after_step: Callable | None = None
+    batched_end: Callable | None = None
 
 
 @dataclass
@@ -224,6 +237,8 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
         raise ConfigError(f"Phase.augment must be 'train' or 'raw', not {phase.augment!r}")
     if phase.augment == "train" and len(streams) != 1:
         raise ConfigError("Phase.augment='train' takes one stream; use augment='raw' and make the views in the loss")
+    if phase.augment == "train" and (phase.views or phase.draws is not None):
+        raise ConfigError("Phase.views/draws come with augment='raw' (augment='train' gives Batch.x)")
     epochs = s.local_epochs if phase.epochs is None else phase.epochs
     names, lead_idx, lead_bs, cursors = _open(ctx, streams)
     augment, aug_gen = ctx.pipeline.train, ctx.aug_gen
@@ -248,6 +263,10 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
             else:
                 b.streams = {names[0]: (xb, bidx)}
                 b.streams.update((nm, c.next()) for nm, c in cursors.items())
+                if phase.views or phase.draws is not None:
+                    with amp:
+                        b.views = ctx.pipeline.views(xb, aug_gen, phase.views)
+                    b.draws = phase.draws(len(bidx), aug_gen, xb.device) if phase.draws is not None else ()
             if phase.step is not None:
                 loss = phase.step(b)
             else:

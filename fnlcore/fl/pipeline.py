@@ -10,7 +10,7 @@ import torch
 
 from .. import augment
 from ..errors import ConfigError
-from ..randaugment import RandAugmentSpec, rand_augment
+from ..randaugment import RandAugmentSpec, apply_rand_augment, draw_rand_augment
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -94,44 +94,58 @@ class InputPipeline:
             return (0, 0)
         return (self.input_size[0] - self.crop_size[0], self.input_size[1] - self.crop_size[1])
 
-    def draw_train(self, n: int, gen: torch.Generator | None, device) -> tuple:
-        """The random parameters ``train`` draws for a batch of ``n``, in the same order from ``gen``.
+    def draw_train(self, n: int, gen: torch.Generator | None, device, size: tuple[int, int] | None = None) -> tuple:
+        """The random parameters ``train`` draws for a batch of ``n`` images of ``size`` (h, w; default
+        the training image size), in the same order from ``gen``.
 
         ``apply_train(x, draw_train(len(x), gen, x.device))`` equals ``train(x, gen)``, and leaves
         ``gen`` in the same state: the batched-clients engine draws every client's batches in
         the sequential engine's order, then augments all clients at once.
         """
-        if self.augmentation == "crop_flip":
-            return (augment.draw_crop(n, self.crop_padding, gen, device, self._slack()),
-                    augment.draw_flip(n, FLIP_P, gen, device))
-        if self.augmentation == "affine_flip":
-            return (augment.draw_affine(n, AFFINE_DEGREES, AFFINE_TRANSLATE, gen, device),
-                    augment.draw_flip(n, FLIP_P, gen, device))
-        return ()
+        return self._draw_geometric(n, gen, device, tuple(size) if size is not None else None)
 
     def apply_train(self, x: torch.Tensor, params: tuple) -> torch.Tensor:
         """``train`` with parameters from :meth:`draw_train` (concatenated along samples for several batches)."""
-        if self.augmentation == "crop_flip":
-            x = augment.flip_where(augment.crop_at(x, self.crop_padding, params[0], size=self.crop_size), params[1])
-        elif self.augmentation == "affine_flip":
-            x = augment.flip_where(augment.affine_at(self._center(x), params[0]), params[1])
-        else:
-            x = self._center(x)
-        return self._norm(x)
+        return self._norm(self._apply_geometric(x, params))
 
     def view(self, name: str, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         """One named view (see VIEWS) of a uint8 batch, normalised."""
+        return self.apply_view(name, x, self.draw_view(name, x.shape[0], gen, x.device, tuple(x.shape[-2:])))
+
+    def draw_view(self, name: str, n: int, gen: torch.Generator | None, device, size: tuple[int, int]) -> tuple:
+        """The random parameters of view ``name`` for ``n`` images of ``size`` (h, w), in :meth:`view`'s order.
+
+        ``apply_view(name, x, draw_view(name, len(x), gen, ...))`` equals ``view(name, x, gen)``: the
+        batched-clients engine draws every client's views in the sequential order, then applies them
+        to all clients at once."""
+        if name == "eval":
+            return ()
+        if name == "weak":
+            return self.draw_train(n, gen, device, size)
+        if name == "strong":
+            if self.strong_crop == "resized":
+                out = self.crop_size or tuple(size)
+                geo = (augment.draw_resized_crop(n, tuple(size), gen, device), augment.draw_flip(n, FLIP_P, gen, device))
+            else:
+                out = self.crop_size or tuple(size)  # every train augmentation ends at crop_size when set
+                geo = self._draw_geometric(n, gen, device, tuple(size))
+            return geo, draw_rand_augment(n, self.strong, gen, device, tuple(out))
+        raise ConfigError(f"view {name!r}; valid views: {', '.join(VIEWS)}")
+
+    def apply_view(self, name: str, x: torch.Tensor, params: tuple) -> torch.Tensor:
+        """View ``name`` of a uint8 batch with parameters from :meth:`draw_view`."""
         if name == "eval":
             return self.eval(x)
         if name == "weak":
-            return self.train(x, gen)
+            return self.apply_train(x, params)
         if name == "strong":
+            geo, ra = params
             if self.strong_crop == "resized":
                 size = self.crop_size or tuple(x.shape[-2:])
-                g = augment.random_hflip(augment.random_resized_crop(x, size, gen), FLIP_P, gen)
+                g = augment.flip_where(augment.resized_crop_at(x, geo[0], size), geo[1])
             else:
-                g = self._geometric(x, gen, self.strong_padding)
-            return self._norm(rand_augment(g, self.strong, gen))
+                g = self._apply_geometric(x, geo, self.strong_padding)
+            return self._norm(apply_rand_augment(g, self.strong, ra))
         raise ConfigError(f"view {name!r}; valid views: {', '.join(VIEWS)}")
 
     def views(self, x: torch.Tensor, gen: torch.Generator | None, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -143,12 +157,34 @@ class InputPipeline:
 
     def _geometric(self, x: torch.Tensor, gen: torch.Generator | None, padding_mode: str = "constant") -> torch.Tensor:
         """The train augmentation without normalisation (uint8 in, uint8 out)."""
+        params = self._draw_geometric(x.shape[0], gen, x.device, tuple(x.shape[-2:]))
+        return self._apply_geometric(x, params, padding_mode)
+
+    def _draw_geometric(self, n: int, gen: torch.Generator | None, device, size: tuple[int, int] | None) -> tuple:
         if self.augmentation == "crop_flip":
-            x = augment.random_crop(x, self.crop_padding, gen, padding_mode, self.crop_size)
-            return augment.random_hflip(x, FLIP_P, gen)
+            size = size or self.input_size
+            target = self.crop_size or size
+            # RandomCrop without padding to the images' own size draws nothing (augment.random_crop)
+            if size is not None and self.crop_padding <= 0 and tuple(target) == tuple(size):
+                crop = ()
+            else:
+                slack = (size[0] - target[0], size[1] - target[1]) if size is not None else self._slack()
+                crop = augment.draw_crop(n, self.crop_padding, gen, device, slack)
+            return crop, augment.draw_flip(n, FLIP_P, gen, device)
+        if self.augmentation == "affine_flip":
+            return (augment.draw_affine(n, AFFINE_DEGREES, AFFINE_TRANSLATE, gen, device),
+                    augment.draw_flip(n, FLIP_P, gen, device))
+        return ()
+
+    def _apply_geometric(self, x: torch.Tensor, params: tuple, padding_mode: str = "constant") -> torch.Tensor:
+        if self.augmentation == "crop_flip":
+            crop, flip = params
+            if crop:
+                x = augment.crop_at(x, self.crop_padding, crop, padding_mode, self.crop_size or tuple(x.shape[-2:]))
+            return augment.flip_where(x, flip)
         x = self._center(x)
         if self.augmentation == "affine_flip":
-            return augment.random_hflip(augment.random_affine(x, AFFINE_DEGREES, AFFINE_TRANSLATE, gen), FLIP_P, gen)
+            return augment.flip_where(augment.affine_at(x, params[0]), params[1])
         return x
 
 

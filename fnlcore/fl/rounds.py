@@ -14,7 +14,7 @@ from typing import Iterator
 import torch
 
 from ..errors import ConfigError
-from .client import ClientUpdate, LocalJob, train_client
+from .client import ClientUpdate, LocalJob, Phase, train_client
 from .context import RunContext
 from .state import load
 
@@ -86,8 +86,10 @@ class RoundEngine:
     def _batched(self, r: int, clients: list[int], stage) -> list[ClientUpdate]:
         """The round's clients as stacked computations, in chunks of ``training.batched_clients``.
 
-        The stage's ``prepare`` runs for every client first (its side effects only: a batched stage
-        trains the default job), its ``upload`` after training, on each client's trained network."""
+        The stage's ``prepare`` runs for every client first: it may act (relabel, read a store)
+        and return a one-phase job (see :func:`chunk_phase`); its ``upload`` runs after training,
+        on each client's trained network. ``Stage.batched_begin``/``batched_end`` run around each
+        chunk, ``Stage.batched_after_step`` after each stacked optimiser step."""
         from .batched import train_clients
         from .stacked import StackedNet
 
@@ -95,27 +97,65 @@ class RoundEngine:
         name = m.networks[0]
         if len(m.networks) != 1:
             raise ConfigError(f"{type(m).__name__}: the batched engine trains one network per client")
+        jobs = []
         for k in clients:
-            if stage.prepare is not None and stage.prepare(m, r, k, m.workers) is not None:
-                raise ConfigError(
-                    f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss but prepares its own job; "
-                    "a batched stage trains the default job"
-                )
+            job = stage.prepare(m, r, k, m.workers) if stage.prepare is not None else None
+            jobs.append(LocalJob() if job is None else job)
         chunk = ctx.settings.batched_clients or len(clients)
         out: list[ClientUpdate] = []
         for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
-            part = clients[at : at + chunk]
+            part, part_jobs = clients[at : at + chunk], jobs[at : at + chunk]
+            phase, idx = chunk_phase(m, r, part, part_jobs)
             ids = torch.as_tensor(part, dtype=torch.int64, device=ctx.device)
-            idx = [ctx.data.clients[k] for k in part]
             if len(part) not in self._stacked:
                 self._stacked[len(part)] = StackedNet(m.global_model, len(part)).to(ctx.device)
-            states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.batched_loss(m, sb), r,
-                                           self._stacked[len(part)], ids)
-            for k, i, st, l in zip(part, idx, states, losses):
-                job = LocalJob(losses=[l])
+            net = self._stacked[len(part)]
+            if stage.batched_begin is not None:
+                stage.batched_begin(m, r, part, part_jobs)
+            after = None if stage.batched_after_step is None else (lambda sb, stepped: stage.batched_after_step(m, sb, stepped))
+            states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.batched_loss(m, sb), r, net, ids,
+                                           phase=phase, jobs=part_jobs, after_step=after)
+            if stage.batched_end is not None:
+                stage.batched_end(m, r, part, part_jobs)
+            for k, job, st, l in zip(part, part_jobs, states, losses):
+                job.losses.append(l)
                 ups = {}
                 if stage.upload is not None:
                     load(m.workers[name], st)
                     ups = stage.upload(m, r, k, job, m.workers)
-                out.append(ClientUpdate(k, len(i), {name: st}, {"train_loss": job.train_loss, **ups}))
+                out.append(ClientUpdate(k, len(ctx.data.clients[k]), {name: st}, {"train_loss": job.train_loss, **ups}))
         return out
+
+
+def chunk_phase(m, r: int, clients: list[int], jobs: list[LocalJob]):
+    """The one phase the clients' prepared jobs train together, and each client's sample ids.
+
+    A batched stage's job has at most one phase, which trains the method's first network with
+    the stage's loss on one stream (by default the client's samples) and has no per-step or
+    per-epoch hook (those are the stage's batched hooks); the jobs of one chunk agree on its
+    shape (augmentation, views, draws, epochs, batch size, learning-rate round)."""
+    from .batched import ChunkPhase
+
+    where = f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss, but"
+    shapes, idx = [], []
+    for k, job in zip(clients, jobs):
+        phases = job.phases if job.phases is not None else [Phase()]
+        if not isinstance(phases, (list, tuple)) or len(phases) != 1:
+            raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
+        ph = phases[0]
+        if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or ph.after_step is not None:
+            raise ConfigError(f"{where} its job has a phase loss/step/on_epoch/after_step (client {k}); "
+                              "a batched stage declares them as Stage.batched_loss / batched_after_step")
+        if ph.train not in (None, (m.networks[0],)) or job.lr:
+            raise ConfigError(f"{where} its job trains other networks or sets their learning rates (client {k})")
+        streams = ph.streams if ph.streams is not None else {"data": (m.ctx.data.clients[k], None)}
+        if len(streams) != 1:
+            raise ConfigError(f"{where} its job reads {len(streams)} streams (client {k}); batched: one")
+        ids, bs = next(iter(streams.values()))
+        idx.append(torch.as_tensor(ids, dtype=torch.int64))
+        shapes.append(ChunkPhase(ph.augment, tuple(ph.views), ph.draws, ph.epochs, None if bs is None else int(bs),
+                                 job.lr_round))
+    if any(sh != shapes[0] for sh in shapes[1:]):
+        raise ConfigError(f"{where} its clients' jobs differ in shape (augmentation, views, draws, epochs, "
+                          "batch size or learning-rate round) within one batched chunk")
+    return shapes[0], idx

@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import param
+from ..fl.batched import StackedBatch, masked_mean
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .parts import beta_draw, js_elementwise
+from .parts import batched_js_elementwise, beta_draw, js_elementwise
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,19 @@ class FedLSRParams(MethodParams):
 
 
 def sharpen_square(p: torch.Tensor) -> torch.Tensor:
-    """p^2 / sum p^2 (temperature 1/2)."""
+    """p^2 / sum p^2 over the classes (temperature 1/2)."""
     s = p * p
-    return s / s.sum(1, keepdim=True)
+    return s / s.sum(-1, keepdim=True)
+
+
+def entropy_per_sample(p: torch.Tensor) -> torch.Tensor:
+    """-sum_c p_c log p_c of each row."""
+    return -(p * p.clamp_min(1e-12).log()).sum(-1)
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
     """Mean over the batch of -sum_c p_c log p_c."""
-    return -(p * p.clamp_min(1e-12).log()).sum(1).mean()
+    return entropy_per_sample(p).mean()
 
 
 def ramp(r: int, gamma: float, t_w: int) -> float:
@@ -72,6 +78,29 @@ def fedlsr_loss(z1, z2, y, lam: float, gamma_t: float, p: FedLSRParams) -> torch
     return loss
 
 
+def batched_fedlsr_loss(z1, z2, y, lam: torch.Tensor, gamma_t: float, p: FedLSRParams,
+                        mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`fedlsr_loss` of K clients at once: z (K, B, C), y (K, B), lam (K,) -> (K,)."""
+    k, b, c = z1.shape
+    scale = 1.0 / p.distill_temperature
+    q1 = F.softmax(z1 * scale, dim=-1).clamp(1e-6, 1.0)
+    q2 = F.softmax(z2 * scale, dim=-1).clamp(1e-6, 1.0)
+    lam = lam.to(z1.dtype)[:, None, None]
+    ps = sharpen_square(lam * F.softmax(z1, dim=-1) + (1.0 - lam) * F.softmax(z2, dim=-1))
+    logits = ps if p.cls_on_probs else ps.clamp_min(1e-12).log()
+    per = (F.cross_entropy if p.cls_on_probs else F.nll_loss)(logits.reshape(k * b, c), y.reshape(-1), reduction="none")
+    loss = masked_mean(per.view(k, b), mask) + gamma_t * batched_js_elementwise(q1, q2, mask)
+    if p.lambda_e > 0:
+        target = F.softmax(q1, dim=-1) if p.entropy_on == "tempered_probs" else F.softmax(z1, dim=-1)
+        loss = loss + p.lambda_e * masked_mean(entropy_per_sample(target), mask)
+    return loss
+
+
+def _lam(n: int, gen, device) -> tuple[torch.Tensor]:
+    """lam ~ Beta(1, 1), once per batch (drawn after the two views, as the official code)."""
+    return (torch.tensor(beta_draw(1.0, gen, device)),)
+
+
 @register
 class FedLSR(FLMethod):
     Params = FedLSRParams
@@ -79,16 +108,19 @@ class FedLSR(FLMethod):
     round_cost = 2.0  # benchmarks/README.md, bench_methods.py
 
     def prepare(self, r, k, nets):
-        # raw images: the loss makes its two weak views and draws lam after them
-        stream = (self.ctx.data.clients[k], self.ctx.settings.batch_size)
-        return LocalJob(phases=[Phase(augment="raw", streams={"train": stream})])
+        # raw images: two weak views, then lam, declared so the batched engine draws them ahead
+        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=_lam)])
 
     def loss(self, b: Batch):
-        ctx = self.ctx
-        xb, idx = b.streams["train"]
-        v = ctx.pipeline.views(xb, ctx.aug_gen, ("weak:1", "weak:2"))
+        v = b.views
         z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
-        lam = beta_draw(1.0, ctx.aug_gen, xb.device)
-        return fedlsr_loss(z1, z2, self.labels(idx), lam, ramp(b.r, self.params.gamma, self.params.t_w), self.params)
+        lam = float(b.draws[0])
+        return fedlsr_loss(z1, z2, self.labels(b.idx), lam, ramp(b.r, self.params.gamma, self.params.t_w), self.params)
 
-    stages = {"main": Stage(loss=loss, prepare=prepare)}
+    def batched_loss(self, sb: StackedBatch):
+        z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
+        y = self.labels(sb.idx.reshape(-1)).view(sb.idx.shape)
+        return batched_fedlsr_loss(z1, z2, y, sb.draws[0], ramp(sb.r, self.params.gamma, self.params.t_w),
+                                   self.params, sb.mask)
+
+    stages = {"main": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}

@@ -125,6 +125,16 @@ def js_elementwise(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
     return 0.5 * (F.kl_div(log_m, q1, reduction="sum") + F.kl_div(log_m, q2, reduction="sum")) / n
 
 
+def batched_js_elementwise(q1: torch.Tensor, q2: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`js_elementwise` of K clients: q (K, B, C) -> (K,), each over its real rows' B_k * C elements."""
+    log_m = ((q1 + q2) / 2).log()
+    per = (q1 * (q1.log() - log_m) + q2 * (q2.log() - log_m)).sum(-1)  # (K, B): KL sums per row
+    rows = torch.full(per.shape[:1], per.shape[1], dtype=per.dtype, device=per.device) if mask is None else mask.sum(1)
+    if mask is not None:
+        per = torch.where(mask, per, torch.zeros((), dtype=per.dtype, device=per.device))
+    return 0.5 * per.sum(1) / (rows.to(per.dtype) * q1.shape[-1])
+
+
 def beta_draw(alpha: float, gen: torch.Generator, device) -> float:
     """lambda ~ Beta(alpha, alpha) from two Gammas on ``gen`` (seeded, checkpointed)."""
     g = torch._standard_gamma(torch.full((2,), float(alpha), device=device), generator=gen)
