@@ -233,9 +233,9 @@ def test_batched_engine_resumes_exactly_after_a_kill(tmp_path):
 
 
 def test_engine_switch_errors_name_the_cause_and_the_fix():
-    with pytest.raises(ConfigError, match="engine: batched cannot run method 'coteaching'.*engine: auto"):
-        _run("coteaching", "batched", {"tau": 0.2})
-    _, m, _ = _run("coteaching", "auto", {"tau": 0.2}, rounds=1)  # auto: sequential for it
+    with pytest.raises(ConfigError, match="engine: batched cannot run method 'fedfixer'.*engine: auto"):
+        _run("fedfixer", "batched")
+    _, m, _ = _run("fedfixer", "auto", rounds=1)  # auto: sequential for it
     assert RoundEngine(m).batched is False
     _, m, _ = _run("fedavg", "auto", rounds=1)
     assert RoundEngine(m).batched is True

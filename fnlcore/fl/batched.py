@@ -62,15 +62,26 @@ class StackedBatch:
     views: dict[str, torch.Tensor] = field(default_factory=dict)
     draws: tuple = ()
     jobs: list | None = None
+    networks: tuple[str, ...] = ()
 
     def per_client(self, flat: torch.Tensor) -> torch.Tensor:
         """(K * B, ...) rows of a forward on ``x`` -> (K, B, ...)."""
         return flat.view(self.idx.shape[0], self.idx.shape[1], *flat.shape[1:])
 
     def forward(self, view: torch.Tensor) -> torch.Tensor:
-        """The stacked network on a (K * B, C, H, W) view -> (K, B, classes) (padded rows masked)."""
-        rows = None if self.mask is None else self.mask.t().to(view.dtype)
-        return self.net(stacked_input(view, self.idx.shape[0]), rows)
+        """The stacked network on a (K * B, C, H, W) view -> (K, B, classes) (padded rows masked);
+        with several trained networks, every network's K clients: (G * K, B, classes), see :meth:`of`."""
+        g = max(len(self.networks), 1)
+        rows = None if self.mask is None else self.mask.t().to(view.dtype).repeat(1, g)
+        x = view if g == 1 else torch.cat([view] * g)
+        return self.net(stacked_input(x, g * self.idx.shape[0]), rows)
+
+    def of(self, name: str, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Network ``name``'s (K, B, ...) part of (G * K, B, ...) outputs (default: ``logits``)."""
+        t = self.logits if logits is None else logits
+        k = self.idx.shape[0]
+        g = self.networks.index(name) if self.networks else 0
+        return t[g * k : (g + 1) * k]
 
 
 BatchedLossFn = Callable[[StackedBatch], torch.Tensor]
@@ -197,7 +208,8 @@ class ChunkPhase:
     ``augment`` "train" (the engine's train view, forwarded for the loss) or "raw" (the loss
     forwards the declared ``views``); ``draws`` the phase's declared per-batch draws;
     ``epochs``/``batch_size`` None: the run's; ``lr_round`` the round whose scheduled learning
-    rate the optimiser takes (None: this round)."""
+    rate the optimiser takes (None: this round); ``train`` the names of several networks that
+    step together on the same batches (Co-teaching's pair), in the order of ``models``."""
 
     augment: str = "train"
     views: tuple[str, ...] = ()
@@ -205,6 +217,7 @@ class ChunkPhase:
     epochs: int | None = None
     batch_size: int | None = None
     lr_round: int | None = None
+    train: tuple[str, ...] = ()  # the networks stepped together (empty: the one model given)
 
 
 AfterStep = Callable[[StackedBatch, torch.Tensor], None]
@@ -221,7 +234,8 @@ def train_clients(
     phase: ChunkPhase = ChunkPhase(),
     jobs: list | None = None,
     after_step: AfterStep | None = None,
-) -> tuple[list[dict[str, torch.Tensor]], list[float]]:
+    models: list[torch.nn.Module] | None = None,
+) -> tuple[list, list[float]]:
     """Train K copies of ``global_model`` on the K clients' samples; returns their states and mean losses.
 
     ``net``: a StackedNet of K copies of the model to train in (its contents are overwritten;
@@ -229,15 +243,19 @@ def train_clients(
     0..K-1); ``phase``: what the clients train (default: the run's epochs and batch size on the
     train view); ``jobs``: the clients' prepared jobs, passed to the loss; ``after_step(sb,
     stepped)``: runs after every optimiser step, ``stepped`` (K,) the clients whose parameters
-    moved (a client without a batch at this step rides along unchanged).
+    moved (a client without a batch at this step rides along unchanged). ``models``: several
+    networks per client stepped together (``phase.train`` names them; ``net`` then holds
+    G * K copies, network-major); each client's states are then a list, one per network.
     """
     s = ctx.settings
     k = len(clients)
+    group = models if models is not None else [global_model]
+    g = len(group)
     if net is None:
-        net = StackedNet(global_model, k).to(ctx.device)
-    elif net.k != k:
-        raise ValueError(f"train_clients: the StackedNet holds {net.k} copies for {k} clients")
-    net.load_all(global_model.state_dict())
+        net = StackedNet(group[0], g * k).to(ctx.device)
+    elif net.k != g * k:
+        raise ValueError(f"train_clients: the StackedNet holds {net.k} copies for {g} network(s) of {k} clients")
+    net.load_groups([m.state_dict() for m in group])
     net.train()
     params = net.trainable()
     opt = stacked_optimizer(s, params, s.lr_at(round_index if phase.lr_round is None else phase.lr_round))
@@ -248,6 +266,7 @@ def train_clients(
     mask_dev = tl.mask.to(ctx.device, non_blocking=True)
     step_dev = tl.epoch_step.to(ctx.device, non_blocking=True)
     ids = clients_ids if clients_ids is not None else torch.arange(k, device=ctx.device)
+    names = tuple(phase.train) if models is not None else ()
     step_losses = []
     autocast = ctx.autocast()
     raw = phase.augment == "raw"
@@ -263,19 +282,22 @@ def train_clients(
                 views = {n: ctx.pipeline.apply_view(n.split(":", 1)[0], x, p) for n, p in zip(phase.views, view_params)}
                 refs = _flatten(tl.like[1]) if tl.like else []  # a 0-dim draw is per batch: (K,)
                 extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
-                sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs)
+                sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names)
             else:
                 view = ctx.pipeline.apply_train(x, drawn)
-                logits = net(stacked_input(view, k), None if mask is None else mask.t().to(view.dtype))
-                sb = StackedBatch(logits, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs)
+                sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names)
+                sb.logits = sb.forward(view)
             losses = loss_fn(sb)
         grads = torch.autograd.grad(losses.sum(), params)
         stepped = mask_dev[t, :, 0]  # a client with a batch has a real row 0
-        opt.step(grads, None if mask is None else stepped)
+        opt.step(grads, None if mask is None else stepped.repeat(g))
         if after_step is not None:
             after_step(sb, stepped)
         step_losses.append(losses.detach().float())
-    states = [net.client_state(i) for i in range(k)]
+    if models is None:
+        states = [net.client_state(i) for i in range(k)]
+    else:
+        states = [[net.client_state(j * k + i) for j in range(g)] for i in range(k)]
     return states, _mean_losses(step_losses, tl)
 
 

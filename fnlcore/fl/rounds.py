@@ -16,7 +16,7 @@ import torch
 from ..errors import ConfigError
 from .client import ClientUpdate, LocalJob, Phase, train_client
 from .context import RunContext
-from .state import load
+from .state import load, snapshot
 
 
 def batched_support(cls) -> str | None:
@@ -94,9 +94,6 @@ class RoundEngine:
         from .stacked import StackedNet
 
         m, ctx = self.method, self.method.ctx
-        name = m.networks[0]
-        if len(m.networks) != 1:
-            raise ConfigError(f"{type(m).__name__}: the batched engine trains one network per client")
         jobs = []
         for k in clients:
             job = stage.prepare(m, r, k, m.workers) if stage.prepare is not None else None
@@ -107,31 +104,36 @@ class RoundEngine:
             part, part_jobs = clients[at : at + chunk], jobs[at : at + chunk]
             phase, idx = chunk_phase(m, r, part, part_jobs)
             ids = torch.as_tensor(part, dtype=torch.int64, device=ctx.device)
-            if len(part) not in self._stacked:
-                self._stacked[len(part)] = StackedNet(m.global_model, len(part)).to(ctx.device)
-            net = self._stacked[len(part)]
+            copies = len(phase.train) * len(part)
+            if copies not in self._stacked:
+                self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)
             if stage.batched_begin is not None:
                 stage.batched_begin(m, r, part, part_jobs)
             after = None if stage.batched_after_step is None else (lambda sb, stepped: stage.batched_after_step(m, sb, stepped))
-            states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.batched_loss(m, sb), r, net, ids,
-                                           phase=phase, jobs=part_jobs, after_step=after)
+            states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.batched_loss(m, sb), r,
+                                           self._stacked[copies], ids, phase=phase, jobs=part_jobs, after_step=after,
+                                           models=[m.globals[n] for n in phase.train])
             if stage.batched_end is not None:
                 stage.batched_end(m, r, part, part_jobs)
-            for k, job, st, l in zip(part, part_jobs, states, losses):
+            for k, job, trained, l in zip(part, part_jobs, states, losses):
                 job.losses.append(l)
+                # the networks a client did not train are sent as loaded (the sequential engine's snapshot)
+                nets = {n: trained[phase.train.index(n)] if n in phase.train else snapshot(m.globals[n])
+                        for n in m.networks}
                 ups = {}
                 if stage.upload is not None:
-                    load(m.workers[name], st)
+                    for n in phase.train:
+                        load(m.workers[n], nets[n])
                     ups = stage.upload(m, r, k, job, m.workers)
-                out.append(ClientUpdate(k, len(ctx.data.clients[k]), {name: st}, {"train_loss": job.train_loss, **ups}))
+                out.append(ClientUpdate(k, len(ctx.data.clients[k]), nets, {"train_loss": job.train_loss, **ups}))
         return out
 
 
 def chunk_phase(m, r: int, clients: list[int], jobs: list[LocalJob]):
     """The one phase the clients' prepared jobs train together, and each client's sample ids.
 
-    A batched stage's job has at most one phase, which trains the method's first network with
-    the stage's loss on one stream (by default the client's samples) and has no per-step or
+    A batched stage's job has at most one phase, which trains the method's first network (or
+    several of its networks together) with the stage's loss on one stream (by default the client's samples) and has no per-step or
     per-epoch hook (those are the stage's batched hooks); the jobs of one chunk agree on its
     shape (augmentation, views, draws, epochs, batch size, learning-rate round)."""
     from .batched import ChunkPhase
@@ -146,15 +148,17 @@ def chunk_phase(m, r: int, clients: list[int], jobs: list[LocalJob]):
         if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or ph.after_step is not None:
             raise ConfigError(f"{where} its job has a phase loss/step/on_epoch/after_step (client {k}); "
                               "a batched stage declares them as Stage.batched_loss / batched_after_step")
-        if ph.train not in (None, (m.networks[0],)) or job.lr:
-            raise ConfigError(f"{where} its job trains other networks or sets their learning rates (client {k})")
+        train = tuple(ph.train or (m.networks[0],))
+        if any(n not in m.networks for n in train) or job.lr:
+            raise ConfigError(f"{where} its job trains working networks or sets per-network learning rates (client "
+                              f"{k}); batched: the method's networks at the run's learning rate")
         streams = ph.streams if ph.streams is not None else {"data": (m.ctx.data.clients[k], None)}
         if len(streams) != 1:
             raise ConfigError(f"{where} its job reads {len(streams)} streams (client {k}); batched: one")
         ids, bs = next(iter(streams.values()))
         idx.append(torch.as_tensor(ids, dtype=torch.int64))
         shapes.append(ChunkPhase(ph.augment, tuple(ph.views), ph.draws, ph.epochs, None if bs is None else int(bs),
-                                 job.lr_round))
+                                 job.lr_round, train))
     if any(sh != shapes[0] for sh in shapes[1:]):
         raise ConfigError(f"{where} its clients' jobs differ in shape (augmentation, views, draws, epochs, "
                           "batch size or learning-rate round) within one batched chunk")

@@ -177,6 +177,18 @@ class StackedNet(nn.Module):
             for key in self.keys:
                 mine[key].copy_(state[key].unsqueeze(0).expand_as(mine[key]))
 
+    def load_groups(self, states: list) -> None:
+        """Copies in equal consecutive groups, group g := ``states[g]`` (several networks per client:
+        copies g*K .. g*K + K-1 are network g of the K clients)."""
+        per = self.k // len(states)
+        if per * len(states) != self.k:
+            raise ValueError(f"load_groups: {self.k} copies do not split into {len(states)} groups")
+        mine = self.net.state_dict()
+        with torch.no_grad():
+            for key in self.keys:
+                for g, state in enumerate(states):
+                    mine[key][g * per : (g + 1) * per].copy_(state[key].unsqueeze(0).expand_as(mine[key][:per]))
+
     def client_state(self, i: int) -> dict[str, torch.Tensor]:
         """A detached copy of client i's model state, under the original keys."""
         mine = self.net.state_dict()

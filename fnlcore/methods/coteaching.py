@@ -58,6 +58,16 @@ def small_loss_indices(losses: torch.Tensor, m: int) -> torch.Tensor:
     return torch.argsort(losses.detach(), stable=True)[:m]
 
 
+def small_loss_masks(losses: torch.Tensor, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """(K, B) bool: each client's m_k smallest losses among its real rows (a stable sort, as
+    :func:`small_loss_indices`: padded rows sort last)."""
+    k, b = losses.shape
+    keyed = losses.detach() if mask is None else torch.where(mask, losses.detach(), float("inf"))
+    order = torch.argsort(keyed, dim=1, stable=True)
+    ranks = torch.arange(b, device=losses.device).expand(k, b)
+    return torch.zeros_like(order, dtype=torch.bool).scatter_(1, order, ranks < m[:, None])
+
+
 def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean l1 over S2, mean l2 over S1): each network learns from its peer's small-loss samples."""
     s1, s2 = small_loss_indices(l1, m), small_loss_indices(l2, m)
@@ -95,12 +105,24 @@ class Coteaching(FLMethod):
         a, c = exchanged_losses(l1, l2, m)
         return a + c  # disjoint parameters: each network gets only its own term's gradient
 
+    def batched_loss(self, sb) -> torch.Tensor:
+        k, b = sb.idx.shape
+        y = self.labels(sb.idx.reshape(-1))
+        l1, l2 = (F.cross_entropy(sb.of(n).reshape(k * b, -1), y, reduction="none").view(k, b) for n in self.networks)
+        rows = torch.full((k,), b, device=l1.device) if sb.mask is None else sb.mask.sum(1)
+        rates = torch.tensor([job.info for job in sb.jobs], dtype=torch.float64, device=l1.device)
+        m = torch.floor(rates * rows).clamp_min(1)  # floor(R |B|) in float64, as the sequential loss's Python floats
+        s1, s2 = small_loss_masks(l1, m, sb.mask), small_loss_masks(l2, m, sb.mask)
+        zero = torch.zeros((), dtype=l1.dtype, device=l1.device)
+        m = m.to(l1.dtype)
+        return torch.where(s2, l1, zero).sum(1) / m + torch.where(s1, l2, zero).sum(1) / m
+
     def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
         """Both networks step together on the same batches (one optimiser each)."""
         rate = keep_rate(r, self.client_tau(k), self.params.t_k, self.params.c)
         return LocalJob(phases=[Phase(train=("net1", "net2"))], info=rate)
 
-    stages = {"main": Stage(loss=loss, prepare=prepare)}
+    stages = {"main": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}
 
     def end_round(self, r: int) -> None:
         super().end_round(r)
