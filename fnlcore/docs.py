@@ -23,6 +23,24 @@ def methods_markdown() -> str:
     return METHODS.markdown(("name", "hyper-parameters (defaults)", "from", "code≠paper switches")).rstrip("\n")
 
 
+def batched_markdown() -> str:
+    """Which built-in methods' stages the batched engine runs (from their stage tables)."""
+    from .methods import METHODS
+
+    builtin = METHODS.builtin()
+    rows, sequential = [], []
+    for name in sorted(builtin):
+        stages = builtin[name].stages
+        batched = [s for s, st in stages.items() if st.batched_loss is not None]
+        if not batched:
+            sequential.append(f"`{name}`")
+            continue
+        rest = [s for s in stages if s not in batched]
+        rows.append(f"`{name}` ({', '.join(batched)}" + (f"; sequential: {', '.join(rest)}" if rest else "") + ")")
+    return (f"Batched ({len(rows)} of {len(builtin)} methods; the stages that batch): " + ", ".join(rows)
+            + f". Sequential only: {', '.join(sequential) or 'none'}.")
+
+
 def training_markdown() -> str:
     from .fl.settings import TrainSettings
 
@@ -58,6 +76,7 @@ def sections() -> dict[str, str]:
         "partitioners": partitioners_markdown(),
         "noise": noise_models_markdown(),
         "methods": methods_markdown(),
+        "batched": batched_markdown(),
         "training": training_markdown(),
     }
 

@@ -333,7 +333,8 @@ def _batch(m, stage: str, model: torch.nn.Module, idx: torch.Tensor, k: int = 0)
     ctx = m.ctx
     job = m.stages[stage].prepare(m, 1, k, m.workers)
     x = ctx.data.train.images[idx]
-    return Batch(model, m.workers, ctx.pipeline.train(x, ctx.aug_gen), idx, {"x": (x, idx)}, 0, 0, 1, k, job)
+    v = ctx.pipeline.train(x, ctx.aug_gen)
+    return Batch(model, m.workers, v, idx, {"x": (x, idx)}, 0, 0, 1, k, job, views={"weak:1": v, "weak:2": v})
 
 
 class _Zero(torch.nn.Module):

@@ -76,6 +76,14 @@ class StackedBatch:
         x = view if g == 1 else torch.cat([view] * g)
         return self.net(stacked_input(x, g * self.idx.shape[0]), rows)
 
+    def forward_features(self, view: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` returning the model's logits and penultimate features: (K, B, classes) and
+        (K, B, features) (with several trained networks, (G * K, B, ...) each, see :meth:`of`)."""
+        g = max(len(self.networks), 1)
+        rows = None if self.mask is None else self.mask.t().to(view.dtype).repeat(1, g)
+        x = view if g == 1 else torch.cat([view] * g)
+        return self.net.forward_features(stacked_input(x, g * self.idx.shape[0]), rows)
+
     def of(self, name: str, logits: torch.Tensor | None = None) -> torch.Tensor:
         """Network ``name``'s (K, B, ...) part of (G * K, B, ...) outputs (default: ``logits``)."""
         t = self.logits if logits is None else logits
@@ -122,23 +130,40 @@ def client_batches(ctx: RunContext, idx: torch.Tensor, epochs: int, batch_size: 
 DrawFn = Callable[[int], tuple]
 
 
-def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, batch_size: int,
-                   draw: DrawFn | None = None) -> Timeline:
-    """Draw every client's batch orders and random parameters in the sequential order; lay them out.
+@dataclass
+class ClientDraws:
+    """One client's batches (sample ids) and each batch's random parameters, as drawn."""
 
-    ``draw(n)``: a batch's random parameters (default: the train augmentation's), drawn right
-    after its order, as the sequential engine draws them."""
+    batches: list[torch.Tensor]
+    draws: list[tuple]
+
+
+def draw_client(ctx: RunContext, idx: torch.Tensor, epochs: int, batch_size: int, draw: DrawFn | None = None
+                ) -> ClientDraws:
+    """Client's batch orders (``ctx.shuffle_gen``) and each batch's random parameters (``draw(n)``,
+    default the train augmentation's), in the sequential engine's order."""
     if draw is None:
         size = tuple(ctx.data.train.images.shape[-2:])
         draw = lambda n: ctx.pipeline.draw_train(n, ctx.aug_gen, ctx.device, size)  # noqa: E731
-    plans = [client_batches(ctx, idx, epochs, batch_size) for idx in clients]
+    batches = client_batches(ctx, idx, epochs, batch_size)
+    return ClientDraws(batches, [draw(len(b)) for b in batches])
+
+
+def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, batch_size: int,
+                   draw: DrawFn | None = None, drawn: list[ClientDraws] | None = None) -> Timeline:
+    """Every client's batches and random parameters, drawn in the sequential order, laid out by step.
+
+    ``drawn``: the clients' draws made already (the round engine draws each client's right after
+    its ``prepare``, where the sequential engine draws them); else drawn here, client after client."""
+    if drawn is None:
+        drawn = [draw_client(ctx, idx, epochs, batch_size, draw) for idx in clients]
+    plans = [d.batches for d in drawn]
     k, t_max = len(clients), max((len(p) for p in plans), default=0)
     index = torch.zeros(t_max, k, batch_size, dtype=torch.int64)
     lengths = torch.zeros(t_max, k, dtype=torch.int64)
     epoch_step = torch.zeros(t_max, k, dtype=torch.int64)
-    draws = []
+    draws = [d.draws for d in drawn]
     for i, batches in enumerate(plans):
-        draws.append([draw(len(b)) for b in batches])  # train_epochs' order
         per_epoch = max(len(batches) // max(epochs, 1), 1)  # every epoch of a client has as many batches
         for t, b in enumerate(batches):
             index[t, i, : len(b)] = b
@@ -235,6 +260,7 @@ def train_clients(
     jobs: list | None = None,
     after_step: AfterStep | None = None,
     models: list[torch.nn.Module] | None = None,
+    drawn: list[ClientDraws] | None = None,
 ) -> tuple[list, list[float]]:
     """Train K copies of ``global_model`` on the K clients' samples; returns their states and mean losses.
 
@@ -246,6 +272,7 @@ def train_clients(
     moved (a client without a batch at this step rides along unchanged). ``models``: several
     networks per client stepped together (``phase.train`` names them; ``net`` then holds
     G * K copies, network-major); each client's states are then a list, one per network.
+    ``drawn``: the clients' batches and random parameters drawn already (:func:`draw_client`).
     """
     s = ctx.settings
     k = len(clients)
@@ -260,7 +287,7 @@ def train_clients(
     params = net.trainable()
     opt = stacked_optimizer(s, params, s.lr_at(round_index if phase.lr_round is None else phase.lr_round))
     epochs = s.local_epochs if phase.epochs is None else phase.epochs
-    tl = build_timeline(ctx, clients, epochs, phase.batch_size or s.batch_size, _draw_fn(ctx, phase))
+    tl = build_timeline(ctx, clients, epochs, phase.batch_size or s.batch_size, draw_fn(ctx, phase), drawn)
     images = ctx.data.train.images
     index_dev = tl.index.to(ctx.device, non_blocking=True)
     mask_dev = tl.mask.to(ctx.device, non_blocking=True)
@@ -301,7 +328,7 @@ def train_clients(
     return states, _mean_losses(step_losses, tl)
 
 
-def _draw_fn(ctx: RunContext, phase: ChunkPhase) -> DrawFn | None:
+def draw_fn(ctx: RunContext, phase: ChunkPhase) -> DrawFn | None:
     """A batch's random parameters as the sequential engine draws them for ``phase``."""
     if phase.augment != "raw":
         return None

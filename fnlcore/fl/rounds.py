@@ -86,22 +86,31 @@ class RoundEngine:
     def _batched(self, r: int, clients: list[int], stage) -> list[ClientUpdate]:
         """The round's clients as stacked computations, in chunks of ``training.batched_clients``.
 
-        The stage's ``prepare`` runs for every client first: it may act (relabel, read a store)
-        and return a one-phase job (see :func:`chunk_phase`); its ``upload`` runs after training,
-        on each client's trained network. ``Stage.batched_begin``/``batched_end`` run around each
+        The stage's ``prepare`` runs for every client first, each followed by the draws of that
+        client's training (its place in the sequential order): it may act (relabel, read a store,
+        an augmented pass with the global model) and return a one-phase job (see
+        :func:`chunk_phase`); its ``upload`` runs after training, on each client's trained network
+        (an upload that draws random numbers cannot batch: its draws would come after every
+        client's training draws). ``Stage.batched_begin``/``batched_end`` run around each
         chunk, ``Stage.batched_after_step`` after each stacked optimiser step."""
-        from .batched import train_clients
+        from .batched import draw_client, draw_fn, train_clients
         from .stacked import StackedNet
 
         m, ctx = self.method, self.method.ctx
-        jobs = []
+        jobs, drawn = [], []
         for k in clients:
             job = stage.prepare(m, r, k, m.workers) if stage.prepare is not None else None
             jobs.append(LocalJob() if job is None else job)
+            # the client's batches and random parameters right after its prepare, where the sequential
+            # engine draws them (a prepare that draws too, an augmented pass, keeps its place)
+            phase, (idx,) = chunk_phase(m, r, [k], jobs[-1:])
+            epochs = ctx.settings.local_epochs if phase.epochs is None else phase.epochs
+            drawn.append(draw_client(ctx, idx, epochs, phase.batch_size or ctx.settings.batch_size,
+                                     draw_fn(ctx, phase)))
         chunk = ctx.settings.batched_clients or len(clients)
         out: list[ClientUpdate] = []
         for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
-            part, part_jobs = clients[at : at + chunk], jobs[at : at + chunk]
+            part, part_jobs, part_drawn = clients[at : at + chunk], jobs[at : at + chunk], drawn[at : at + chunk]
             phase, idx = chunk_phase(m, r, part, part_jobs)
             ids = torch.as_tensor(part, dtype=torch.int64, device=ctx.device)
             copies = len(phase.train) * len(part)
@@ -112,7 +121,7 @@ class RoundEngine:
             after = None if stage.batched_after_step is None else (lambda sb, stepped: stage.batched_after_step(m, sb, stepped))
             states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.batched_loss(m, sb), r,
                                            self._stacked[copies], ids, phase=phase, jobs=part_jobs, after_step=after,
-                                           models=[m.globals[n] for n in phase.train])
+                                           models=[m.globals[n] for n in phase.train], drawn=part_drawn)
             if stage.batched_end is not None:
                 stage.batched_end(m, r, part, part_jobs)
             for k, job, trained, l in zip(part, part_jobs, states, losses):
@@ -133,19 +142,24 @@ def chunk_phase(m, r: int, clients: list[int], jobs: list[LocalJob]):
     """The one phase the clients' prepared jobs train together, and each client's sample ids.
 
     A batched stage's job has at most one phase, which trains the method's first network (or
-    several of its networks together) with the stage's loss on one stream (by default the client's samples) and has no per-step or
-    per-epoch hook (those are the stage's batched hooks); the jobs of one chunk agree on its
-    shape (augmentation, views, draws, epochs, batch size, learning-rate round)."""
+    several of its networks together) with the stage's loss on one stream (by default the
+    client's samples) and has no per-epoch hook; a per-step hook (``after_step``) only where the
+    stage declares its batched twin (``batched_after_step``), which the batched engine runs
+    instead. The jobs of one chunk agree on its shape (augmentation, views, draws, epochs,
+    batch size, learning-rate round)."""
     from .batched import ChunkPhase
 
     where = f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss, but"
+    stage = m.current_stage(r)
     shapes, idx = [], []
     for k, job in zip(clients, jobs):
         phases = job.phases if job.phases is not None else [Phase()]
         if not isinstance(phases, (list, tuple)) or len(phases) != 1:
             raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
         ph = phases[0]
-        if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or ph.after_step is not None:
+        # a per-step hook is the sequential twin of the stage's batched_after_step (EMA teachers)
+        hook = ph.after_step is not None and stage.batched_after_step is None
+        if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or hook:
             raise ConfigError(f"{where} its job has a phase loss/step/on_epoch/after_step (client {k}); "
                               "a batched stage declares them as Stage.batched_loss / batched_after_step")
         train = tuple(ph.train or (m.networks[0],))

@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..fl.batched import StackedBatch
 from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
 from .base import FLMethod, LocalJob, MethodParams, Stage, register
-from .multilabel import client_active_classes, partial_bce
+from .multilabel import batched_partial_bce, client_active_classes, partial_bce
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,15 @@ def missing_class_loss(z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) ->
     return ((per * sel).sum(0) / n_sel.clamp_min(1)).sum()
 
 
+def batched_missing_class_loss(z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+    """:func:`missing_class_loss` of K clients: (K, B, C) logits and selections (real rows only) -> (K,)."""
+    sel = (pos | neg).float()
+    n_sel, n_pos = sel.sum(1), pos.float().sum(1)
+    pw = torch.where(n_pos > 0, n_sel / n_pos.clamp_min(1), torch.ones_like(n_pos))
+    per = F.binary_cross_entropy_with_logits(z.float(), pos.float(), pos_weight=pw[:, None, :], reduction="none")
+    return ((per * sel).sum(1) / n_sel.clamp_min(1)).sum(1)
+
+
 # -- the method --------------------------------------------------------------------------------
 
 
@@ -107,6 +117,7 @@ class CBAFed(FLMethod):
         self.active = client_active_classes(ctx.data)
         self.thresholds: torch.Tensor | None = None  # (C,)
         self.w_rec: dict | None = None
+        self._tally: tuple[torch.Tensor, torch.Tensor] | None = None  # batched chunk: (K,) rows, (K, C) pseudo-labels
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "pseudo"
@@ -141,9 +152,44 @@ class CBAFed(FLMethod):
         counts = self.active[k].double().cpu() * job.info["active"] + pseudo
         return {"counts": counts, "data": float(counts.sum()), "pseudo": float(pseudo.sum())}
 
+    def batched_begin(self, r, clients, jobs):
+        # the chunk's label entries used, written into each job's info at its end
+        k, c = len(clients), self.ctx.data.num_classes
+        dev = self.ctx.device
+        self._tally = (torch.zeros(k, dtype=torch.int64, device=dev), torch.zeros(k, c, device=dev))
+
+    def _batched_supervised(self, sb: StackedBatch) -> torch.Tensor:
+        k, b, c = sb.logits.shape
+        self._tally[0].add_(b if sb.mask is None else sb.mask.sum(1))
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
+        return batched_partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
+                                   classes=self.active[sb.clients])
+
+    def batched_warmup_loss(self, sb: StackedBatch):
+        return self._batched_supervised(sb)
+
+    def batched_pseudo_loss(self, sb: StackedBatch):
+        loss = self._batched_supervised(sb)
+        p = torch.sigmoid(sb.logits.detach().float())
+        tau = self.thresholds.to(self.ctx.device, torch.float32)
+        missing = (self.active[sb.clients] == 0)[:, None, :]
+        if sb.mask is not None:
+            missing = missing & sb.mask[:, :, None]  # padded rows select nothing
+        pos, neg = (p > tau) & missing, (p < 1 - tau) & missing
+        self._tally[1].add_((pos | neg).float().sum(1))
+        return loss + batched_missing_class_loss(sb.logits, pos, neg)
+
+    def batched_end(self, r, clients, jobs):
+        rows, pseudo = self._tally
+        for job, n, counts in zip(jobs, rows.tolist(), pseudo):
+            job.info["active"] += n
+            job.info["pseudo"] += counts
+
     stages = {
-        "warmup": Stage(loss=warmup_loss, prepare=prepare, upload=upload),
-        "pseudo": Stage(loss=pseudo_loss, prepare=pseudo_prepare, upload=upload),
+        "warmup": Stage(loss=warmup_loss, prepare=prepare, upload=upload, batched_loss=batched_warmup_loss,
+                        batched_begin=batched_begin, batched_end=batched_end),
+        "pseudo": Stage(loss=pseudo_loss, prepare=pseudo_prepare, upload=upload, batched_loss=batched_pseudo_loss,
+                        batched_begin=batched_begin, batched_end=batched_end),
     }
 
     def aggregate(self, r, updates):

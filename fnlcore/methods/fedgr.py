@@ -67,7 +67,7 @@ Decided where the spec is silent:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -77,11 +77,14 @@ from sklearn.mixture import GaussianMixture
 
 from ..errors import ConfigError
 from ..fl import sampling
+from ..fl.batched import StackedBatch, masked_mean
+from ..fl.stacked import StackedNet, stacked_input
 from ..fl.state import State, load
 from ..randaugment import RandAugmentSpec
 from ..registry import param
 from .base import Batch, ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import CostStage
+from .parts import batched_ema_lerp, stacked_forward_features, stacked_load_client
 
 
 @dataclass(frozen=True)
@@ -189,20 +192,28 @@ def refine_reliable(noisy_flag: torch.Tensor, given: torch.Tensor, pseudo: torch
     return labels, has_reliable | take_given | take_pseudo
 
 
-def refined_loss(logits: torch.Tensor, given: torch.Tensor, reliable: torch.Tensor, has_reliable: torch.Tensor,
-                 q: torch.Tensor, high_noise: bool) -> torch.Tensor:
-    """L^SR for t ≥ α, mean over the batch (samples without a label count as zeros).
+def refined_terms(logits: torch.Tensor, given: torch.Tensor, reliable: torch.Tensor, has_reliable: torch.Tensor,
+                  q: torch.Tensor, high_noise: bool | torch.Tensor) -> torch.Tensor:
+    """L^SR for t ≥ α of each sample (one without a label counts as a zero).
 
     r_k < β: q CE(p, ŷ) + (1 - q) CE(p, Y*) (second term 0 without an entry);
-    r_k ≥ β (``high_noise``): CE(p, Y*) (0 without an entry).
+    r_k ≥ β (``high_noise``; a bool tensor: per sample, several clients at once): CE(p, Y*) (0 without an entry).
     """
     target = torch.where(has_reliable, reliable, torch.zeros_like(reliable))
     ce_rel = F.cross_entropy(logits, target, reduction="none") * has_reliable.to(logits.dtype)
-    if high_noise:
-        return ce_rel.mean()
+    per_sample = isinstance(high_noise, torch.Tensor)
+    if not per_sample and high_noise:
+        return ce_rel
     ce_given = F.cross_entropy(logits, given, reduction="none")
     q = q.to(logits.dtype)
-    return (q * ce_given + (1.0 - q) * ce_rel).mean()
+    mixed = q * ce_given + (1.0 - q) * ce_rel
+    return torch.where(high_noise, ce_rel, mixed) if per_sample else mixed
+
+
+def refined_loss(logits: torch.Tensor, given: torch.Tensor, reliable: torch.Tensor, has_reliable: torch.Tensor,
+                 q: torch.Tensor, high_noise: bool) -> torch.Tensor:
+    """:func:`refined_terms`, mean over the batch."""
+    return refined_terms(logits, given, reliable, has_reliable, q, high_noise).mean()
 
 
 def clean_only_loss(logits: torch.Tensor, given: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
@@ -214,6 +225,12 @@ def distill_kl(student: torch.Tensor, target: torch.Tensor, tau: float) -> torch
     """KL(softmax(target/τ) ‖ softmax(student/τ)) over dim 1, batchmean (no τ² factor): B_k and R_k."""
     return F.kl_div(F.log_softmax(student.float() / tau, dim=1), F.softmax(target.float() / tau, dim=1),
                     reduction="batchmean")
+
+
+def distill_kl_rows(student: torch.Tensor, target: torch.Tensor, tau: float) -> torch.Tensor:
+    """:func:`distill_kl` of each row (last dim the distribution): (..., D) -> (...)."""
+    return F.kl_div(F.log_softmax(student.float() / tau, dim=-1), F.softmax(target.float() / tau, dim=-1),
+                    reduction="none").sum(-1)
 
 
 def revision_decay(r: int, warmup: int, noise_ratio: float, reliable_frac: float, beta: float, mu: float,
@@ -280,12 +297,23 @@ class _GlobalFeatures(NamedTuple):
         return self.feats[torch.searchsorted(self.ids, i)]
 
 
-class _JobInfo(NamedTuple):
-    """What a local update's loss needs from its preparation."""
+@dataclass
+class _JobInfo:
+    """What a local update's loss and upload need from its preparation, and what its training leaves."""
 
-    supervised: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None  # L^SR(logits, ids); None in warm-up
+    high_noise: bool | None  # r_k ≥ β (main stage); None in warm-up
     teacher: torch.Tensor | None  # revised EMA logits by sample id (Eq. 14); None: online teacher or no B_k
     features: _GlobalFeatures | None  # R_k's cached targets; None: per step, or no R_k
+    decay: float  # the γ_g that revised the client's EMA model (0: it is the global model)
+    tracker: EmaTracker | None = None  # sequential engine: the per-step EMA update (FedGR._track)
+    ema: State | None = field(default=None, repr=False)  # batched engine: the EMA model after training
+
+
+class _Chunk(NamedTuple):
+    """A batched chunk's per-client state: the clients' EMA models and their r_k ≥ β flags (K,)."""
+
+    teachers: StackedNet
+    high_noise: torch.Tensor
 
 
 @register
@@ -313,6 +341,9 @@ class FedGR(FLMethod):
         # resize_crop*) RandomResizedCrop(224) of the 256 x 256 resize + flip.
         crop = "resized" if ctx.pipeline.crop_size is not None else "train"
         self.pipeline = dataclasses.replace(ctx.pipeline, strong=strong, strong_padding="reflect", strong_crop=crop)
+        # the engine draws a step's declared views from the run's pipeline: give it FedGR's strong view (the
+        # strong view is the only thing that differs, and nothing else in a run uses it)
+        ctx.pipeline = self.pipeline
         self.noisy_labels = ctx.data.given.clone()  # ŷ: the working labels hold Y* from round α on
         self.loss_mean = torch.zeros(n, dtype=torch.float64, device=dev)  # ℓ̄_i
         self.loss_count = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -325,6 +356,8 @@ class FedGR(FLMethod):
         self.sampler = sampling.CyclicSampler(ctx.data.num_clients, ctx.settings.client_fraction)
         self._teacher: torch.Tensor | None = None  # teacher logits by sample id, rewritten per client (not state)
         self._stats: dict[str, list[float]] = {}
+        self._stacked_ema: dict[int, StackedNet] = {}  # batched engine: K -> the chunk's EMA models
+        self._chunk: _Chunk | None = None  # the chunk being trained (batched engine)
 
     # -- schedule ---------------------------------------------------------------------------
     def stage(self, r: int) -> str:
@@ -400,15 +433,20 @@ class FedGR(FLMethod):
     def revise_ema(self, r: int, k: int, noise_ratio: float, reliable_frac: float) -> float:
         """Put client k's EMA model, revised by the global model (Eqs. 12 and 15), in the EMA working
         network; returns the γ_g used (0 = replaced by the global model; also a client's first EMA model)."""
-        p, ema = self.params, self.workers["ema"]
+        p = self.params
         decay = revision_decay(r, p.warmup_rounds, noise_ratio, reliable_frac, p.beta, p.mu, p.gamma_g,
                                p.ema_reset_strict)
-        if k in self.ema and decay > 0:
-            load(ema, self.ema.get(k))
-            ema_blend(ema, self.global_model, decay)
-            return decay
-        load(ema, self.global_model.state_dict())
-        return 0.0
+        decay = decay if k in self.ema else 0.0
+        self._revised_into(self.workers["ema"], k, decay)
+        return decay
+
+    def _revised_into(self, net: torch.nn.Module, k: int, decay: float) -> None:
+        """net := client k's EMA model blended with the global model by γ_g ``decay`` (0: the global model)."""
+        if decay > 0:
+            load(net, self.ema.get(k))
+            ema_blend(net, self.global_model, decay)
+        else:
+            load(net, self.global_model.state_dict())
 
     @property
     def _cache_features(self) -> bool:
@@ -430,8 +468,8 @@ class FedGR(FLMethod):
                 self.loss_mean[didx], self.loss_count[didx], obs)
         return out
 
-    def _revise(self, r: int, k: int) -> float:
-        """Step 4's revision of client k's EMA model; returns r_k."""
+    def _revise(self, r: int, k: int) -> tuple[float, float]:
+        """Step 4's revision of client k's EMA model; returns (r_k, the γ_g used)."""
         didx = self.ctx.data.clients[k].to(self.ctx.device)
         r_k = self.noise_ratio(k)
         reliable_frac = float(self.has_reliable[didx].float().mean()) if len(didx) else 0.0
@@ -439,29 +477,46 @@ class FedGR(FLMethod):
         self._stats["noise_ratio"].append(r_k)
         self._stats["reliable_frac"].append(reliable_frac)
         self._stats["ema_reset"].append(float(decay == 0.0))
-        return r_k
+        return r_k, decay
 
     def _features(self, k: int, out: dict[str, torch.Tensor]) -> _GlobalFeatures | None:
         """R_k's cached targets of client k from its pre-training pass ('cached'), else None."""
         return _GlobalFeatures.of(self.ctx.data.clients[k], out["feat"]) if "feat" in out else None
 
-    def _job(self, nets: dict[str, torch.nn.Module], info: _JobInfo) -> LocalJob:
-        """E epochs on the client's samples, the views made by the loss; the EMA model tracks the student."""
+    def _step_views(self, stage: str) -> tuple[str, ...]:
+        """The views a training step draws, in the order the loss uses them: a weak view where a term
+        needs one ('eval', which draws nothing, under 'w/o weak aug'), then the strong view; under
+        'w/o strong aug' the student sees the weak view, drawn once."""
+        p = self.params
+        weak = "weak" if p.weak_aug else "eval"
+        if not p.strong_aug:
+            return (weak,)
+        online = stage == "main" and p.lambda_b > 0 and p.teacher == "online"
+        needs_weak = (p.lambda_r > 0 and not self._cache_features) or online
+        return ((weak,) if needs_weak else ()) + ("strong",)
+
+    def _weak_strong(self, views: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(weak view or None, the student's view) of a step's declared views (see _step_views)."""
+        weak = views.get("weak" if self.params.weak_aug else "eval")
+        return weak, views["strong"] if self.params.strong_aug else weak
+
+    def _job(self, stage: str, nets: dict[str, torch.nn.Module], info: _JobInfo) -> LocalJob:
+        """E epochs on the client's samples with the stage's declared views; the EMA model tracks the
+        student (see :meth:`_track`, and ``batched_after_step``)."""
         self.global_model.eval()  # frozen: R_k's target features
         nets["ema"].eval()
-        tracker = EmaTracker(nets["ema"], nets["model"], self.params.gamma_l)
-        return LocalJob(phases=[Phase(augment="raw", after_step=tracker)], info=info)
+        return LocalJob(phases=[Phase(augment="raw", views=self._step_views(stage))], info=info)
 
     def prepare_warmup(self, r: int, k: int, nets: dict) -> LocalJob:
         out = self._observe(k, ("eval",))
-        self._revise(r, k)
-        return self._job(nets, _JobInfo(None, None, self._features(k, out)))
+        _, decay = self._revise(r, k)
+        return self._job("warmup", nets, _JobInfo(None, None, self._features(k, out), decay))
 
     def prepare_main(self, r: int, k: int, nets: dict) -> LocalJob:
         p, ctx = self.params, self.ctx
         out = self._observe(k, ("eval", "weak"))
         self.label_refining(r, k, fixmatch_labels(out["weak"], p.confidence))  # step 3
-        high_noise = self._revise(r, k) >= p.beta
+        r_k, decay = self._revise(r, k)
         teacher = None
         if p.lambda_b > 0 and p.teacher == "revised":  # Eq. 14: the revised EMA model's logits, once per round
             if self._teacher is None:
@@ -469,31 +524,46 @@ class FedGR(FLMethod):
             teacher = self._teacher
             idx = ctx.data.clients[k]
             teacher[idx.to(ctx.device)] = self._pass(nets["ema"], idx, ("weak",))["weak"]
-        return self._job(nets, _JobInfo(self._supervised(high_noise), teacher, self._features(k, out)))
+        return self._job("main", nets, _JobInfo(r_k >= p.beta, teacher, self._features(k, out), decay))
+
+    def _supervised_terms(self, z: torch.Tensor, i: torch.Tensor, high_noise: bool | torch.Tensor) -> torch.Tensor:
+        """L^SR of each sample of a main-stage client (r_k ≥ β: ``high_noise``; a bool tensor: per sample,
+        several clients at once) under the switches."""
+        p = self.params
+        if not p.label_refining:  # 'w/o LR': CE(ŷ)·1[clean-flagged]
+            return F.cross_entropy(z, self.noisy_labels[i], reduction="none") * (~self.noisy_flag[i]).to(z.dtype)
+        reliable, has = self.ctx.data.given[i], self.has_reliable[i]
+        if p.high_noise_labels == "pseudo_only":  # Eq. 11 where r_k ≥ β: this round's confident pseudo-labels only
+            ps = self._pseudo[i]
+            if isinstance(high_noise, torch.Tensor):
+                reliable, has = torch.where(high_noise, ps, reliable), torch.where(high_noise, ps >= 0, has)
+            elif high_noise:
+                reliable, has = ps, ps >= 0
+        return refined_terms(z, self.noisy_labels[i], reliable, has, self.clean_prob[i], high_noise)
 
     def _supervised(self, high_noise: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """L^SR of a main-stage client (r_k ≥ β: ``high_noise``) under the switches."""
-        p, given = self.params, self.ctx.data.given
-        if not p.label_refining:  # 'w/o LR'
-            return lambda z, i: clean_only_loss(z, self.noisy_labels[i], ~self.noisy_flag[i])
-        if high_noise and p.high_noise_labels == "pseudo_only":
-            def pseudo_only(z, i):  # Eq. 11: this round's confident pseudo-labels, nothing older
-                ps = self._pseudo[i]
-                return refined_loss(z, self.noisy_labels[i], ps, ps >= 0, self.clean_prob[i], True)
-            return pseudo_only
-        return lambda z, i: refined_loss(z, self.noisy_labels[i], given[i], self.has_reliable[i], self.clean_prob[i],
-                                         high_noise)
+        """L^SR of a main-stage client (r_k ≥ β: ``high_noise``): the batch mean of :meth:`_supervised_terms`."""
+        return lambda z, i: self._supervised_terms(z, i, high_noise).mean()
 
-    def _student(self, b: Batch, weak: bool):
-        """(views, logits, features of the student on the strong view, sample ids on the device)."""
-        xb, bidx = b.streams["data"]
-        i = bidx.to(self.ctx.device, non_blocking=True)
-        v = self._views(xb, ("weak", "strong") if weak else ("strong",))
-        logits, feat = b.model.forward_features(v["strong"])
-        return v, logits.float(), feat, i
+    def _track(self, b: Batch) -> None:
+        """The EMA model's per-step update (Eq. 12) on the sequential engine, for the optimiser step
+        before this loss: nothing moves the student between a step and the next step's loss (the
+        upload applies the last step's), and a phase hook would keep the stage off the batched engine."""
+        info = b.job.info
+        if info.tracker is None:
+            info.tracker = EmaTracker(b.nets["ema"], b.model, self.params.gamma_l)
+        else:
+            info.tracker()
 
-    def _with_representation(self, total: torch.Tensor, v: dict, feat: torch.Tensor, i: torch.Tensor,
-                             info: _JobInfo) -> torch.Tensor:
+    def _student(self, b: Batch):
+        """(weak view or None, logits and features of the student on its view, sample ids on the device)."""
+        self._track(b)
+        weak, strong = self._weak_strong(b.views)
+        logits, feat = b.model.forward_features(strong)
+        return weak, logits.float(), feat, b.idx.to(self.ctx.device, non_blocking=True)
+
+    def _with_representation(self, total: torch.Tensor, weak: torch.Tensor | None, feat: torch.Tensor,
+                             i: torch.Tensor, info: _JobInfo) -> torch.Tensor:
         """total + λ_R R_k (the frozen global backbone's features on a weak view: the batch's, or the
         cached ones of the pre-training pass)."""
         p = self.params
@@ -502,41 +572,116 @@ class FedGR(FLMethod):
                 g_feat = info.features[i]
             else:
                 with torch.no_grad():
-                    g_feat = self.global_model.features(v["weak"])
+                    g_feat = self.global_model.features(weak)
             total = total + p.lambda_r * distill_kl(feat, g_feat, p.tau_r)
         return total
 
     def warmup_loss(self, b: Batch) -> torch.Tensor:
-        info = b.job.info
-        v, logits, feat, i = self._student(b, self.params.lambda_r > 0 and info.features is None)
-        return self._with_representation(F.cross_entropy(logits, self.noisy_labels[i]), v, feat, i, info)
+        weak, logits, feat, i = self._student(b)
+        return self._with_representation(F.cross_entropy(logits, self.noisy_labels[i]), weak, feat, i, b.job.info)
 
     def main_loss(self, b: Batch) -> torch.Tensor:
         p, info = self.params, b.job.info
-        online = p.lambda_b > 0 and p.teacher == "online"
-        v, logits, feat, i = self._student(b, (p.lambda_r > 0 and info.features is None) or online)
-        total = info.supervised(logits, i)
+        weak, logits, feat, i = self._student(b)
+        total = self._supervised_terms(logits, i, info.high_noise).mean()
         if p.lambda_b > 0:
-            if online:
+            if p.teacher == "online":
                 with torch.no_grad():
-                    t_logits = b.nets["ema"](v["weak"]).float()
+                    t_logits = b.nets["ema"](weak).float()
             else:
                 t_logits = info.teacher[i]
             total = total + p.lambda_b * distill_kl(logits, t_logits, p.tau_b)
-        return self._with_representation(total, v, feat, i, info)
+        return self._with_representation(total, weak, feat, i, info)
+
+    # -- the same losses for K clients at once (the batched engine) ---------------------------------
+    def _batched_student(self, sb: StackedBatch):
+        """(weak view or None, student logits (K, B, C) and features (K, B, F), flat sample ids)."""
+        weak, strong = self._weak_strong(sb.views)
+        logits, feat = stacked_forward_features(sb.net, strong, sb.mask)
+        return weak, logits.float(), feat, sb.idx.reshape(-1)
+
+    def _batched_representation(self, total: torch.Tensor, sb: StackedBatch, weak: torch.Tensor | None,
+                                feat: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        if p.lambda_r > 0:
+            if self._cache_features:
+                g_feat = torch.stack([job.info.features[ids] for job, ids in zip(sb.jobs, sb.idx)])
+            else:
+                with torch.no_grad():
+                    g_feat = sb.per_client(self.global_model.features(weak))
+            total = total + p.lambda_r * masked_mean(distill_kl_rows(feat, g_feat, p.tau_r), sb.mask)
+        return total
+
+    def batched_warmup_loss(self, sb: StackedBatch) -> torch.Tensor:
+        weak, logits, feat, i = self._batched_student(sb)
+        ce = F.cross_entropy(logits.flatten(0, 1), self.noisy_labels[i], reduction="none").view(sb.idx.shape)
+        return self._batched_representation(masked_mean(ce, sb.mask), sb, weak, feat)
+
+    def batched_main_loss(self, sb: StackedBatch) -> torch.Tensor:
+        p, chunk = self.params, self._chunk
+        weak, logits, feat, i = self._batched_student(sb)
+        high = chunk.high_noise[:, None].expand(sb.idx.shape).reshape(-1)
+        sup = self._supervised_terms(logits.flatten(0, 1), i, high).view(sb.idx.shape)
+        total = masked_mean(sup, sb.mask)
+        if p.lambda_b > 0:
+            if p.teacher == "online":
+                with torch.no_grad():
+                    t_logits = chunk.teachers(stacked_input(weak, sb.idx.shape[0])).float()
+            else:
+                t_logits = self._teacher[i].view(*sb.idx.shape, -1)
+            total = total + p.lambda_b * masked_mean(distill_kl_rows(logits, t_logits, p.tau_b), sb.mask)
+        return self._batched_representation(total, sb, weak, feat)
+
+    def batched_begin(self, r: int, clients: list[int], jobs: list[LocalJob]) -> None:
+        """The chunk's EMA models, revised as each client's preparation revised it, as one StackedNet."""
+        k = len(clients)
+        if k not in self._stacked_ema:
+            self._stacked_ema[k] = StackedNet(self.global_model, k).to(self.ctx.device)
+        net, scratch = self._stacked_ema[k], self.workers["ema"]
+        for i, (c, job) in enumerate(zip(clients, jobs)):
+            self._revised_into(scratch, c, job.info.decay)
+            stacked_load_client(net, i, scratch.state_dict())
+        net.eval()
+        self.global_model.eval()
+        high = torch.tensor([bool(job.info.high_noise) for job in jobs], device=self.ctx.device)
+        self._chunk = _Chunk(net, high)
+
+    def batched_after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
+        batched_ema_lerp(self._chunk.teachers, sb.net, 1.0 - self.params.gamma_l, stepped)
+
+    def batched_end(self, r: int, clients: list[int], jobs: list[LocalJob]) -> None:
+        for i, job in enumerate(jobs):
+            job.info.ema = self._chunk.teachers.client_state(i)
+        self._chunk = None
 
     def upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         """Keep the client's EMA model; upload the loss proxies (or sieve locally under 'w/o FS')."""
+        info = job.info
+        if info.tracker is not None:  # the sequential engine: the last step's EMA update (see _track)
+            info.tracker()
         idx = self.ctx.data.clients[k]
-        self.ema.put(k, nets["ema"].state_dict())
+        self.ema.put(k, info.ema if info.ema is not None else nets["ema"].state_dict())
         if self.params.sieving == "federated":
             return {"proxy": (idx.clone(), self.loss_mean[idx.to(self.ctx.device)].clone())}
         self._local_sieve(r, idx, nets["model"])
         return {}
 
+    def stage_key(self, r: int) -> str:
+        """Round r's row: the stage's batched row, or its sequential one where a client's preparation
+        draws weak views from the augmentation stream (the main stage's pseudo-labels and revised
+        teacher, the warm-up's cached R_k targets): the batched engine prepares every client before it
+        draws any client's batches, which would reorder those draws."""
+        stage, p = self.stage(r), self.params
+        draws = p.weak_aug and (stage == "main" or self._cache_features)
+        return f"{stage}_prepare_draws" if draws else stage
+
+    _batched = dict(batched_begin=batched_begin, batched_after_step=batched_after_step, batched_end=batched_end)
     stages = {
-        "warmup": Stage(loss=warmup_loss, prepare=prepare_warmup, upload=upload),
-        "main": Stage(loss=main_loss, prepare=prepare_main, upload=upload),
+        "warmup": Stage(loss=warmup_loss, prepare=prepare_warmup, upload=upload, batched_loss=batched_warmup_loss,
+                        **_batched),
+        "main": Stage(loss=main_loss, prepare=prepare_main, upload=upload, batched_loss=batched_main_loss, **_batched),
+        "warmup_prepare_draws": Stage(loss=warmup_loss, prepare=prepare_warmup, upload=upload),
+        "main_prepare_draws": Stage(loss=main_loss, prepare=prepare_main, upload=upload),
     }
 
     def _local_sieve(self, r: int, idx: torch.Tensor, model: torch.nn.Module) -> None:

@@ -40,10 +40,11 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from ..fl.batched import StackedBatch
 from ..fl.state import load
 from ..registry import param
 from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .multilabel import client_active_classes, partial_bce
+from .multilabel import batched_partial_bce, client_active_classes, partial_bce
 from .parts import ema_update
 
 
@@ -91,6 +92,17 @@ def relation_rows(logits: torch.Tensor, positives: torch.Tensor, temperature: fl
     rows = torch.sigmoid(mean / temperature)
     has = n > 0
     return torch.where(has[:, None], rows, torch.full_like(rows, 0.5)), has
+
+
+def batched_relation_rows(logits: torch.Tensor, positives: torch.Tensor, mask: torch.Tensor | None,
+                          temperature: float = 2.0):
+    """:func:`relation_rows` of K clients: (K, B, C) logits and positives, (K, B) real rows -> ((K, C, C), (K, C))."""
+    pos = positives.float() if mask is None else (positives & mask[:, :, None]).float()
+    n = pos.sum(1)  # (K, C)
+    mean = torch.bmm(pos.transpose(1, 2), logits.float()) / n.clamp_min(1)[:, :, None]
+    rows = torch.sigmoid(mean / temperature)
+    has = n > 0
+    return torch.where(has[:, :, None], rows, torch.full_like(rows, 0.5)), has
 
 
 def aggregate_relations(mats, sizes, valid) -> torch.Tensor:
@@ -165,11 +177,14 @@ class FedIRM(FLMethod):
         # the last supervised round already collects the relation rows the first matching round needs
         return "collect" if r == self.params.sup_rounds - 1 else self.stage(r)
 
+    VIEWS = ("weak:1", "weak:2")  # raw batches, two weak views of each
+
     def prepare(self, r, k, nets):
-        return LocalJob([Phase(augment="raw")])  # raw batches: the loss makes both weak views
+        return LocalJob([Phase(augment="raw", views=self.VIEWS)])
 
     def collect_prepare(self, r, k, nets):
-        return LocalJob([Phase(augment="raw")], info={"rows": _RowMean(self.ctx.data.num_classes, self.ctx.device)})
+        return LocalJob([Phase(augment="raw", views=self.VIEWS)],
+                        info={"rows": _RowMean(self.ctx.data.num_classes, self.ctx.device)})
 
     def relation_prepare(self, r, k, nets):
         p, c = self.params, self.ctx.data.num_classes
@@ -185,21 +200,40 @@ class FedIRM(FLMethod):
         target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=self.ctx.device)
         w = ramp_weight(r, p.consistency, p.ramp_rounds)
         info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w, "masked": 0, "seen": 0}
-        return LocalJob([Phase(augment="raw", after_step=after_step)], info=info)
+        return LocalJob([Phase(augment="raw", views=self.VIEWS, after_step=after_step)], info=info)
 
     def _supervised(self, b):
         """(L_sup(v1) + L_sup(v2), the v1 logits, the v1 annotated positives, the views)."""
-        x, idx = b.streams["data"]
         active, bs = self.active[b.k], self.ctx.settings.batch_size
         pw = self.pos_weights()[b.k]
-        y = self.multi_label_targets(idx)
-        v = self.ctx.pipeline.views(x, self.ctx.aug_gen, ("weak:1", "weak:2"))
+        y = self.multi_label_targets(b.idx)
+        v = b.views
         z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
         loss = partial_bce(z1, y, pw, bs, classes=active) + partial_bce(z2, y, pw, bs, classes=active)
         return loss, z1, (y > 0.5) & active.bool()[None], v
 
     def supervised_loss(self, b):
         return self._supervised(b)[0]
+
+    def _batched_supervised(self, sb: StackedBatch):
+        """:meth:`_supervised` of K clients: ((K,) losses, (K, B, C) v1 logits, v1 annotated positives)."""
+        k, bsz = sb.idx.shape
+        active, pw, bs = self.active[sb.clients], self.pos_weights()[sb.clients], self.ctx.settings.batch_size
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, bsz, -1)
+        z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
+        loss = batched_partial_bce(z1, y, pw, bs, sb.mask, classes=active) + \
+            batched_partial_bce(z2, y, pw, bs, sb.mask, classes=active)
+        return loss, z1, (y > 0.5) & active.bool()[:, None, :]
+
+    def batched_supervised_loss(self, sb: StackedBatch):
+        return self._batched_supervised(sb)[0]
+
+    def batched_collect_loss(self, sb: StackedBatch):
+        loss, z1, pos = self._batched_supervised(sb)
+        rows, has = batched_relation_rows(z1.detach(), pos, sb.mask, self.params.temperature)
+        for job, r_i, h_i in zip(sb.jobs, rows, has):  # a rider has no positives: nothing added
+            job.info["rows"].add(r_i, h_i)
+        return loss
 
     def _collected(self, b):
         """:meth:`_supervised`, the batch's relation rows added to the client's."""
@@ -233,8 +267,9 @@ class FedIRM(FLMethod):
         return {"masked": float(info["masked"]), "seen": float(info["seen"]), **self.rows_upload(r, k, job, nets)}
 
     stages = {
-        "supervised": Stage(loss=supervised_loss, prepare=prepare),
-        "collect": Stage(loss=collect_loss, prepare=collect_prepare, upload=rows_upload),
+        "supervised": Stage(loss=supervised_loss, prepare=prepare, batched_loss=batched_supervised_loss),
+        "collect": Stage(loss=collect_loss, prepare=collect_prepare, upload=rows_upload,
+                         batched_loss=batched_collect_loss),
         "relation": Stage(loss=relation_loss, prepare=relation_prepare, upload=relation_upload),
     }
 

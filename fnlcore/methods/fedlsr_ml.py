@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..fl.batched import StackedBatch
 from ..registry import param
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .parts import beta_draw, js_elementwise
+from .parts import batched_js_elementwise, beta_draw, js_elementwise
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,32 @@ def fedlsr_ml_loss(z1, z2, y, pos_weight, lam: float, beta_t: float, batch_size:
     return cls + beta_t * js_elementwise(q1, q2)
 
 
+def batched_fedlsr_ml_loss(z1, z2, y, pos_weight, lam: torch.Tensor, beta_t: float, batch_size: int,
+                           p: FedLSRMLParams, mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`fedlsr_ml_loss` of K clients at once: z, y (K, B, C), pos_weight (K, C), lam (K,), mask (K, B) -> (K,)."""
+    z1, z2 = z1.float(), z2.float()
+    lam = lam.to(z1.dtype)[:, None, None]
+    ps = sharpen_binary(lam * torch.sigmoid(z1) + (1.0 - lam) * torch.sigmoid(z2))
+    pw = pos_weight[:, None, :]
+    if p.cls_on_probs:
+        per = F.binary_cross_entropy_with_logits(ps, y, pos_weight=pw, reduction="none")
+    else:
+        per = F.binary_cross_entropy(ps, y, reduction="none") * (1 + (pw - 1) * y)
+    per = per.sum(2)
+    if mask is not None:
+        per = torch.where(mask, per, torch.zeros_like(per))
+    cls = per.sum(1) / (batch_size * z1.shape[2])
+    scale = 1.0 / p.distill_temperature
+    q1 = torch.sigmoid(z1 * scale).clamp(1e-6, 1.0)
+    q2 = torch.sigmoid(z2 * scale).clamp(1e-6, 1.0)
+    return cls + beta_t * batched_js_elementwise(q1, q2, mask)
+
+
+def _lam(n: int, gen, device) -> tuple[torch.Tensor]:
+    """lam ~ Beta(1, 1), once per batch, drawn after the two weak views (a 0-dim draw: per batch)."""
+    return (torch.tensor(beta_draw(1.0, gen, device)),)
+
+
 @register
 class FedLSRML(FLMethod):
     Params = FedLSRMLParams
@@ -72,17 +99,21 @@ class FedLSRML(FLMethod):
     label_kinds = ("multi",)
 
     def prepare(self, r, k, nets):
-        # raw images: the loss makes its two weak views and draws lam after them
-        stream = (self.ctx.data.clients[k], self.ctx.settings.batch_size)
-        return LocalJob(phases=[Phase(augment="raw", streams={"train": stream})])
+        # raw images: two weak views, then lam, declared so the batched engine can draw them ahead
+        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=_lam)])
 
     def loss(self, b: Batch):
-        ctx, p = self.ctx, self.params
-        xb, idx = b.streams["train"]
-        v = ctx.pipeline.views(xb, ctx.aug_gen, ("weak:1", "weak:2"))
-        z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
-        lam = beta_draw(1.0, ctx.aug_gen, xb.device)
-        return fedlsr_ml_loss(z1, z2, self.multi_label_targets(idx), self.pos_weights()[b.k], lam,
-                              ramp(b.r, p.gamma, p.t_w), ctx.settings.batch_size, p)
+        p = self.params
+        z1, z2 = b.model(b.views["weak:1"]), b.model(b.views["weak:2"])
+        return fedlsr_ml_loss(z1, z2, self.multi_label_targets(b.idx), self.pos_weights()[b.k], float(b.draws[0]),
+                              ramp(b.r, p.gamma, p.t_w), self.ctx.settings.batch_size, p)
 
-    stages = {"main": Stage(loss=loss, prepare=prepare)}
+    def batched_loss(self, sb: StackedBatch):
+        p = self.params
+        z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
+        k, b, c = z1.shape
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
+        return batched_fedlsr_ml_loss(z1, z2, y, self.pos_weights()[sb.clients], sb.draws[0], ramp(sb.r, p.gamma, p.t_w),
+                                      self.ctx.settings.batch_size, p, sb.mask)
+
+    stages = {"main": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}

@@ -71,10 +71,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..fl.batched import StackedBatch
 from ..registry import param
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .logit_adjust import la_bce, la_shift
-from .multilabel import client_active_classes, partial_bce
+from .multilabel import batched_partial_bce, client_active_classes, partial_bce
 
 UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
 
@@ -139,6 +140,38 @@ def stage2_loss(per_entry: torch.Tensor, mse: torch.Tensor | None, supervised: t
         return (per_entry * s).sum() / s.sum().clamp_min(1)
     u = 1.0 - s
     return ((per_entry * s).sum() + (mse * u).sum()) / (s.sum() + u.sum()).clamp_min(1)
+
+
+# the batched twins: K clients at once, (K, B, C) entries, (K, C) class masks, (K, B) real rows (None: all) -> (K,)
+
+
+def _real(entries: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Per-client sums of (K, B, C) entries over the real rows."""
+    if mask is not None:
+        entries = torch.where(mask[:, :, None], entries, torch.zeros_like(entries))
+    return entries.sum((1, 2))
+
+
+def batched_wpc_loss(logits, y, shift, active, batch_size: int, mask) -> torch.Tensor:
+    """:func:`wpc_loss` of K clients; ``shift`` and ``active`` (K, C)."""
+    per = la_bce(logits, y, shift[:, None, :]) * active[:, None, :]
+    return _real(per, mask) / (batch_size * active.sum(1).clamp_min(1))
+
+
+def batched_missing_distillation(p, p_global, missing, batch_size: int, mask) -> torch.Tensor:
+    """:func:`missing_distillation` of K clients; ``missing`` (K, C); 0 for a client that misses nothing."""
+    m = missing.sum(1)
+    total = _real(((p - p_global) ** 2) * missing[:, None, :], mask)
+    return torch.where(m > 0, total / (batch_size * m).clamp_min(1), torch.zeros_like(total))
+
+
+def batched_stage2_loss(per_entry, mse, supervised, mask) -> torch.Tensor:
+    """:func:`stage2_loss` of K clients; ``supervised`` (K, B, C) bool."""
+    s = supervised.float()
+    if mse is None:
+        return _real(per_entry * s, mask) / _real(s, mask).clamp_min(1)
+    u = 1.0 - s
+    return (_real(per_entry * s, mask) + _real(mse * u, mask)) / (_real(s, mask) + _real(u, mask)).clamp_min(1)
 
 
 # -- prototypes, learning degrees, detection ---------------------------------------------------
@@ -214,12 +247,20 @@ class FedMLP(FLMethod):
         self.degree_g: torch.Tensor | None = None  # (C,) global learning degrees
         self._round_start = (0, 0)  # pseudo-positives / -negatives when the round began
         self._dropped = 0  # pseudo-positives pos_needs_neg discarded this round
+        self._shifts: torch.Tensor | None = None  # batched chunk: (K, C) the clients' LA shifts
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "stage2"
 
     def _pseudo_counts(self) -> tuple[int, int]:
         return int((self.pseudo == 1).sum()), int((self.pseudo == 0).sum())
+
+    def stage_key(self, r: int) -> str:
+        # with MLD, the last warm-up round's upload (prototypes) and every stage-2 prepare (detection) run an
+        # augmented pass per client, drawn between the clients' training draws: rows without a batched loss,
+        # since the batched engine draws every client's training first
+        key = self.stage(r)
+        return key + "_mld" if self.params.mld and r >= self.params.warmup_rounds - 1 else key
 
     def begin_round(self, r: int) -> None:
         super().begin_round(r)
@@ -244,9 +285,8 @@ class FedMLP(FLMethod):
             return torch.sigmoid(self.global_model.eval()(x).float())
 
     def prepare_warmup(self, r: int, k: int, nets) -> LocalJob:
-        # raw images: the loss makes the two weak views
-        stream = (self.ctx.data.clients[k], self.ctx.settings.batch_size)
-        return LocalJob(phases=[Phase(augment="raw", streams={"x": stream})], info=self._shift(k))
+        # raw images: two weak views, declared so the batched engine can draw them ahead
+        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"))], info=self._shift(k))
 
     def prepare_stage2(self, r: int, k: int, nets) -> LocalJob:
         if self.params.mld and self.protos_g is not None:
@@ -259,11 +299,9 @@ class FedMLP(FLMethod):
         active = self.active[b.k]
         missing = 1.0 - active
         pw = self.pos_weights()[b.k]
-        x, idx = b.streams["x"]
-        y = self.multi_label_targets(idx)
-        views = ctx.pipeline.views(x, ctx.aug_gen, ("weak:1", "weak:2"))
+        y = self.multi_label_targets(b.idx)
         total = 0.0
-        for v in views.values():
+        for v in (b.views["weak:1"], b.views["weak:2"]):
             z = b.model(v)
             sup = wpc_loss(z, y, b.job.info, active, bs) if p.wpc else partial_bce(z, y, pw, bs)
             total = total + 0.5 * sup
@@ -291,6 +329,45 @@ class FedMLP(FLMethod):
         mse = (torch.sigmoid(z.float()) - self._teacher_probs(b.x)) ** 2 if consistency else None
         return stage2_loss(per, mse, supervised)
 
+    def batched_begin(self, r, clients, jobs):
+        self._shifts = torch.stack([job.info for job in jobs])
+
+    def batched_loss_warmup(self, sb: StackedBatch) -> torch.Tensor:
+        p, bs = self.params, self.ctx.settings.batch_size
+        active = self.active[sb.clients]
+        missing = 1.0 - active
+        k, b = sb.idx.shape
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, -1)
+        total = 0.0
+        for v in (sb.views["weak:1"], sb.views["weak:2"]):
+            z = sb.forward(v)
+            sup = (batched_wpc_loss(z, y, self._shifts, active, bs, sb.mask) if p.wpc else
+                   batched_partial_bce(z, y, self.pos_weights()[sb.clients], bs, sb.mask))
+            total = total + 0.5 * sup
+            if p.cr in ("both", "warmup"):
+                teacher = sb.per_client(self._teacher_probs(v))
+                total = total + 0.5 * batched_missing_distillation(torch.sigmoid(z.float()), teacher, missing, bs, sb.mask)
+        return total
+
+    def batched_loss_stage2(self, sb: StackedBatch) -> torch.Tensor:
+        p, bs = self.params, self.ctx.settings.batch_size
+        k, b, c = sb.logits.shape
+        active = self.active[sb.clients].bool()[:, None, :]
+        pw = self.pos_weights()[sb.clients]
+        consistency = p.cr == "both"
+        flat = sb.idx.reshape(-1)
+        pseudo = self.pseudo[flat].view(k, b, c)
+        labelled = pseudo != UNLABELLED
+        y = torch.where(active | ~labelled, self.multi_label_targets(flat).view(k, b, c), pseudo.float())
+        z = sb.logits
+        if not p.wpc and not consistency:
+            return batched_partial_bce(z, y, pw, bs, sb.mask)
+        per = la_bce(z, y, self._shifts[:, None, :]) if p.wpc else F.binary_cross_entropy_with_logits(
+            z.float(), y, pos_weight=pw[:, None, :], reduction="none"
+        )
+        mse = (torch.sigmoid(z.float()) - sb.per_client(self._teacher_probs(sb.x))) ** 2 if consistency else None
+        return batched_stage2_loss(per, mse, active | labelled, sb.mask)
+
     def upload(self, r: int, k: int, job: LocalJob, nets) -> dict:
         """From the last warm-up round on: the trained model's dual prototypes of the annotated classes
         and learning degrees of the missing ones (fedmlp.md §2.4)."""
@@ -304,9 +381,13 @@ class FedMLP(FLMethod):
             "degrees": learning_degree(torch.sigmoid(logits), p.low, p.high),
         }
 
-    stages = {
-        "warmup": Stage(loss=loss_warmup, prepare=prepare_warmup, upload=upload),
-        "stage2": Stage(loss=loss_stage2, prepare=prepare_stage2, upload=upload),
+    stages = {  # the "_mld" rows: see stage_key
+        "warmup": Stage(loss=loss_warmup, prepare=prepare_warmup, upload=upload, batched_loss=batched_loss_warmup,
+                        batched_begin=batched_begin),
+        "warmup_mld": Stage(loss=loss_warmup, prepare=prepare_warmup, upload=upload),
+        "stage2": Stage(loss=loss_stage2, prepare=prepare_stage2, upload=upload, batched_loss=batched_loss_stage2,
+                        batched_begin=batched_begin),
+        "stage2_mld": Stage(loss=loss_stage2, prepare=prepare_stage2, upload=upload),
     }
 
     @torch.no_grad()

@@ -180,3 +180,127 @@ def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
     kk = min(k, n - 1)
     r = torch.topk(d, kk + 1, dim=1, largest=False, sorted=True).values[:, 1:]
     return -k / (torch.log(r / (r[:, -1:] + LID_EPS)).sum(1) + LID_EPS)
+
+
+# -- per-client networks of a batched chunk (EMA teachers): fnlcore.fl.stacked.StackedNet --------------
+
+
+def stacked_load_client(net, i: int, state) -> None:
+    """Client i's copy in StackedNet ``net`` := ``state`` (a model state dict under the original keys)."""
+    mine = net.net.state_dict()
+    with torch.no_grad():
+        for key in net.keys:
+            mine[key][i].copy_(state[key])
+
+
+def stacked_forward_features(net, view: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward_features`` of the K models of StackedNet ``net`` on a (K * B, C, H, W) view, client after
+    client -> (logits (K, B, classes), backbone features (K, B, F)); ``mask`` (K, B) real rows or None
+    (padded rows leave the BatchNorm statistics, as in StackedBatch.forward)."""
+    from ..fl.stacked import stacked_input
+
+    k = net.k
+    net.rows.mask = None if mask is None else mask.t().to(view.dtype)
+    try:
+        logits, feats = net.net.forward_features(stacked_input(view, k))
+    finally:
+        net.rows.mask = None
+    b = logits.shape[0]
+    return logits.view(b, k, -1).transpose(0, 1), feats.reshape(b, k, -1).transpose(0, 1)
+
+
+@torch.no_grad()
+def batched_ema_lerp(teacher, student, weight: float, stepped: torch.Tensor) -> None:
+    """FedGR's per-step EMA (``torch.lerp(teacher, student, weight)`` on float entries, integer buffers
+    copied) of the K clients of two StackedNets at once, only where ``stepped`` (K,) is set: a client
+    riding along without a batch keeps its teacher."""
+    t, s = teacher.net.state_dict(), student.net.state_dict()
+    for key in teacher.keys:
+        on = stepped.view(-1, *([1] * (t[key].dim() - 1)))
+        new = torch.lerp(t[key], s[key], weight) if t[key].is_floating_point() else s[key]
+        t[key].copy_(torch.where(on, new, t[key]))
+
+
+@torch.no_grad()
+def batched_ema_update(teacher, student, decay: float | torch.Tensor, stepped: torch.Tensor) -> None:
+    """:func:`ema_update` (teacher * decay + student * (1 - decay) on float entries, integer buffers
+    copied) of the K clients of two StackedNets at once, only where ``stepped`` (K,) is set; ``decay``
+    one value or (K,) float64, one per client (rounded to the entry's dtype as a Python scalar is)."""
+    t, s = teacher.net.state_dict(), student.net.state_dict()
+    for key in teacher.keys:
+        shape = (-1,) + (1,) * (t[key].dim() - 1)
+        on = stepped.view(shape)
+        if not t[key].is_floating_point():
+            new = s[key]
+        elif isinstance(decay, torch.Tensor):
+            d = decay.to(t[key].dtype).view(shape)
+            new = t[key] * d + s[key] * (1.0 - decay).to(t[key].dtype).view(shape)
+        else:
+            new = t[key].mul(decay).add(s[key], alpha=1.0 - decay)
+        t[key].copy_(torch.where(on, new, t[key]))
+
+
+# -- mixup with declared draws (FedCorr, FedDiv): the batched engine draws them ahead ------------------
+
+
+class MixupDraw:
+    """A mixup batch's random draws, as :func:`~fnlcore.randaugment.mixup` makes them: lambda ~
+    Beta(alpha, alpha) from two Gammas (a 0-dim tensor: per batch), then the partner permutation (n,).
+
+    A ``Phase.draws`` declaration (after the views), so the batched engine draws every client's
+    batches ahead in the sequential order; equal for equal alpha (a batched chunk's clients agree)."""
+
+    __slots__ = ("alpha",)
+
+    def __init__(self, alpha: float):
+        self.alpha = float(alpha)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, MixupDraw) and other.alpha == self.alpha
+
+    def __hash__(self) -> int:
+        return hash(("mixup", self.alpha))
+
+    def __call__(self, n: int, gen: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
+        conc = torch.full((2,), self.alpha, device=device)
+        g = torch._standard_gamma(conc, generator=gen) if gen is not None else torch._standard_gamma(conc)
+        return g[0] / (g[0] + g[1]), torch.randperm(n, generator=gen, device=device)
+
+
+def drawn_mixup_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, draws: tuple,
+                              shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mixup_cross_entropy` with the batch's :class:`MixupDraw` draws; ``shift`` is added to the
+    logits inside both CE terms (logit adjustment). Returns (loss, logits of the mixed batch)."""
+    lam, perm = float(draws[0]), draws[1]
+    out = model(lam * x + (1.0 - lam) * x[perm])
+    z = out if shift is None else out + shift
+    return lam * F.cross_entropy(z, y) + (1.0 - lam) * F.cross_entropy(z, y[perm]), out
+
+
+def batched_mixup_view(view: torch.Tensor, lam: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """K clients' mixed inputs: view (K * B, ...), lam (K,), perm (K, B) within each client's batch ->
+    lam_k x + (1 - lam_k) x[perm_k], (K * B, ...) client after client."""
+    k, b = perm.shape
+    x = view.reshape(k, b, *view.shape[1:])
+    partner = x[torch.arange(k, device=x.device)[:, None], _real_partners(perm)]
+    lam = lam.view(k, 1, *([1] * (x.dim() - 2)))
+    return (lam * x + (1.0 - lam) * partner).reshape(view.shape)
+
+
+def batched_mixup_cross_entropy(logits: torch.Tensor, y: torch.Tensor, lam: torch.Tensor, perm: torch.Tensor,
+                                mask: torch.Tensor | None, shift: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`drawn_mixup_cross_entropy`'s loss of K clients: logits (K, B, C) of the mixed batches, y (K, B),
+    lam (K,), perm (K, B), mask (K, B) real rows or None, shift (K, 1, C) or None -> (K,)."""
+    from ..fl.batched import masked_mean
+
+    k, b, c = logits.shape
+    z = (logits if shift is None else logits + shift).reshape(k * b, c)
+    ce_a = F.cross_entropy(z, y.reshape(-1), reduction="none").view(k, b)
+    ce_b = F.cross_entropy(z, y.gather(1, _real_partners(perm)).reshape(-1), reduction="none").view(k, b)
+    return lam * masked_mean(ce_a, mask) + (1.0 - lam) * masked_mean(ce_b, mask)
+
+
+def _real_partners(perm: torch.Tensor) -> torch.Tensor:
+    """Partner indices (K, B) inside the step's width: a padded row repeats another batch's first value,
+    which a shorter batch may not hold (its row is masked; any index in range serves)."""
+    return perm.clamp_max(perm.shape[1] - 1)

@@ -34,11 +34,13 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from ..fl.batched import StackedBatch
+from ..fl.stacked import StackedNet, stacked_input
 from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
 from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .multilabel import client_active_classes, partial_bce
-from .parts import ema_update
+from .multilabel import batched_partial_bce, client_active_classes, partial_bce
+from .parts import batched_ema_update, ema_update, stacked_load_client
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,18 @@ def missing_mse(p_student: torch.Tensor, p_teacher: torch.Tensor, missing: torch
     return (((p_student - p_teacher) ** 2) * missing).sum() / (p_student.shape[0] * m)
 
 
+def batched_missing_mse(p_student: torch.Tensor, p_teacher: torch.Tensor, missing: torch.Tensor,
+                        mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`missing_mse` of K clients: (K, B, C) probabilities, (K, C) missing classes, (K, B) real rows -> (K,)."""
+    per = (((p_student - p_teacher) ** 2) * missing[:, None, :]).sum(-1)  # (K, B)
+    rows = torch.full_like(per[:, 0], per.shape[1])
+    if mask is not None:
+        per = torch.where(mask, per, torch.zeros_like(per))
+        rows = mask.sum(1).to(per.dtype)
+    m = missing.sum(1)
+    return torch.where(m > 0, per.sum(1) / (rows * m).clamp_min(1), per.sum(1) * 0.0)
+
+
 # -- the method --------------------------------------------------------------------------------
 
 
@@ -113,6 +127,8 @@ class RSCFed(FLMethod):
         for c in range(k):
             self.teachers.put(c, init)
         self.groups: list[list[int]] = []
+        self._stacked: dict[int, StackedNet] = {}  # batched engine: K -> the chunk's teachers
+        self._chunk: StackedNet | None = None  # the teachers of the chunk being trained
 
     def select_clients(self, r: int) -> list[int]:
         clients = super().select_clients(r)
@@ -132,25 +148,68 @@ class RSCFed(FLMethod):
         teacher = nets["teacher"]
         load(teacher, self.teachers.get(k))
         teacher.eval()
-        # raw batches: the loss makes both weak views; the teacher follows the student after every step
-        phase = Phase(augment="raw", after_step=lambda: ema_update(teacher, nets["model"], self.params.ema_decay))
-        return LocalJob([phase], info=1.0 - self.active[k])  # info: the missing classes M_k
+        # raw batches, two weak views; info: the missing classes M_k, and what training leaves (see _track)
+        info = {"missing": 1.0 - self.active[k], "stepped": False, "teacher": None}
+        return LocalJob([Phase(augment="raw", views=("weak:1", "weak:2"))], info=info)
+
+    def _track(self, b) -> None:
+        """The teacher follows the student after every step; on the sequential engine the update of a
+        step runs before the next step's loss (nothing moves the student in between) and the upload
+        runs the last one: a phase hook would keep the stage off the batched engine."""
+        info = b.job.info
+        if info["stepped"]:
+            ema_update(b.nets["teacher"], b.model, self.params.ema_decay)
+        info["stepped"] = True
 
     def loss(self, b):
-        x, idx = b.streams["data"]
-        v = self.ctx.pipeline.views(x, self.ctx.aug_gen, ("weak:1", "weak:2"))
+        self._track(b)
+        v = b.views
         z = b.model(v["weak:1"])
-        loss = partial_bce(z, self.multi_label_targets(idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
+        loss = partial_bce(z, self.multi_label_targets(b.idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
                            classes=self.active[b.k])
         with torch.no_grad():
             pt = torch.sigmoid(b.nets["teacher"](v["weak:2"]).float())
-        return loss + missing_mse(torch.sigmoid(z.float()), pt, b.job.info)
+        return loss + missing_mse(torch.sigmoid(z.float()), pt, b.job.info["missing"])
+
+    def batched_loss(self, sb: StackedBatch):
+        k, bsz = sb.idx.shape
+        z = sb.forward(sb.views["weak:1"])
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, bsz, -1)
+        loss = batched_partial_bce(z, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
+                                   classes=self.active[sb.clients])
+        with torch.no_grad():
+            pt = torch.sigmoid(self._chunk(stacked_input(sb.views["weak:2"], k)).float())
+        missing = torch.stack([job.info["missing"] for job in sb.jobs])  # (K, C)
+        return loss + batched_missing_mse(torch.sigmoid(z.float()), pt, missing, sb.mask)
+
+    def batched_begin(self, r, clients, jobs):
+        """The chunk's teachers, as each client keeps it, as one StackedNet."""
+        if len(clients) not in self._stacked:
+            self._stacked[len(clients)] = StackedNet(self.global_model, len(clients)).to(self.ctx.device)
+        self._chunk = self._stacked[len(clients)]
+        for i, c in enumerate(clients):
+            stacked_load_client(self._chunk, i, self.teachers.get(c))
+        self._chunk.eval()
+
+    def batched_after_step(self, sb, stepped):
+        batched_ema_update(self._chunk, sb.net, self.params.ema_decay, stepped)
+
+    def batched_end(self, r, clients, jobs):
+        for i, job in enumerate(jobs):
+            job.info["teacher"] = self._chunk.client_state(i)
+        self._chunk = None
 
     def upload(self, r, k, job, nets):
-        self.teachers.put(k, nets["teacher"].state_dict())  # the teacher stays with the client
+        info = job.info
+        if info["teacher"] is None:  # the sequential engine: the last step's update (see _track)
+            if info["stepped"]:
+                ema_update(nets["teacher"], nets["model"], self.params.ema_decay)
+            info["teacher"] = nets["teacher"].state_dict()
+        self.teachers.put(k, info["teacher"])  # the teacher stays with the client
         return {}
 
-    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload)}
+    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload, batched_loss=batched_loss,
+                            batched_begin=batched_begin, batched_after_step=batched_after_step, batched_end=batched_end)}
 
     def aggregate(self, r, updates):
         got = {u.client: u for u in updates}
