@@ -123,7 +123,8 @@ def client_batches(ctx: RunContext, idx: torch.Tensor, epochs: int, batch_size: 
     """Client's batches for ``epochs`` epochs, drawing the orders from ``ctx.shuffle_gen`` as train_epochs does."""
     out: list[torch.Tensor] = []
     for _ in range(epochs):
-        out.extend(trim_last_batch(epoch_order(ctx, idx), batch_size, ctx.settings.drop_last).split(batch_size))
+        order = trim_last_batch(epoch_order(ctx, idx), batch_size, ctx.settings.drop_last)
+        out.extend(b for b in order.split(batch_size) if len(b))  # no samples: no batch (a rider all along)
     return out
 
 

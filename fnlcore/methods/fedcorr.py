@@ -18,6 +18,8 @@ Three stages; the pre-processing rounds come BEFORE ``training.rounds``:
    last round every sample of a noisy client whose global max softmax exceeds
    ``confidence_thres`` takes the global argmax (:func:`confident_relabels`).
 3. ``usual`` (the rest): FedAvg over ``client_fraction`` of all clients.
+Stages 2-3 may train their clients on the batched engine (mixup's draws are declared); stage 1
+trains them in turn (its detection pass on augmented images draws between two clients' training).
 
 Official code behaviour by default; each difference is a switch:
 - ``detection_loss`` "double_softmax" (code: CE applied to softmax probabilities, for
@@ -52,12 +54,13 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError, FNLError
 from ..fl.state import parameter_keys, snapshot
-from ..randaugment import mixup
 from ..registry import param
-from .base import Batch, FLMethod, LocalJob, MethodParams, Stage, register
+from ..fl.batched import StackedBatch, masked_mean
+from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import CostStage
-from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import client_outputs, group_shape, lid_scores, mixup_cross_entropy, proximal_term, sequential_client_groups
+from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
+from .parts import (MixupDraw, batched_mixup_cross_entropy, batched_mixup_view, client_outputs,
+                    drawn_mixup_cross_entropy, group_shape, lid_scores, proximal_term, sequential_client_groups)
 
 STAGES = ("preprocess", "finetune", "usual")
 
@@ -166,9 +169,7 @@ def stage_schedule(r: int, iterations1: int, groups_per_iteration: int, rounds1:
 def mixup_la_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, alpha: float,
                            gen: torch.Generator | None, log_prior: torch.Tensor, tau: float) -> torch.Tensor:
     """lambda LA-CE(f(x~), y) + (1 - lambda) LA-CE(f(x~), y[pi]) (FedCorr+LA with mixup; baselines.md §8)."""
-    xm, ya, yb, lam = mixup(x, y, alpha, gen)
-    out = model(xm)
-    return lam * la_cross_entropy(out, ya, log_prior, tau) + (1.0 - lam) * la_cross_entropy(out, yb, log_prior, tau)
+    return drawn_mixup_cross_entropy(model, x, y, MixupDraw(alpha)(len(x), gen, x.device), tau * log_prior)[0]
 
 
 # -- the method --------------------------------------------------------------------------------
@@ -253,18 +254,35 @@ class FedCorr(LogitAdjusted, FLMethod):
 
     # -- a client ----------------------------------------------------------------------------
     def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
-        # the rate schedule runs over training.rounds: pre-processing at the round-0 rate
-        return LocalJob(lr_round=max(r - self.pre_rounds, 0))
+        # the rate schedule runs over training.rounds: pre-processing at the round-0 rate. With mixup the
+        # engine makes the train view ("weak") and mixup's draws, declared so the batched engine draws them ahead
+        p = self.params
+        phase = Phase(augment="raw", views=("weak",), draws=MixupDraw(p.mixup_alpha)) if p.mixup else Phase()
+        return LocalJob(phases=[phase], lr_round=max(r - self.pre_rounds, 0))
 
     def loss(self, b: Batch) -> torch.Tensor:
         p, y, model = self.params, self.labels(b.idx), b.model
-        if p.mixup and p.logit_adjust:
-            return mixup_la_cross_entropy(model, b.x, y, p.mixup_alpha, self.ctx.aug_gen, self.log_prior[b.k], p.la_tau)
+        shift = p.la_tau * self.log_prior[b.k] if p.logit_adjust else None  # FedCorr+LA: every CE term
         if p.mixup:
-            return mixup_cross_entropy(model, b.x, y, p.mixup_alpha, self.ctx.aug_gen)[0]
+            return drawn_mixup_cross_entropy(model, b.views["weak"], y, b.draws, shift)[0]
         if p.logit_adjust:
             return la_cross_entropy(model(b.x), y, self.log_prior[b.k], p.la_tau)
         return F.cross_entropy(model(b.x), y)
+
+    def batched_loss(self, sb: StackedBatch) -> torch.Tensor:
+        """:meth:`loss` of K clients (stages 2-3)."""
+        p = self.params
+        y = self.labels(sb.idx.reshape(-1)).view(sb.idx.shape)
+        if p.mixup:
+            lam, perm = sb.draws
+            shift = p.la_tau * self.log_prior[sb.clients][:, None, :] if p.logit_adjust else None
+            out = sb.forward(batched_mixup_view(sb.views["weak"], lam, perm))
+            return batched_mixup_cross_entropy(out, y, lam, perm, sb.mask, shift)
+        if p.logit_adjust:
+            return batched_la_cross_entropy(sb.logits, y.reshape(-1), self.log_prior[sb.clients], p.la_tau, sb.mask)
+        k, b, c = sb.logits.shape
+        return masked_mean(F.cross_entropy(sb.logits.reshape(k * b, c), y.reshape(-1), reduction="none").view(k, b),
+                           sb.mask)
 
     def preprocess_loss(self, b: Batch) -> torch.Tensor:
         """The local loss plus beta * mu_k * ||w - w_g||, on every batch but the first of each epoch (the code)."""
@@ -279,8 +297,11 @@ class FedCorr(LogitAdjusted, FLMethod):
         probs, losses = self._per_sample(nets["model"], self.ctx.data.clients[k])
         return {"lid": float(lid_scores(probs, self.params.lid_k).mean()), "losses": losses.cpu().numpy()}
 
+    # pre-processing stays sequential: its upload's detection pass draws the training augmentation
+    # (detection_augment) after each client's training, between two clients' training draws
     stages = {"preprocess": Stage(loss=preprocess_loss, prepare=prepare, upload=detection_upload),
-              "finetune": Stage(loss=loss, prepare=prepare), "usual": Stage(loss=loss, prepare=prepare)}
+              "finetune": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss),
+              "usual": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}
 
     # -- server ------------------------------------------------------------------------------
     def aggregate(self, r: int, updates) -> None:

@@ -52,9 +52,11 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl import sampling
+from ..fl.batched import StackedBatch
 from ..registry import param
 from .base import Batch, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .parts import client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy, sequential_client_groups
+from .parts import (MixupDraw, batched_mixup_cross_entropy, batched_mixup_view, client_outputs, double_softmax_loss,
+                    drawn_mixup_cross_entropy, group_shape, sequential_client_groups)
 from .costs import CostStage
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
@@ -236,6 +238,20 @@ def label_balance_regulariser(logits: torch.Tensor) -> torch.Tensor:
     return (torch.log(torch.tensor(1.0 / c, device=logits.device)) - torch.log(q)).sum() / c
 
 
+def batched_label_balance_regulariser(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`label_balance_regulariser` of K clients: logits (K, B, C), mask (K, B) real rows or None -> (K,);
+    q is the mean over each client's real rows (a client riding along without a batch: uniform, 0)."""
+    c = logits.shape[-1]
+    probs = F.softmax(logits, dim=-1)
+    if mask is None:
+        q = probs.mean(1)
+    else:
+        rows = mask.sum(1, keepdim=True)
+        q = torch.where(mask[..., None], probs, torch.zeros((), dtype=probs.dtype, device=probs.device)).sum(1)
+        q = torch.where(rows > 0, q / rows.clamp_min(1).to(probs.dtype), torch.full_like(q, 1.0 / c))
+    return (torch.log(torch.tensor(1.0 / c, device=logits.device)) - torch.log(q)).sum(-1) / c
+
+
 def initial_filter(seed: int, reg_covar: float = REG_COVAR) -> np.ndarray:
     """W(0) (§2.4): 1,000 points of two unit-variance 1-D blobs (centres in [-10, 10]), standardised,
     min-max scaled; random responsibilities from RandomState(seed), rows normalised; one M-step.
@@ -331,22 +347,44 @@ class FedDiv(FLMethod):
         return max(r - self.pre, 0)
 
     # -- a client ------------------------------------------------------------------------
+    def _phase(self, **kw) -> Phase:
+        """A local training phase: the engine makes the train view ("weak") and mixup's draws (declared, so
+        the batched engine draws them ahead in the sequential order)."""
+        return Phase(augment="raw", views=("weak",), draws=MixupDraw(self.params.mixup_alpha), **kw)
+
     def loss(self, b: Batch) -> torch.Tensor:
         """MixUp CE on the plan's labels, + eta L_reg (eta = reg_coef**2: the code multiplies by reg_coef twice)."""
         p = self.params
         y = b.job.info.labels[b.idx.to(self.ctx.device, non_blocking=True)]
+        x = b.views["weak"]
         if p.bn_extra_forward:
             with torch.no_grad():
-                b.model(b.x)  # output unused: the code's extra pass, it moves the BN running statistics
-        loss, out = mixup_cross_entropy(b.model, b.x, y, p.mixup_alpha, self.ctx.aug_gen)
+                b.model(x)  # output unused: the code's extra pass, it moves the BN running statistics
+        loss, out = drawn_mixup_cross_entropy(b.model, x, y, b.draws)
         eta = p.reg_coef * p.reg_coef
         if eta > 0:
             loss = loss + eta * label_balance_regulariser(out)
         return loss
 
+    def batched_loss(self, sb: StackedBatch) -> torch.Tensor:
+        """:meth:`loss` of K clients (warm-up)."""
+        p = self.params
+        y = torch.stack([job.info.labels[sb.idx[i]] for i, job in enumerate(sb.jobs)])
+        x = sb.views["weak"]
+        if p.bn_extra_forward:
+            with torch.no_grad():
+                sb.forward(x)
+        lam, perm = sb.draws
+        out = sb.forward(batched_mixup_view(x, lam, perm))
+        loss = batched_mixup_cross_entropy(out, y, lam, perm, sb.mask)
+        eta = p.reg_coef * p.reg_coef
+        if eta > 0:
+            loss = loss + eta * batched_label_balance_regulariser(out, sb.mask)
+        return loss
+
     def warm_up(self, r: int, k: int, nets: dict) -> LocalJob:
         """All samples with their given labels."""
-        return LocalJob(lr_round=self._lr_round(r), info=ClientPlan(self.ctx.data.given))
+        return LocalJob(phases=[self._phase()], lr_round=self._lr_round(r), info=ClientPlan(self.ctx.data.given))
 
     def _per_sample_loss(self, logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
         if self.params.loss_form == "double_softmax":
@@ -381,7 +419,7 @@ class FedDiv(FLMethod):
             train, relabel = select(pred_g if self.counts[k] == 0 else self.debiased[dev_idx])
             plan = ClientPlan(self._apply_relabels(r, k, idx, relabel, pred_g), delta, relabel, idx[train.cpu()])
             # 8: local training only on more than one batch
-            phases = [Phase(streams={"data": (plan.train_idx, bs)})] if len(plan.train_idx) > bs else []
+            phases = [self._phase(streams={"data": (plan.train_idx, bs)})] if len(plan.train_idx) > bs else []
         else:
             relabel = select(pred_g)[1] & candidates  # Eq. 8: every candidate of a noisy client
             plan = ClientPlan(self._apply_relabels(r, k, idx, relabel, pred_g), delta, relabel)
@@ -397,7 +435,7 @@ class FedDiv(FLMethod):
             reference = (logits - p.xi * torch.log(self.priors[k])[None, :]).argmax(1)
             plan.train_idx = idx[select(reference)[0].cpu()]
             if len(plan.train_idx) > bs:
-                yield Phase(streams={"data": (plan.train_idx, bs)}, epochs=1)
+                yield self._phase(streams={"data": (plan.train_idx, bs)}, epochs=1)
 
     def main_upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         """Steps 9, 11, 12: the local model's de-biased labels and prior, and its filter (EM from W(t)
@@ -412,7 +450,11 @@ class FedDiv(FLMethod):
                 "delta_hat": plan.delta, "train_size": int(len(plan.train_idx)), "relabelled": int(plan.relabel.sum()),
                 "debiased": debiased, "prior": prior}
 
-    stages = {"warmup": Stage(loss=loss, prepare=warm_up),
+    # The main stage trains its clients in turn: its preparation and upload run detection passes on augmented
+    # images, whose draws sit between two clients' training draws (the batched engine draws a chunk's training
+    # ahead of them), and a client whose gated set is at most one batch does not train, which a batched chunk
+    # cannot hold (its empty stream would still make one empty batch and draw for it)
+    stages = {"warmup": Stage(loss=loss, prepare=warm_up, batched_loss=batched_loss),
               "main": Stage(loss=loss, prepare=prepare_main, upload=main_upload)}
 
     def _apply_relabels(self, r: int, k: int, idx: torch.Tensor, relabel: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:

@@ -30,8 +30,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..fl.batched import StackedBatch, masked_mean
+from ..fl.data import trim_last_batch
 from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .base import FLMethod, MethodParams, Stage, register
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,24 @@ def jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float,
     return soft_cross_entropy(log_p, soft_labels) + alpha * prior_penalty(log_p.exp()) + beta * entropy_penalty(log_p)
 
 
+def batched_jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float, beta: float,
+                          mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`jointopt_loss` of K clients: logits and soft labels (K, B, C), mask (K, B) real rows or None -> (K,)."""
+    log_p = F.log_softmax(logits, dim=-1)
+    probs = log_p.exp()
+    ce = masked_mean(-(soft_labels * log_p).sum(-1), mask)
+    ent = masked_mean(-(probs * log_p).sum(-1), mask)
+    c = logits.shape[-1]
+    if mask is None:
+        mean = probs.mean(1)
+    else:  # a client without a batch (riding along) gets the uniform mean: a finite 0 penalty
+        rows = mask.sum(1, keepdim=True)
+        mean = torch.where(mask[..., None], probs, torch.zeros((), dtype=probs.dtype, device=probs.device)).sum(1)
+        mean = torch.where(rows > 0, mean / rows.clamp_min(1).to(probs.dtype), torch.full_like(mean, 1.0 / c))
+    uniform = torch.log(torch.tensor(1.0 / c, dtype=probs.dtype, device=probs.device))
+    return ce + alpha * (uniform - mean.log()).mean(-1) + beta * ent
+
+
 def record_predictions(history: torch.Tensor, counts: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor) -> None:
     """Write ``probs`` into each sample's ring buffer of Q predictions (in place); ``idx`` distinct."""
     slot = counts[idx] % history.shape[1]
@@ -103,6 +123,7 @@ class JointOpt(FLMethod):
         self.soft = F.one_hot(data.given.long(), c).float().to(ctx.device)
         self.history = torch.zeros(n, params.history, c, device=ctx.device)
         self.counts = torch.zeros(n, dtype=torch.int64, device=ctx.device)
+        self._epoch_steps: torch.Tensor | None = None  # batched joint rounds: each chunk client's batches per epoch
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "joint"
@@ -113,25 +134,47 @@ class JointOpt(FLMethod):
         record_predictions(self.history, self.counts, dev_idx, F.softmax(logits.detach().float(), dim=1))
         return jointopt_loss(logits, self.soft[dev_idx], self.params.alpha, self.params.beta)
 
+    def joint_loss(self, b):
+        if b.epoch > 0 and b.step == 0:  # the end of the previous epoch: labels <- prediction history
+            self._update_labels(b.k)
+        return self.loss(b)
+
+    def batched_loss(self, sb: StackedBatch):
+        """:meth:`loss` of K clients; each client's real rows record their predictions."""
+        k, b, c = sb.logits.shape
+        probs = F.softmax(sb.logits.detach().float(), dim=-1)
+        if sb.mask is None:
+            record_predictions(self.history, self.counts, sb.idx.reshape(-1), probs.reshape(k * b, c))
+        else:  # real rows only; the clients hold disjoint samples
+            record_predictions(self.history, self.counts, sb.idx[sb.mask], probs[sb.mask])
+        return batched_jointopt_loss(sb.logits, self.soft[sb.idx], self.params.alpha, self.params.beta, sb.mask)
+
     def _update_labels(self, k: int) -> None:
         idx = self.ctx.data.clients[k].to(self.ctx.device)
         self.soft[idx] = history_mean(self.history[idx], self.counts[idx])
 
-    def prepare_joint(self, r, k, nets):
-        def on_epoch(epoch):
-            if epoch > 0:  # the end of the previous epoch
-                self._update_labels(k)
+    def batched_begin(self, r, clients, jobs):
+        # each client's batches per epoch, cut as the engine cuts them, to find its epoch ends on the timeline
+        s = self.ctx.settings
+        kept = [len(trim_last_batch(self.ctx.data.clients[k], s.batch_size, s.drop_last)) for k in clients]
+        self._epoch_steps = torch.tensor([max(-(-n // s.batch_size), 1) for n in kept], device=self.ctx.device)
 
-        return LocalJob(phases=[Phase(on_epoch=on_epoch)])
+    def batched_after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
+        """A client whose step ended one of its epochs updates its labels (the sequential joint_loss does
+        it before the next epoch's first step: nothing of the client runs in between)."""
+        ended = stepped & (sb.epoch_step == self._epoch_steps - 1)
+        for i in ended.nonzero().flatten().tolist():
+            self._update_labels(int(sb.clients[i]))
 
     def upload_joint(self, r, k, job, nets):
-        self._update_labels(k)  # the end of the last epoch
+        self._update_labels(k)  # the end of the last epoch (batched: done already; the same values again)
         idx = self.ctx.data.clients[k]
         return {"relabelled": self.ctx.data.relabel(idx, self.soft[idx.to(self.ctx.device)].argmax(1), r, self.stage(r), k)}
 
     stages = {
-        "warmup": Stage(loss=loss),
-        "joint": Stage(loss=loss, prepare=prepare_joint, upload=upload_joint),
+        "warmup": Stage(loss=loss, batched_loss=batched_loss),
+        "joint": Stage(loss=joint_loss, upload=upload_joint, batched_loss=batched_loss, batched_begin=batched_begin,
+                       batched_after_step=batched_after_step),
     }
 
     def end_round(self, r: int) -> None:
