@@ -153,6 +153,7 @@ class LocalJob:
     lr: dict[str, float] = field(default_factory=dict)
     info: Any = None
     losses: list[float] = field(default_factory=list)
+    reserved: Any = None  # the upload's draws made ahead by Stage.reserve (batched engine), else None
     # the engine's optimisers by network, filled as phases start (a Phase.step or on_epoch steps or retunes them)
     optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
 
@@ -180,12 +181,18 @@ class Stage:
     optimiser step; ``stepped`` (K,) the clients that moved: an EMA teacher of the K clients)
     and ``batched_begin(r, clients, jobs)`` / ``batched_end(r, clients, jobs)`` (around a chunk
     of clients, in client order); its ``upload`` runs on each client's trained network after.
+    An upload that draws random numbers (a detection pass on augmented images) declares
+    ``reserve(r, k, job)``: the batched engine calls it right after the client's training draws,
+    where the sequential engine's upload draws, and it returns those draws (e.g.
+    ``fl.local.draw_predict``) into ``job.reserved`` for the upload to apply; the sequential
+    engine never calls it (``job.reserved`` stays None: the upload draws live).
     """
 
     loss: LossFn | None = None
     prepare: Callable[[int, int, dict], LocalJob | None] | None = None
     upload: Callable[[int, int, LocalJob, dict], dict] | None = None
     batched_loss: Callable | None = None
+    reserve: Callable | None = None
     batched_begin: Callable | None = None
     batched_after_step: Callable | None = None
     batched_end: Callable | None = None

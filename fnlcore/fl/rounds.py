@@ -93,7 +93,7 @@ class RoundEngine:
         (an upload that draws random numbers cannot batch: its draws would come after every
         client's training draws). ``Stage.batched_begin``/``batched_end`` run around each
         chunk, ``Stage.batched_after_step`` after each stacked optimiser step."""
-        from .batched import draw_client, draw_fn, train_clients
+        from .batched import ClientDraws, draw_client, draw_fn, train_clients
         from .stacked import StackedNet
 
         m, ctx = self.method, self.method.ctx
@@ -104,9 +104,14 @@ class RoundEngine:
             # the client's batches and random parameters right after its prepare, where the sequential
             # engine draws them (a prepare that draws too, an augmented pass, keeps its place)
             phase, (idx,) = chunk_phase(m, r, [k], jobs[-1:])
-            epochs = ctx.settings.local_epochs if phase.epochs is None else phase.epochs
-            drawn.append(draw_client(ctx, idx, epochs, phase.batch_size or ctx.settings.batch_size,
-                                     draw_fn(ctx, phase)))
+            if jobs[-1].phases == []:  # a client that does not train draws nothing (a rider all along)
+                drawn.append(ClientDraws([], []))
+            else:
+                epochs = ctx.settings.local_epochs if phase.epochs is None else phase.epochs
+                drawn.append(draw_client(ctx, idx, epochs, phase.batch_size or ctx.settings.batch_size,
+                                         draw_fn(ctx, phase)))
+            if stage.reserve is not None:  # the upload's draws, at its place in the sequential order
+                jobs[-1].reserved = stage.reserve(m, r, k, jobs[-1])
         chunk = ctx.settings.batched_clients or len(clients)
         out: list[ClientUpdate] = []
         for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
@@ -154,6 +159,9 @@ def chunk_phase(m, r: int, clients: list[int], jobs: list[LocalJob]):
     shapes, idx = [], []
     for k, job in zip(clients, jobs):
         phases = job.phases if job.phases is not None else [Phase()]
+        if isinstance(phases, (list, tuple)) and not phases:  # trains nothing: rides along, any shape
+            idx.append(torch.zeros(0, dtype=torch.int64))
+            continue
         if not isinstance(phases, (list, tuple)) or len(phases) != 1:
             raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
         ph = phases[0]
@@ -176,4 +184,4 @@ def chunk_phase(m, r: int, clients: list[int], jobs: list[LocalJob]):
     if any(sh != shapes[0] for sh in shapes[1:]):
         raise ConfigError(f"{where} its clients' jobs differ in shape (augmentation, views, draws, epochs, "
                           "batch size or learning-rate round) within one batched chunk")
-    return shapes[0], idx
+    return (shapes[0] if shapes else ChunkPhase(train=(m.networks[0],))), idx
