@@ -13,6 +13,24 @@ class DataError(FNLError):
     """Input data is missing, truncated, corrupted or inconsistent."""
 
 
+class StorageError(FNLError):
+    """The disk cannot hold what must be written (checked before a checkpoint, or ENOSPC while writing)."""
+
+
+class NotRetried(FNLError):
+    """An earlier attempt of this job failed for a reason a retry cannot fix; this attempt did not run."""
+
+
+class RunIncomplete(FNLError):
+    """A run stopped before its job's time limit, after writing a checkpoint: not a failure, the
+    next job of the same run continues from the checkpoint (exit status :data:`EXIT_CONTINUE`)."""
+
+    def __init__(self, message: str, next_round: int, total_rounds: int):
+        super().__init__(message)
+        self.next_round = next_round
+        self.total_rounds = total_rounds
+
+
 class ChecksumError(DataError):
     """A downloaded or placed file does not match its published checksum."""
 
@@ -27,3 +45,27 @@ def located(where: str, fn, *args):
         return fn(*args)
     except (ConfigError, TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+#: The exit status of a command that failed for a reason a retry cannot fix (see :func:`retry_cannot_fix`).
+EXIT_NOT_RETRIABLE = 3
+
+#: The exit status of a training job that stopped before its time limit with a checkpoint
+#: (:class:`RunIncomplete`): EX_TEMPFAIL of sysexits.h, "try again later"; the workflow's
+#: next attempt of the job continues the run.
+EXIT_CONTINUE = 75
+
+# Messages of PyTorch's shape checks: the same code on the same data fails the same way every time.
+_SHAPE_ERRORS = ("shapes cannot be multiplied", "size mismatch", "must match the size", "expected input",
+                 "does not match the shape", "channels, but got")
+
+
+def retry_cannot_fix(err: BaseException) -> bool:
+    """True for failures that repeat on every attempt: a bad configuration, a corrupt or
+    inconsistent input, a tensor shape error. Not for a full disk, memory, a kill or a flaky node."""
+    if isinstance(err, (ConfigError, DataError, NotRetried)):
+        return True
+    if isinstance(err, RuntimeError) and not isinstance(err, FNLError):
+        msg = str(err).lower()
+        return "out of memory" not in msg and any(s in msg for s in _SHAPE_ERRORS)
+    return False

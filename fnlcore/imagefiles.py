@@ -8,10 +8,15 @@ both with PIL's bilinear filter as torchvision applies them to images
 (fnlcore.fl.pipeline.image_loading: which one each split gets). Augmentation and
 normalisation then run batched on the training device (fnlcore.augment), so
 workers only decode, resize and cut.
+
+With ``cache`` (a decoded cache of these files at this geometry,
+fnlcore.datasets.decoded_cache) item i is row i of that memory-mapped array
+instead: the same pixels, without decoding.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -23,9 +28,12 @@ from .errors import DataError
 
 class ImageFiles(Dataset):
     def __init__(
-        self, paths: Sequence[str], image_size: tuple[int, int], channels: int = 3, short_side: int | None = None
+        self, paths: Sequence[str], image_size: tuple[int, int], channels: int = 3, short_side: int | None = None,
+        cache: str | os.PathLike | None = None,
     ):
         self.paths = list(paths)
+        self.cache = None if cache is None else str(cache)
+        self._pixels: np.ndarray | None = None  # the cache, mapped on first use in each worker process
         self.size = (int(image_size[1]), int(image_size[0]))  # PIL wants (W, H)
         self.mode = "RGB" if channels == 3 else "L"
         self.short_side = None if short_side is None else int(short_side)
@@ -36,6 +44,8 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.cache is not None:
+            return torch.from_numpy(np.array(self._cached()[i])), i
         from PIL import Image
 
         try:
@@ -51,6 +61,15 @@ class ImageFiles(Dataset):
         if arr.ndim == 2:
             arr = arr[:, :, None]
         return torch.from_numpy(arr.copy()).permute(2, 0, 1), i
+
+    def _cached(self) -> np.ndarray:
+        # mapped lazily: a worker started by spawn (not fork) gets the path, not a copy of the pages
+        if self._pixels is None:
+            self._pixels = np.load(self.cache, mmap_mode="r")
+        return self._pixels
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pixels": None}
 
 
 def short_side_size(w: int, h: int, short: int) -> tuple[int, int]:

@@ -30,12 +30,26 @@ def load_schema(name: str) -> dict:
 
 
 def load_yaml(path: str | Path) -> dict:
-    """A YAML file that must hold a mapping (config, paper, scale)."""
+    """A YAML file that must hold a mapping (config, paper, scale); a syntax error is one line
+    naming the file, line and column (:func:`yaml_error`)."""
     with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
+        try:
+            data = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as err:
+            raise yaml_error(path, err) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the file must be a mapping of keys to values")
     return data
+
+
+def yaml_error(path: str | Path, err: yaml.YAMLError) -> ConfigError:
+    """``<file>:<line>:<column>: YAML syntax error: <problem> (<context>); fix the file there`` (1-based)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    detail = f"{problem} ({context})" if context else problem
+    return ConfigError(f"{where}: YAML syntax error: {detail}; fix the file at that line and column")
 
 
 def check(doc: Any, schema_name: str, where: str, set_defaults: bool = False) -> Any:

@@ -40,6 +40,8 @@ import torch
 from ..errors import ConfigError
 
 CALIBRATION_VERSION = 1
+# Other processes' load per core above which a measured step time is called unreliable.
+HIGH_LOAD_PER_CORE = 0.5
 # Test samples of the evaluation probe on a CPU: a 1,024-image batch of 224-pixel images takes
 # minutes there, and per-sample time hardly changes above a few dozen images on a CPU.
 CPU_EVAL_PROBE = 64
@@ -86,6 +88,16 @@ def device_description(device: torch.device) -> str:
     except OSError:
         pass
     return f"cpu:{cpu}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+
+
+def load_per_core(own_threads: int = 0) -> float | None:
+    """The 1-minute load average of the *other* processes per core (``own_threads``: what this
+    process keeps busy, taken off), None where the system does not report a load."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    return max(0.0, load - own_threads) / (os.cpu_count() or 1)
 
 
 def _sync(device: torch.device) -> None:
@@ -158,12 +170,16 @@ class Calibration:
     can hold a CPU's and a GPU's measurements; ``refresh`` measures every shape again.
     """
 
-    def __init__(self, path: str | os.PathLike, device: torch.device, refresh: bool = False, steps: int = 5):
+    def __init__(self, path: str | os.PathLike, device: torch.device, refresh: bool = False, steps: int = 5,
+                 progress=None):
+        """``progress(message)``: told of each shape as it is measured (its time and the load)."""
         self.path = Path(path)
         self.device = device
         self.description = device_description(device)
         self.steps = steps
         self.measured: list[str] = []  # shape keys measured in this process
+        self.progress = progress
+        self.to_measure = 0  # shapes a plan will measure (for "[i/n]" in progress lines)
         self._all: dict[str, dict[str, dict[str, float]]] = {}
         if self.path.exists():
             try:
@@ -180,12 +196,27 @@ class Calibration:
     def entries(self) -> dict[str, dict[str, float]]:
         return self._all.setdefault(self.description, {})
 
+    def own_threads(self) -> int:
+        """CPU threads a measurement keeps busy (not counted as others' load)."""
+        return torch.get_num_threads() if self.device.type == "cpu" else 1
+
     def cost(self, shape: StepShape) -> StepCost:
         key = shape.key()
         if key not in self.entries:
-            self.entries[key] = asdict(measure_step(shape, self.device, steps=self.steps))
+            # measured before this shape's work and without this process's own threads (after a
+            # first measurement the 1-minute average includes them)
+            load = load_per_core(self.own_threads() if self.measured else 0)
+            t0 = time.perf_counter()
+            entry: dict[str, Any] = asdict(measure_step(shape, self.device, steps=self.steps))
+            took = time.perf_counter() - t0
+            entry["load"] = None if load is None else round(load, 3)
+            self.entries[key] = entry
             self.measured.append(key)
             self._save()  # after each shape: an interrupted calibration keeps what it measured
+            if self.progress is not None:
+                n = f"[{len(self.measured)}/{self.to_measure}] " if self.to_measure else ""
+                busy = "" if load is None else f", load {load:.2f} per core" + (" (high)" if load > HIGH_LOAD_PER_CORE else "")
+                self.progress(f"{n}measured {key}: {entry['train_s']:.4f} s/step in {took:.1f}s{busy}")
         e = self.entries[key]
         return StepCost(float(e["train_s"]), float(e["eval_s"]))
 
@@ -253,13 +284,10 @@ def run_work(run, dataset_options: Mapping[str, Any] | None = None) -> tuple[flo
     return _work(run, _data_shape(run, dataset_options))
 
 
-def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, Any] | None = None,
-                 progress=None) -> RunCost:
-    """The run's estimate; ``progress(message)`` is told before a step shape is measured."""
+def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, Any] | None = None) -> RunCost:
+    """The run's estimate (its step shape measured first where the calibration lacks it)."""
     ds = _data_shape(run, dataset_options)
     shape = _step_shape(run, ds)
-    if progress is not None and shape.key() not in calibration.entries:
-        progress(f"measuring {shape.key()} on {calibration.description} ...")
     steps, eval_samples, measured = _work(run, ds)
     c = calibration.cost(shape)
     return RunCost(shape, steps * c.train_s + eval_samples * c.eval_s, measured)
@@ -289,13 +317,26 @@ class PlanCost:
 
 
 def estimate_plan(plan, calibration: Calibration, progress=None) -> PlanCost:
-    """Every distinct run of ``plan`` once; each table's sum over its own runs (shared ones included)."""
+    """Every distinct run of ``plan`` once; each table's sum over its own runs (shared ones included).
+
+    ``progress(message)``: told how many step shapes must be measured (and whether the machine
+    is busy now), then of each as it is measured (through the calibration's ``progress``)."""
     runs: dict[str, RunCost] = {}
     unmeasured: dict[str, int] = {}
     options = {name: ds.options for name, ds in plan.datasets.items()}
+    todo = {step_shape(run, options.get(run.dataset)).key() for run in plan.runs()} - set(calibration.entries)
+    if progress is not None:
+        calibration.progress = calibration.progress or progress
+        calibration.to_measure = len(todo)
+        if todo:
+            progress(f"measuring {len(todo)} step shape(s) on {calibration.description} "
+                     f"(cached in {calibration.path}); each takes seconds to minutes")
+            busy = busy_now_warning(calibration)
+            if busy:
+                progress(busy)
     for run in plan.runs():
         key = run.files(plan.results_dir)["metrics"]
-        runs[key] = rc = estimate_run(run, calibration, options.get(run.dataset), progress)
+        runs[key] = rc = estimate_run(run, calibration, options.get(run.dataset))
         if not rc.factor_measured:
             unmeasured[run.method.name] = unmeasured.get(run.method.name, 0) + 1
     tables = []
@@ -306,6 +347,34 @@ def estimate_plan(plan, calibration: Calibration, progress=None) -> PlanCost:
     return PlanCost(tables, runs, unmeasured)
 
 
+def busy_now_warning(calibration: Calibration) -> str | None:
+    """A warning when other processes load this machine now (step times measured now run slow)."""
+    load = load_per_core(calibration.own_threads() if calibration.measured else 0)
+    if load is None or load <= HIGH_LOAD_PER_CORE:
+        return None
+    return (f"warning: this machine is busy (other processes' load {load:.2f} per core): step times measured now "
+            "come out too slow; run `fnl plan --recalibrate` again when it is quiet")
+
+
+def load_warnings(cost: PlanCost, calibration: Calibration) -> list[str]:
+    """Warnings about the step costs ``cost`` used: cached entries measured under high load or
+    with no load recorded (older files), naming the fix."""
+    used = set(_shapes(cost))
+    high = {k: calibration.entries[k].get("load") for k in used if (calibration.entries[k].get("load") or 0) > HIGH_LOAD_PER_CORE}
+    unknown = [k for k in used if "load" not in calibration.entries[k]]
+    out = []
+    if high:
+        worst = max(high.values())
+        now = " (measured now)" if set(high) & set(calibration.measured) else ""
+        out.append(f"warning: {len(high)} of {len(used)} step costs were measured on a busy machine{now} (up to "
+                   f"{worst:.2f} load per core from other processes); the estimates are too high: rerun "
+                   "`fnl plan --recalibrate` on a quiet machine")
+    if unknown:
+        out.append(f"note: {len(unknown)} of {len(used)} step costs were cached without the machine's load; "
+                   "`fnl plan --recalibrate` measures them again and records it")
+    return out
+
+
 def _shapes(cost: PlanCost) -> dict[str, list[RunCost]]:
     by_shape: dict[str, list[RunCost]] = {}
     for rc in cost.runs.values():
@@ -313,28 +382,41 @@ def _shapes(cost: PlanCost) -> dict[str, list[RunCost]]:
     return by_shape
 
 
-def format_plan(cost: PlanCost, calibration: Calibration, scale: str) -> str:
+def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=None) -> str:
+    """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.plan_columns`)."""
     hours = 3600.0
+    res_head = f" {resources.header}" if resources is not None else ""
+
+    def res(t) -> str:
+        return f" {resources.columns.get((t.paper, t.table), '')}" if resources is not None else ""
+
     by_shape = _shapes(cost)
     lines = [
         f"scale {scale}: {len(cost.tables)} tables, {len(cost.runs)} distinct training runs",
         f"device: {calibration.description}",
         f"step costs: {calibration.path} ({len(calibration.measured)} of {len(by_shape)} shapes measured now)",
         "",
-        f"{'paper':8s} {'table':6s} {'runs':>6s} {'device-h':>10s} {'longest run h':>14s}",
+        f"{'paper':8s} {'table':6s} {'runs':>6s} {'device-h':>10s} {'longest run h':>14s}{res_head}",
     ]
     for t in cost.tables:
-        lines.append(f"{t.paper:8s} {t.table:6s} {t.runs:6d} {t.seconds / hours:10.2f} {t.longest_s / hours:14.2f}")
+        lines.append(f"{t.paper:8s} {t.table:6s} {t.runs:6d} {t.seconds / hours:10.2f} {t.longest_s / hours:14.2f}{res(t)}")
     lines.append(f"{'all':8s} {'':6s} {len(cost.runs):6d} {cost.seconds / hours:10.2f}   "
                  "(a run shared by tables counts once)")
-    lines += ["", "per shape (model|input|classes|batch|augmentation|optimiser|precision|eval batch):",
-              f"  {'s/step':>8s} {'ms/test sample':>15s} {'runs':>5s} {'device-h':>9s}  shape"]
+    lines += ["", "per shape (model|input|classes|batch|augmentation|optimiser|precision|eval batch); "
+              "load: other processes' load per core when it was measured:",
+              f"  {'s/step':>8s} {'ms/test sample':>15s} {'runs':>5s} {'device-h':>9s} {'load':>5s}  shape"]
     for key, rcs in sorted(by_shape.items(), key=lambda kv: -sum(r.seconds for r in kv[1])):
         c = calibration.entries[key]
+        load = "?" if c.get("load") is None else f"{c['load']:.2f}"
         lines.append(f"  {c['train_s']:8.4f} {1000 * c['eval_s']:15.4f} {len(rcs):5d} "
-                     f"{sum(r.seconds for r in rcs) / hours:9.1f}  {key}")
+                     f"{sum(r.seconds for r in rcs) / hours:9.1f} {load:>5s}  {key}")
     if cost.unmeasured:
         listed = ", ".join(f"{m} ({n})" for m, n in sorted(cost.unmeasured.items()))
         lines += ["", f"round cost not measured, counted as FedAvg's (runs): {listed}"]
+    if resources is not None:
+        lines += ["", *resources.notes]
     lines += ["", "not counted: data preparation, partitions, noise, annotator networks, reading on-disk images"]
+    warnings = load_warnings(cost, calibration)
+    if warnings:
+        lines += ["", *warnings]
     return "\n".join(lines)

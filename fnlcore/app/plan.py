@@ -6,7 +6,9 @@ Two layers of validation, both before any job runs:
    :func:`validate_schema` applies the same file without Snakemake.
 2. :func:`build_plan`: every partitioner / noise model / dataset is built into
    its typed spec, which rejects unknown keys and bad values by name, and the
-   combinations are checked (a multi-label noise model on a single-label set...).
+   combinations are checked (a multi-label noise model on a single-label set...), the
+   tables' models exist (and have ImageNet weights where ``pretrained`` asks for them), and
+   the ``device`` can run the jobs (:func:`fnlcore.fl.device.check_device`).
 
 Every error is a :class:`~fnlcore.errors.ConfigError` whose message starts with
 the location in the config (``data_grid[0].noises[2]``).
@@ -104,13 +106,18 @@ def validate_schema(config: dict, set_default: bool = True) -> dict:
     return schemas.check(config, "config", "configuration", set_defaults=set_default)
 
 
-def build_plan(config: dict) -> Plan:
-    """Validate the semantic content of a (schema-valid) config and expand the data grid."""
+def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
+    """Validate the semantic content of a (schema-valid) config and expand the data grid.
+
+    ``jobs_run_here``: the jobs run on this machine (not submitted to a cluster), so a CUDA
+    ``device`` must exist here; for a cluster only the PyTorch build is checked."""
     from ..datasets import get_dataset
+    from ..fl.device import check_device
     from ..noise import noise_spec_from_dict
     from ..partition import partition_spec_from_dict
 
     results = str(config.get("results_dir", "results"))
+    check_device(str(config.get("device", "auto")), here=jobs_run_here)
     data_cfg = config.get("data", {}) or {}
     raw_root = str(data_cfg.get("raw_dir", "resources/raw"))
     per_ds = data_cfg.get("datasets", {}) or {}
@@ -239,9 +246,9 @@ def _register_slug(table: dict[str, Any], slug: str, spec: Any, where: str) -> N
     table[slug] = spec
 
 
-def load_plan(path: str | Path) -> Plan:
+def load_plan(path: str | Path, jobs_run_here: bool = True) -> Plan:
     """Schema-validate and build a plan from a YAML file (what the Snakefile does)."""
-    return build_plan(validate_schema(load_yaml(path)))
+    return build_plan(validate_schema(load_yaml(path)), jobs_run_here)
 
 
 # -- helpers -----------------------------------------------------------------
@@ -273,7 +280,23 @@ def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -
 
     check_label_kind(METHODS[spec.name], bool(info.multi_label), where)
     if training is not None:
+        _check_model(where, training)
         use_batched_engine(METHODS[spec.name], training.engine, where)  # engine: batched it cannot run
+
+
+def _check_model(where: str, training: Any) -> None:
+    """The training's model is registered, with ImageNet weights when ``pretrained`` asks for them."""
+    from ..models import MODELS
+
+    name = training.model
+    if name == "auto":
+        return  # resolved from the input shape to a registered model
+    if name not in MODELS:
+        raise ConfigError(f"{where}: training.model={name!r} is not a model; valid: auto, {', '.join(sorted(MODELS))}")
+    if training.pretrained and not MODELS[name].pretrained_weights:
+        with_weights = sorted(n for n, e in MODELS.items() if e.pretrained_weights)
+        raise ConfigError(f"{where}: training.model={name!r} has no pretrained weights (pretrained: true); "
+                          f"use one of {', '.join(with_weights)} or pretrained: false")
 
 
 def _check_noise_fits(where: str, spec: Any, info: Any) -> None:

@@ -1,22 +1,32 @@
 """One training job from artifacts to outputs (what the workflow's train rule calls):
-read the prepared data and noisy labels, build the engine's context, run the method."""
+read the prepared data and noisy labels, build the engine's context, run the method.
+
+A failure that a retry cannot fix (a configuration error, a corrupt input, a shape error)
+is recorded beside the checkpoint, so the workflow's next attempt of the same job fails at
+once instead of running again (:mod:`fnlcore.app.failures`).
+
+Given ``time_budget_s`` (the seconds the job may run, counted from the call), a run that would
+pass it stops after a round with a checkpoint and raises :class:`~fnlcore.errors.RunIncomplete`,
+writing no output; :func:`train_job` turns that into the exit status
+:data:`~fnlcore.errors.EXIT_CONTINUE` (75), and the next job of the run continues it."""
 
 from __future__ import annotations
 
-
+import numpy as np
 import pandas as pd
 import torch
 
-import numpy as np
-
-from ..io import atomic_path, write_parquet
+from ..errors import EXIT_CONTINUE, RunIncomplete
 from ..fl.context import RunContext, resolve_model_name
 from ..fl.data import FederatedData, ImageSource
-from ..fl.device import resolve_device
+from ..fl.device import check_device, resolve_device
 from ..fl.pipeline import image_loading, make_pipeline
 from ..fl.settings import TrainSettings
 from ..fl.simulation import Simulation
-
+from ..fl.time_budget import TimeBudget
+from ..io import atomic_path, write_parquet
+from ..provenance import file_digest
+from .failures import failure_marker, run_attempt
 
 
 def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
@@ -45,6 +55,7 @@ def load_federated_data(
     ``image_transform`` (training.image_transform): how images streamed from files are resized
     and cut per split (fnlcore.fl.pipeline.image_loading); in-memory sets are stored at size."""
     from ..datasets import load_prepared
+    from ..datasets.decoded_cache import cache_geometries, find_decoded_cache
     from ..noise import read_noise
 
     ds = load_prepared(data_dir)
@@ -61,9 +72,14 @@ def load_federated_data(
         test = ImageSource(device, images=ds.images("test"))
     else:
         load = image_loading(image_transform, info.image_size)
-        train = ImageSource(device, paths=list(ds.paths("train")), image_size=load.train_size, channels=info.channels, workers=workers)
-        test = ImageSource(device, paths=list(ds.paths("test")), image_size=load.test_size, channels=info.channels,
-                           workers=workers, short_side=load.test_short_side)
+        geometry = cache_geometries(info.channels, info.image_size, image_transform)
+        paths = {split: [str(p) for p in ds.paths(split)] for split in ("train", "test")}
+        # each split's decoded cache where one was built (rules/cache.smk): the same pixels, no decoding
+        cache = {split: find_decoded_cache(data_dir, split, paths[split], geometry[split]) for split in paths}
+        train = ImageSource(device, paths=paths["train"], image_size=load.train_size, channels=info.channels,
+                            workers=workers, cache=cache["train"])
+        test = ImageSource(device, paths=paths["test"], image_size=load.test_size, channels=info.channels,
+                           workers=workers, short_side=load.test_short_side, cache=cache["test"])
     as_t = (lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)) if info.multi_label else (
         lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
     )
@@ -120,18 +136,49 @@ def train_run(
     progress=None,
     stop_after: int | None = None,
     relabels_path: str | None = None,
+    attempt: int = 1,
+    time_budget_s: float | None = None,
 ) -> pd.DataFrame:
-    """Train one (dataset, partition, noise, method, seed) run; resumable through ``checkpoint_path``."""
+    """Train one (dataset, partition, noise, method, seed) run; resumable through ``checkpoint_path``.
+
+    ``attempt``: the workflow's attempt number of this job; a later attempt after a failure that a
+    retry cannot fix fails at once (:func:`fnlcore.app.failures.run_attempt`).
+    ``time_budget_s``: seconds this job may run from now (loading the data included); the run
+    stops before it with a checkpoint and raises RunIncomplete (the module's docstring)."""
+    budget = None if time_budget_s is None else TimeBudget(time_budget_s)
+    return run_attempt(failure_marker(checkpoint_path), attempt, lambda: _train(
+        data_dir, noise_parquet, num_clients, settings, method_params, seed, device, metrics_path, clients_path,
+        model_path, checkpoint_path, progress, stop_after, relabels_path, budget))
+
+
+def train_job(*args, **kwargs) -> int:
+    """:func:`train_run` as a job of the workflow: its exit status. 0: the run's outputs are written;
+    EXIT_CONTINUE: stopped before the time limit with a checkpoint, the next job continues.
+    A failure raises, as from train_run."""
+    try:
+        train_run(*args, **kwargs)
+    except RunIncomplete as stop:
+        (kwargs.get("progress") or print)(str(stop))
+        return EXIT_CONTINUE
+    return 0
+
+
+def _train(data_dir, noise_parquet, num_clients, settings, method_params, seed, device, metrics_path, clients_path,
+           model_path, checkpoint_path, progress, stop_after, relabels_path, budget=None) -> pd.DataFrame:
     from ..datasets import load_prepared
     from ..methods import METHODS
 
+    check_device(device)  # a config error (not retried), not PyTorch's message
     dev = resolve_device(device)
     ds = load_prepared(data_dir)
     data = load_federated_data(data_dir, noise_parquet, num_clients, dev, image_transform=settings.image_transform)
     log = progress or print
     ctx = build_context(data, ds.info.name, ds.info.image_size, ds.info.channels, settings, seed, dev, log=log)
     method = METHODS[method_params.name](method_params, ctx)
-    sim = Simulation(method, ctx, checkpoint_path, progress=progress, stop_after=stop_after)
+    # what the engine cannot see makes the run too: a checkpoint of other noisy labels is not resumed
+    identity = {"dataset": ds.info.name, "noisy_labels": file_digest(noise_parquet), "num_clients": int(num_clients)}
+    sim = Simulation(method, ctx, checkpoint_path, progress=progress, stop_after=stop_after, identity=identity,
+                     time_budget=budget)
     metrics = sim.run()
     if len(metrics) < method.num_rounds():
         return metrics  # stopped early on purpose (tests)

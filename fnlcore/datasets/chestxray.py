@@ -102,6 +102,8 @@ class ChestXrayOptions:
     yields); recorded in meta.json for the partition step, the split itself
     is not truncated. ``keep_archives``: keep the .tar.gz files after
     extraction (False deletes each once extracted; the marker keeps its MD5).
+    ``decoded_cache`` (true): training reads the images from a decoded cache built once at the
+    size it reads them (fnlcore.datasets.decoded_cache, rules/cache.smk); false decodes every epoch.
     """
 
     classes: list | None = None
@@ -109,6 +111,7 @@ class ChestXrayOptions:
     test_size: float = 0.3
     n_train_for_index: int = 47_116
     keep_archives: bool = True
+    decoded_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.classes is not None:

@@ -66,7 +66,13 @@ ACCESS = "by request: e-mail the dataset authors (see the URL above) and accept 
 
 @dataclass(frozen=True)
 class Clothing1MOptions:
-    """Options of ``clothing1m`` (none yet: the split is fixed by the key lists)."""
+    """Options of ``clothing1m`` (the split is fixed by the key lists).
+
+    ``decoded_cache`` (true): training reads the images from a decoded cache built once at the
+    size it reads them (fnlcore.datasets.decoded_cache, rules/cache.smk); false decodes every epoch.
+    """
+
+    decoded_cache: bool = True
 
 
 def read_label_kv(path: str | os.PathLike) -> pd.Series:

@@ -95,11 +95,14 @@ class IchFedNoRoOptions:
     does (no Resize for ICH): the size of the first image, to which any image
     of another size is resized when loaded; N or [H, W] resizes every image
     (512 was this project's earlier fixed setting).
+    ``decoded_cache`` (true): training reads the images from a decoded cache built once at the
+    size it reads them (fnlcore.datasets.decoded_cache, rules/cache.smk); false decodes every epoch.
     """
 
     soft_labels: bool = False
     subset: str | None = None
     image_size: Any = None
+    decoded_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.subset is not None and not (isinstance(self.subset, str) and self.subset.strip()):
@@ -207,10 +210,13 @@ class IchFedMLPOptions:
     ``split_seed``: the seed of ``np.random.seed`` before FedMLP's
     ``train_test_split`` (2023, ``preprocess/split_train_test.py``);
     ``test_size``: its ``test_size`` (0.3).
+    ``decoded_cache`` (true): training reads the images from a decoded cache built once at the
+    size it reads them (fnlcore.datasets.decoded_cache, rules/cache.smk); false decodes every epoch.
     """
 
     split_seed: int = 2023
     test_size: float = 0.3
+    decoded_cache: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.test_size < 1.0:

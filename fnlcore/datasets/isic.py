@@ -76,11 +76,14 @@ class IsicOptions:
     (each split sorted back into ground-truth file order). The published FedNoRo
     split files are unknown, so this choice is documented, not verified; it
     matters because FedNoRo's partitioner walks each class in row order.
+    ``decoded_cache`` (true): training reads the images from a decoded cache built once at the
+    size it reads them (fnlcore.datasets.decoded_cache, rules/cache.smk); false decodes every epoch.
     """
 
     split_seed: int = 0
     train_fraction: float = 0.7
     row_order: str = "permutation"
+    decoded_cache: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.train_fraction < 1.0:

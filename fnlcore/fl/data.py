@@ -48,6 +48,7 @@ class ImageSource:
         channels: int = 3,
         workers: int = 4,
         short_side: int | None = None,  # files: shorter side to this, then the central image_size (imagefiles)
+        cache: str | None = None,  # files: their decoded cache at this geometry (fnlcore.datasets.decoded_cache)
     ):
         if (images is None) == (paths is None):
             raise ValueError("ImageSource needs exactly one of images or paths")
@@ -63,6 +64,7 @@ class ImageSource:
         self.channels = channels
         self.workers = workers
         self.short_side = short_side
+        self.cache = cache
 
     def __len__(self) -> int:
         return len(self.images) if self.images is not None else len(self.paths)
@@ -100,7 +102,7 @@ class ImageSource:
 
         from ..imagefiles import ImageFiles
 
-        subset = Subset(ImageFiles(self.paths, self.image_size, self.channels, self.short_side), order.tolist())
+        subset = Subset(ImageFiles(self.paths, self.image_size, self.channels, self.short_side, self.cache), order.tolist())
         loader = DataLoader(
             subset, batch_size=batch_size, shuffle=False, num_workers=self.workers,
             pin_memory=self.device.type == "cuda", persistent_workers=False,

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from ..io import atomic_path
+from ..errors import ConfigError, DataError
+from ..io import atomic_path, ensure_free_space
 from .state import State, snapshot
 
 
@@ -92,6 +92,16 @@ def method_state(method, files: bool = False) -> dict:
         else:
             attrs[name] = _pack(v)
     return {"globals": {n: snapshot(g) for n, g in method.globals.items()}, "attrs": attrs}
+
+
+def missing_store_files(method, d: dict) -> list[str]:
+    """Per-client files a checkpoint's state ``d`` names that are not on disk (``<store>/<file>``)."""
+    out = []
+    for name in persistent_names(type(method)):
+        cur, saved = getattr(method, name, None), d.get("attrs", {}).get(name)
+        if isinstance(cur, ClientStore) and isinstance(saved, dict) and "files" in saved:
+            out += [f"{name}/{f}" for f in cur.missing(saved)]
+    return out
 
 
 def load_method_state(method, d: dict) -> None:
@@ -180,7 +190,14 @@ class ClientStore:
         if k in self._mem:
             return self._mem[k]
         if k in self._files:
-            return torch.load(self.folder / self._files[k], map_location="cpu", weights_only=True)
+            path = self.folder / self._files[k]
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True)
+            except (RuntimeError, EOFError, ValueError) as err:  # truncated or corrupt
+                raise DataError(
+                    f"{path}: client {k}'s saved {self.name} state is unreadable ({str(err).splitlines()[0]}); "
+                    f"move {self.folder.parent} and the checkpoint beside it aside to restart the run"
+                ) from None
         return None
 
     def put(self, k: int, state: State) -> None:
@@ -191,6 +208,10 @@ class ClientStore:
 
     def end_round(self) -> None:
         """Write this round's entries to disk and drop them from memory."""
+        if self._mem:
+            size = sum(v.numel() * v.element_size() for st in self._mem.values() for v in st.values())
+            ensure_free_space(self.folder, int(size * 1.05) + (64 << 10) * len(self._mem),
+                              f"{len(self._mem)} clients' {self.name} state")
         for k, st in sorted(self._mem.items()):
             fname = f"client{k}.r{self._round}.pt"
             with atomic_path(self.folder / fname, suffix=".pt") as tmp:
@@ -225,7 +246,7 @@ class ClientStore:
                 self.put(k, st)
             self.end_round()
             return
-        missing = [f for f in saved["files"].values() if not (self.folder / f).is_file()]
+        missing = self.missing(saved)
         if missing:
             raise ConfigError(
                 f"the checkpoint names per-client state files that are gone from {self.folder}: {missing[:3]}; "
@@ -234,6 +255,17 @@ class ClientStore:
         self._files = {int(k): f for k, f in saved["files"].items()}
         self._named = set(self._files.values())
         self._mem = {}
+
+    def missing(self, saved: dict) -> list[str]:
+        """Files a checkpoint's ``saved`` entry names that are not in this store's folder."""
+        return [f for f in saved.get("files", {}).values() if not (self.folder / f).is_file()]
+
+    def reset(self) -> None:
+        """Forget every entry and remove the files on disk (a run restarting from round 0)."""
+        self._mem, self._files, self._named = {}, {}, set()
+        if self._folder is not None:
+            for p in self._folder.glob("client*.pt"):
+                _remove(p)
 
     def clear(self) -> None:
         if self._folder is not None and self._tmp is None:

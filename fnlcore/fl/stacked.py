@@ -170,6 +170,25 @@ class StackedNet(nn.Module):
             self.rows.mask = None
         return out.view(x.shape[0], self.k, -1).transpose(0, 1)
 
+    def forward_features(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's ``forward_features`` (logits and penultimate features from one pass) on the
+        stacked layout, as :meth:`forward`: returns (K, B, classes) logits and (K, B, ...) features."""
+        fwd = getattr(self.net, "forward_features", None)
+        if fwd is None:
+            raise ConfigError(
+                f"batched engine: the model ({type(self.net).__name__}) has no forward_features; use a model "
+                "built by fnlcore.models (a backbone and a head) or engine: sequential"
+            )
+        self.rows.mask = rows
+        try:
+            logits, feats = fwd(x)
+        finally:
+            self.rows.mask = None
+        b = x.shape[0]
+        # channels [k*F, (k+1)*F) of the features are client k's (a flat vector or a feature map)
+        feats = feats.reshape(b, self.k, feats.shape[1] // self.k, *feats.shape[2:]).transpose(0, 1)
+        return logits.view(b, self.k, -1).transpose(0, 1), feats
+
     def load_all(self, state) -> None:
         """Every client's copy := ``state`` (the global model's state dict)."""
         mine = self.net.state_dict()

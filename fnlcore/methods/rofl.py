@@ -27,6 +27,9 @@ T_pl = 10, "other parameters as the code") by default; each difference is a swit
 Decided where the spec is silent: the pseudo-label / round-0 feature pass runs on un-augmented
 images; at least one sample of each batch is kept (⌊0.8 · 1⌋ = 0 would make an empty mean, NaN);
 the centroid update uses the features of the step's forward pass (before the step).
+
+Batched engine: the K clients' selections, losses and centroid updates at once (centroids stacked
+(K, C, d), updated only for clients that stepped); equal per client to the sequential engine's.
 """
 
 from __future__ import annotations
@@ -152,6 +155,72 @@ def rofl_batch_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.
     return BatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, sel, targets, mask)
 
 
+def keep_counts(rows: torch.Tensor, forget_rate: float) -> torch.Tensor:
+    """(K,) ⌊(1 − r)|B_k|⌋ (at least one) of each client's real rows, as :func:`small_loss_indices`
+    computes it in Python floats (float64 here); a client without rows (a rider) keeps none."""
+    keep = torch.floor(rows.double() * (1.0 - forget_rate)).clamp_min(1)
+    return torch.where(rows > 0, keep, torch.zeros_like(keep))
+
+
+def small_loss_order(losses: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None):
+    """K clients' :func:`small_loss_indices`: (order (K, B) of the rows by loss, a stable sort with
+    padded rows last; kept (K, B) bool in that order, the first ``keep`` (K,) of each client)."""
+    k, b = losses.shape
+    keyed = losses.detach() if mask is None else torch.where(mask, losses.detach(), float("inf"))
+    order = torch.argsort(keyed, dim=1, stable=True)
+    kept = torch.arange(b, device=losses.device).expand(k, b) < keep[:, None]
+    return order, kept
+
+
+class StackedBatchLoss(NamedTuple):
+    loss: torch.Tensor  # (K,)
+    order: torch.Tensor  # (K, B) rows sorted by loss: the tensors below are in this order
+    kept: torch.Tensor  # (K, B) bool: the selected rows
+    targets: torch.Tensor  # (K, B) y*
+    mask: torch.Tensor  # (K, B) bool m_i (False outside the selection)
+
+
+def batched_rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, pseudo: torch.Tensor,
+                      centroids: torch.Tensor, forget_rate: float, lambda_cen: float, lambda_e: float,
+                      use_pseudo: bool, cen_grad: bool, rows: torch.Tensor | None) -> StackedBatchLoss:
+    """:func:`rofl_batch_loss` of K clients at once: logits (K, B, C), features (K, B, d), labels and
+    pseudo-labels (K, B), centroids (K, C, d), ``rows`` (K, B) real rows or None; one loss per client."""
+    k, b, c = logits.shape
+    per_sample = F.cross_entropy(logits.reshape(k * b, c), labels.reshape(-1), reduction="none").view(k, b)
+    n_rows = torch.full((k,), b, device=logits.device) if rows is None else rows.sum(1)
+    keep = keep_counts(n_rows, forget_rate)
+    order, kept = small_loss_order(per_sample, keep, rows)
+    z, y = logits.gather(1, order[:, :, None].expand(k, b, c)), labels.gather(1, order)
+    f = features.gather(1, order[:, :, None].expand(k, b, features.shape[2]))
+    phi = f if cen_grad else f.detach()
+    sims = F.normalize(phi.detach(), dim=2) @ F.normalize(centroids, dim=2).transpose(1, 2)
+    mask = (sims.argmax(2) == y) & kept
+    targets = torch.where(mask, y, pseudo.gather(1, order)) if use_pseudo else y
+    zero = torch.zeros((), dtype=z.dtype, device=z.device)
+    denom = keep.clamp_min(1).to(z.dtype)
+    ce = F.cross_entropy(z.reshape(k * b, c), targets.reshape(-1), reduction="none").view(k, b)
+    l_c = torch.where(kept, ce, zero).sum(1) / denom
+    dist = (mask.unsqueeze(2) * (phi - centroids.gather(1, y[:, :, None].expand(k, b, phi.shape[2]))).pow(2)).sum(2)
+    l_cen = torch.where(kept, dist, torch.zeros((), dtype=dist.dtype, device=dist.device)).sum(1)
+    log_p = F.log_softmax(z, dim=2)
+    entropy = -(log_p.exp() * log_p).sum(2)
+    l_e = torch.where(kept, entropy, zero).sum(1) / denom
+    return StackedBatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, order, kept, targets, mask)
+
+
+def batched_update_centroids(centroids: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+                             kept: torch.Tensor) -> torch.Tensor:
+    """:func:`update_centroids` of K clients: centroids (K, C, d), the rows' features (K, B, d) and
+    labels (K, B) with ``kept`` (K, B) the selected ones; the class sums add the rows in their order."""
+    k, c, d = centroids.shape
+    slot = (torch.arange(k, device=labels.device)[:, None] * c + labels)[kept]
+    sums = torch.zeros(k * c, d, dtype=features.dtype, device=features.device).index_add_(0, slot, features[kept])
+    counts = torch.bincount(slot, minlength=k * c).to(features.dtype)
+    means = (sums / counts.clamp_min(1).unsqueeze(1)).view(k, c, d)
+    s2 = F.cosine_similarity(centroids, means, dim=2).pow(2).unsqueeze(2)
+    return (1 - s2) * centroids + s2 * means
+
+
 @torch.no_grad()
 def logits_and_features(ctx, model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eval-mode logits and penultimate features of training samples ``idx`` (no augmentation)."""
@@ -178,6 +247,9 @@ class RoFL(FLMethod):
         gen = torch.Generator().manual_seed(int(ctx.rng.randint(0, 2**31 - 1)))
         self.f_g = torch.randn(ctx.data.num_classes, self.global_model.feature_dim, generator=gen).to(ctx.device)
         self._pseudo = torch.zeros(len(ctx.data.train), dtype=torch.int64, device=ctx.device)
+        # a batched chunk's centroids (K, C, d) and its last step's (features, labels, kept) in loss order
+        self._chunk_centroids: torch.Tensor | None = None
+        self._chunk_step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def aggregation_weight(self, upd: ClientUpdate) -> float:
         return float(upd.num_samples) if self.params.weighting == "size" else 1.0
@@ -204,16 +276,17 @@ class RoFL(FLMethod):
         # the client's centroids, and the selected features and labels of the last step (for after_step)
         info = {"centroids": centroids, "step": None}
 
-        def centroid_step() -> None:  # §5 step 4
+        def centroid_step() -> None:  # §5 step 4 (the batched engine runs batched_after_step instead)
             info["centroids"] = update_centroids(info["centroids"], *info["step"])
 
-        return LocalJob(phases=[Phase(after_step=centroid_step)], info=info)
+        # the train augmentation declared as the "weak" view: the batched loss runs forward_features on it
+        return LocalJob(phases=[Phase(augment="raw", views=("weak",), after_step=centroid_step)], info=info)
 
     def loss(self, b):
         p, info = self.params, b.job.info
         dev_idx = b.idx.to(self.ctx.device, non_blocking=True)
         labels = self.ctx.data.given[dev_idx]
-        logits, feats = b.model.forward_features(b.x)
+        logits, feats = b.model.forward_features(b.views["weak"])
         out = rofl_batch_loss(logits, feats, labels, self._pseudo[dev_idx], info["centroids"], self._forget,
                               self._lambda_cen, p.lambda_e, b.r >= p.t_pl, p.cen_grad)
         y = labels[out.selected]
@@ -227,7 +300,40 @@ class RoFL(FLMethod):
     def upload(self, r, k, job, nets):
         return {"centroids": job.info["centroids"]}
 
-    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload)}
+    # -- the same for K clients at once (the batched engine) -------------------------------------
+    def batched_begin(self, r, clients, jobs):
+        """The chunk's centroids stacked (K, C, d), updated after every stacked step."""
+        self._chunk_centroids = torch.stack([job.info["centroids"] for job in jobs])
+
+    def batched_loss(self, sb):
+        p = self.params
+        k, b = sb.idx.shape
+        i = sb.idx.reshape(-1)
+        labels = self.ctx.data.given[i].view(k, b)
+        logits, feats = sb.forward_features(sb.views["weak"])
+        out = batched_rofl_loss(logits, feats, labels, self._pseudo[i].view(k, b), self._chunk_centroids,
+                                self._forget, self._lambda_cen, p.lambda_e, sb.r >= p.t_pl, p.cen_grad, sb.mask)
+        f = feats.detach().float().gather(1, out.order[:, :, None].expand(k, b, feats.shape[2]))
+        y = labels.gather(1, out.order)
+        self._chunk_step = (f, y, out.kept)
+        self._counts += torch.stack([out.kept.sum().double(), out.mask.sum().double(),
+                                     ((out.targets != y) & out.kept).sum().double()])
+        return out.loss
+
+    def batched_after_step(self, sb, stepped):
+        feats, labels, kept = self._chunk_step
+        new = batched_update_centroids(self._chunk_centroids, feats, labels, kept)
+        self._chunk_centroids = torch.where(stepped[:, None, None], new, self._chunk_centroids)
+        self._chunk_step = None
+
+    def batched_end(self, r, clients, jobs):
+        for job, centroids in zip(jobs, self._chunk_centroids):
+            job.info["centroids"] = centroids.clone()
+        self._chunk_centroids = None
+
+    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload, batched_loss=batched_loss,
+                            batched_begin=batched_begin, batched_after_step=batched_after_step,
+                            batched_end=batched_end)}
 
     def aggregate(self, r: int, updates) -> None:
         stacked = torch.stack([u.uploads["centroids"] for u in self.fedavg(updates)])

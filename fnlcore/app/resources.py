@@ -1,0 +1,385 @@
+"""What a training job asks the scheduler for: memory, disk and run time predicted from
+measurements, capped by the site's limits, and how many jobs a run longer than one job needs.
+
+Sources, read once per workflow (:class:`TrainResources`):
+
+* ``RESULTS/plan/rehearsal.csv`` (``fnl rehearse``): a configuration's peak host RSS, peak
+  device memory, checkpoint size and bytes written per checkpoint, joined to a run through
+  :func:`fnlcore.app.rehearse.training_config` ``(run).key``; rows of status ``pass`` only.
+* ``RESULTS/plan/step_costs.json`` (``fnl plan``): seconds of a local step and of a test
+  sample per step shape (:mod:`fnlcore.app.cost`). A GPU job takes a GPU's measurement when
+  the file has one (the slowest GPU's, when several), else the CPU's (an overestimate).
+
+Prediction (:func:`predict`), with headroom because a measurement is one sample:
+
+* ``mem_mb = RSS x 1.3 + 1 GB`` (+ 2 GB for the CUDA context when a GPU job was rehearsed
+  on a CPU); without a rehearsal :data:`DEFAULT_MEM_MB` (what every train job asked before).
+* ``disk_mb = 2 x checkpoint + bytes written by one checkpoint + 1 GB`` (the atomic write
+  keeps the old checkpoint until the new one is complete); without one :data:`DEFAULT_DISK_MB`.
+* ``runtime = device seconds (the cost model) x 1.5 + 10 min`` (start-up, data loading,
+  checkpoints, on-disk image decoding that the cost model does not count); without a step
+  cost the site's whole job length.
+
+A run predicted longer than the site's ``max_runtime`` asks for ``max_runtime`` and takes
+``jobs`` jobs. Each job trains within :func:`time_budget_s` (its runtime less
+:data:`STOP_MARGIN_MIN`): before a round that might not fit, it checkpoints and stops with
+exit status :data:`fnlcore.errors.EXIT_CONTINUE` (:mod:`fnlcore.fl.time_budget`); the
+workflow resubmits it (the rule's ``retries``: the most jobs any run of the plan needs, plus
+:data:`RETRY_MARGIN` for a pre-emption or a node that died, which loses up to a checkpoint
+interval) and the next job resumes from that checkpoint. A job therefore loses at most its
+start-up and one round (:func:`job_lengths`), whatever ``training.checkpoint_every`` is.
+
+The site cap comes from the ``train`` entry of the profile's ``set-resources``
+(``max_mem_mb``, ``max_runtime`` in minutes; :func:`site_cap`), default :data:`DEFAULT_CAP`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+
+MEM_HEADROOM = 1.3
+MEM_MARGIN_MB = 1024
+CUDA_CONTEXT_MB = 2048  # host memory of a CUDA context, missing from a CPU rehearsal
+DISK_MARGIN_MB = 1024
+RUNTIME_HEADROOM = 1.5
+STARTUP_MIN = 10  # data loading, model building, resuming, the final checkpoint and outputs
+# Of a job's runtime, not given to training (time_budget_s): the scheduler's and the workflow's
+# start-up before training starts, and a round that runs longer than every earlier one. Part of
+# STARTUP_MIN, so a run that fits one job is not stopped by its own budget.
+STOP_MARGIN_MIN = 5
+DEFAULT_MEM_MB = 16000  # no rehearsal of the run's configuration
+DEFAULT_DISK_MB = 10240
+DEFAULT_JOBS = 5  # no step cost: job lengths a run may take
+RETRY_MARGIN = 2  # attempts beyond the predicted jobs: pre-emption, a node that died
+
+
+@dataclass(frozen=True)
+class SiteCap:
+    """The largest job a site runs: ``max_mem_mb`` (None: no cap) and ``max_runtime`` (minutes)."""
+
+    max_mem_mb: int | None = None
+    max_runtime: int = 1440
+
+
+DEFAULT_CAP = SiteCap()
+
+
+def site_cap(overwrite_resources: Mapping[str, Mapping[str, Any]] | None) -> SiteCap:
+    """The cap in the ``train`` entry of Snakemake's ``set-resources`` (profile or command line)."""
+    train = _plain(overwrite_resources["train"]) if overwrite_resources and "train" in overwrite_resources else {}
+
+    def positive(key: str, default):
+        if key not in train:
+            return default
+        try:
+            value = int(train[key])
+        except (TypeError, ValueError):
+            value = 0
+        if value <= 0:
+            raise ConfigError(f"set-resources train:{key}={train[key]!r}: give a positive whole number"
+                              f" ({'MB' if key == 'max_mem_mb' else 'minutes'})")
+        return value
+
+    return SiteCap(positive("max_mem_mb", DEFAULT_CAP.max_mem_mb), positive("max_runtime", DEFAULT_CAP.max_runtime))
+
+
+def _plain(mapping) -> dict[str, Any]:
+    """A rule's set-resources as plain values (Snakemake hands them over as Resource objects)."""
+    return {k: getattr(v, "raw", v) for k, v in mapping.items()}
+
+
+@dataclass(frozen=True)
+class Resources:
+    """One run's request. ``jobs``: job lengths the run takes (``runtime`` each)."""
+
+    mem_mb: int
+    disk_mb: int
+    runtime: int  # minutes a job asks for
+    jobs: int
+    device_seconds: float | None  # the cost model's estimate (no headroom); None: no step cost
+    gpu_mem_mb: int | None = None  # predicted device memory (a GPU rehearsal only)
+    rehearsed: bool = False
+    over_cap: bool = False  # needs more memory than the site's cap: asks for the cap, will likely fail
+    note: str = ""
+
+
+# -- measurements -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A rehearsal's measurements of one configuration (the largest over its passing rows)."""
+
+    peak_rss_mb: float
+    peak_device_mb: float | None
+    checkpoint_mb: float
+    written_per_checkpoint_mb: float
+    on_gpu: bool
+
+
+def _number(value) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def load_rehearsal(path: str | os.PathLike, gpu: bool) -> dict[str, Measured]:
+    """config key -> :class:`Measured`, from rows of status ``pass``; a GPU job prefers GPU rows."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    rows: dict[str, list[dict]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("status") == "pass" and (_number(row.get("peak_rss_mb")) or 0) > 0:
+                rows.setdefault(row["config"], []).append(row)
+    out = {}
+    for key, rs in rows.items():
+        on_gpu = [r for r in rs if str(r.get("device", "")).startswith("cuda")]
+        if gpu and on_gpu:
+            rs = on_gpu
+        elif not gpu:
+            rs = [r for r in rs if r not in on_gpu] or rs
+        device = [v for r in rs if (v := _number(r.get("peak_device_mb"))) is not None and v > 0]
+        out[key] = Measured(
+            peak_rss_mb=max(_number(r["peak_rss_mb"]) for r in rs),
+            peak_device_mb=max(device) if device else None,
+            checkpoint_mb=max(_number(r.get("checkpoint_mb")) or 0.0 for r in rs),
+            written_per_checkpoint_mb=max(_number(r.get("written_per_checkpoint_mb")) or 0.0 for r in rs),
+            on_gpu=any(r in on_gpu for r in rs),
+        )
+    return out
+
+
+def load_step_costs(path: str | os.PathLike, gpu: bool) -> dict[str, tuple[float, float]]:
+    """shape key -> (s per local step, s per test sample) from a calibration file (``fnl plan``):
+    a GPU job's from the GPUs' entries when there are any (the slowest), else from the CPUs'."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        devices = json.loads(path.read_text())["devices"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path}: not a step-cost file of `fnl plan` ({err}); delete it and run `fnl plan` again")
+    gpus = {d: e for d, e in devices.items() if d.startswith("cuda")}
+    chosen = gpus if gpu and gpus else ({d: e for d, e in devices.items() if d not in gpus} or devices)
+    out: dict[str, tuple[float, float]] = {}
+    for entries in chosen.values():
+        for key, c in entries.items():
+            old = out.get(key, (0.0, 0.0))
+            out[key] = (max(old[0], float(c["train_s"])), max(old[1], float(c["eval_s"])))
+    return out
+
+
+# -- prediction ---------------------------------------------------------------------------------
+
+
+def _round_seconds(run, dataset_options, train_s: float, eval_s: float) -> tuple[float, float]:
+    """(device seconds of the run, of its longest round) by the cost model (fnlcore/app/cost.py)."""
+    from ..datasets import expected_shape, get_dataset
+    from ..methods import METHODS
+
+    ds = expected_shape(get_dataset(run.dataset), dataset_options)
+    t = run.training
+    k = run.partition.num_clients
+    n_k = run.partition.expected_samples(ds.n_train) / k
+    per_epoch = math.floor(n_k / t.batch_size) if t.drop_last else math.ceil(n_k / t.batch_size)
+    total, longest = 0.0, 0.0
+    for st in METHODS[run.method.name].cost_stages(run.method, t, k):
+        one = st.clients * t.local_epochs * per_epoch * st.factor * train_s + (ds.n_test * eval_s if st.evaluated else 0.0)
+        total += st.rounds * one
+        longest = max(longest, one if st.rounds else 0.0)
+    return total, longest
+
+
+def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mapping[str, Measured],
+            cap: SiteCap = DEFAULT_CAP, dataset_options: Mapping[str, Any] | None = None,
+            gpu: bool = True) -> Resources:
+    """The request of one run (see the module docstring for the rules and defaults)."""
+    from .cost import step_shape
+    from .rehearse import training_config
+
+    notes = []
+    m = rehearsal.get(training_config(run, dataset_options).key)
+    if m is None:
+        mem, disk, gpu_mem = DEFAULT_MEM_MB, DEFAULT_DISK_MB, None
+        notes.append("not rehearsed: default memory and disk")
+    else:
+        rss = m.peak_rss_mb + (CUDA_CONTEXT_MB if gpu and not m.on_gpu else 0)
+        mem = math.ceil(rss * MEM_HEADROOM + MEM_MARGIN_MB)
+        disk = math.ceil(2 * m.checkpoint_mb + m.written_per_checkpoint_mb + DISK_MARGIN_MB)
+        gpu_mem = math.ceil(m.peak_device_mb * MEM_HEADROOM) if gpu and m.on_gpu and m.peak_device_mb else None
+    over = cap.max_mem_mb is not None and mem > cap.max_mem_mb
+    if over:
+        notes.append(f"needs {mem} MB, over the site cap of {cap.max_mem_mb} MB")
+        mem = cap.max_mem_mb
+
+    cost = step_costs.get(step_shape(run, dataset_options).key())
+    if cost is None:
+        notes.append("no step cost: the site's whole job length")
+        runtime, jobs, seconds = cap.max_runtime, DEFAULT_JOBS, None
+    else:
+        seconds, longest = _round_seconds(run, dataset_options, *cost)
+        runtime, jobs = job_lengths(seconds, longest, cap.max_runtime)
+        if jobs > 1:
+            notes.append(f"{jobs} jobs of {runtime} min, each continuing from the checkpoint of the one before")
+            one_round = longest * RUNTIME_HEADROOM / 60
+            if one_round > runtime / 4:  # a job stops up to a round before its limit: a large share of it
+                notes.append(f"a round takes up to {one_round:.0f} min, which a job may leave unused: "
+                             "raise the site's max_runtime")
+    return Resources(mem, disk, runtime, jobs, seconds, gpu_mem, m is not None, over, "; ".join(notes))
+
+
+def job_lengths(device_seconds: float, longest_round_s: float, max_runtime: int) -> tuple[int, int]:
+    """(minutes a job asks for, jobs) of a run of ``device_seconds``.
+
+    Above ``max_runtime`` each job stops before its limit with a checkpoint, and the next
+    resumes from it: a job advances by its length less the start-up (the checkpoint at the
+    stop included) and one round, the most it leaves unused when the next round might not fit."""
+    minutes = device_seconds * RUNTIME_HEADROOM / 60 + STARTUP_MIN
+    if minutes <= max_runtime:
+        return max(1, math.ceil(minutes)), 1
+    one_round = longest_round_s * RUNTIME_HEADROOM / 60
+    progress = max_runtime - STARTUP_MIN - one_round
+    if progress <= 0:
+        raise ConfigError(
+            f"a round takes about {one_round:.0f} min, more than a job of {max_runtime} min holds beside its "
+            f"{STARTUP_MIN} min of start-up: raise the site's max_runtime (set-resources train:max_runtime)"
+        )
+    return max_runtime, math.ceil((minutes - STARTUP_MIN) / progress)
+
+
+def time_budget_s(runtime_min: float) -> float:
+    """Seconds a train job of ``runtime_min`` minutes may train (fnlcore.app.train's ``time_budget_s``):
+    its runtime less :data:`STOP_MARGIN_MIN`; at least one round runs in any case."""
+    return max(0.0, (float(runtime_min) - STOP_MARGIN_MIN) * 60.0)
+
+
+# -- the workflow's view ------------------------------------------------------------------------
+
+
+def _run_key(fields: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(fields[k]) for k in ("dataset", "partition", "pseed", "noise", "nseed", "train", "method", "seed"))
+
+
+class TrainResources:
+    """The train rule's resources and retries for every run of a plan, predicted once.
+
+    ``mem_mb``, ``disk_mb`` and ``runtime`` are Snakemake resource callables of a job's wildcards.
+    A run outside the plan (a path asked for by hand) gets the defaults."""
+
+    def __init__(self, plan, cap: SiteCap = DEFAULT_CAP, gpu: bool = True, results_dir: str | None = None):
+        self.plan = plan
+        self.cap = cap
+        self.gpu = gpu
+        self.results_dir = results_dir or plan.results_dir
+        self._by_run: dict[tuple[str, ...], Resources] | None = None
+
+    @property
+    def by_run(self) -> dict[tuple[str, ...], Resources]:
+        if self._by_run is None:
+            folder = Path(self.results_dir) / "plan"
+            costs = load_step_costs(folder / "step_costs.json", self.gpu)
+            rehearsal = load_rehearsal(folder / "rehearsal.csv", self.gpu)
+            options = {name: ds.options for name, ds in self.plan.datasets.items()}
+            self._by_run = {
+                _run_key(run.fields()): predict(run, costs, rehearsal, self.cap, options.get(run.dataset), self.gpu)
+                for run in self.plan.runs()
+            }
+        return self._by_run
+
+    def of(self, wildcards) -> Resources:
+        found = self.by_run.get(_run_key(dict(wildcards.items())))
+        if found is None:
+            return Resources(min(DEFAULT_MEM_MB, self.cap.max_mem_mb or DEFAULT_MEM_MB), DEFAULT_DISK_MB,
+                             self.cap.max_runtime, DEFAULT_JOBS, None, note="not in the plan: defaults")
+        return found
+
+    def mem_mb(self, wildcards) -> int:
+        return self.of(wildcards).mem_mb
+
+    def disk_mb(self, wildcards) -> int:
+        return self.of(wildcards).disk_mb
+
+    def runtime(self, wildcards) -> int:
+        return self.of(wildcards).runtime
+
+    @property
+    def retries(self) -> int:
+        """Attempts after the first: the most jobs a run of the plan needs, less one, plus the margin."""
+        return max((r.jobs for r in self.by_run.values()), default=1) - 1 + RETRY_MARGIN
+
+
+def plan_resources(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True) -> dict[str, Resources]:
+    """metrics path -> :class:`Resources` of every run of ``plan`` (what ``fnl plan`` prints)."""
+    tr = TrainResources(plan, cap, gpu, results_dir)
+    return {run.files(plan.results_dir)["metrics"]: tr.by_run[_run_key(run.fields())] for run in plan.runs()}
+
+
+_WORKFLOW_RESOURCES: dict[int, TrainResources] = {}
+
+
+def train_resources(plan, workflow) -> TrainResources:
+    """The :class:`TrainResources` of a Snakemake workflow's plan (one per workflow): the cap
+    from its ``set-resources`` for ``train``; a GPU job unless ``device: cpu`` or ``train:gpu=0``."""
+    key = id(plan)
+    if key not in _WORKFLOW_RESOURCES:
+        overwrite = workflow.resource_settings.overwrite_resources or {}
+        train = _plain(overwrite["train"]) if "train" in overwrite else {}
+        gpu = plan.device != "cpu" and str(train.get("gpu", 1)) != "0"
+        _WORKFLOW_RESOURCES[key] = TrainResources(plan, site_cap(overwrite), gpu)
+    return _WORKFLOW_RESOURCES[key]
+
+
+# -- `fnl plan`'s columns -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanColumns:
+    """What ``fnl plan`` prints beside device-hours: a header, each table's columns, notes."""
+
+    header: str
+    columns: dict[tuple[str, str], str]  # (paper, table) -> the table's columns
+    notes: list[str]
+
+
+def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True) -> PlanColumns:
+    """The largest request of each table's runs: memory, disk, a job's hours, jobs of a run.
+    ``*`` marks a table where some run has no measurement and takes the defaults."""
+    res = plan_resources(plan, results_dir, cap, gpu)
+    columns = {}
+    for t in plan.tables:
+        mine = [res[tr.run.files(plan.results_dir)["metrics"]] for tr in t.runs]
+        if not mine:
+            columns[(t.paper, t.table)] = ""
+            continue
+        default = "*" if any(not r.rehearsed or r.device_seconds is None for r in mine) else " "
+        columns[(t.paper, t.table)] = (
+            f"{max(r.mem_mb for r in mine) / 1000:7.1f} {max(r.disk_mb for r in mine) / 1000:8.1f} "
+            f"{max(r.runtime for r in mine) / 60:6.1f} {max(r.jobs for r in mine):4d}{default}")
+    runs = list(res.values())
+    notes = [f"mem/disk/job h/jobs: the largest request of a table's runs (train jobs; site cap "
+             f"{cap.max_runtime} min a job{'' if cap.max_mem_mb is None else f', {cap.max_mem_mb} MB'}; "
+             "README \"Resources and wall-time limits\")"]
+    unrehearsed = sum(not r.rehearsed for r in runs)
+    if unrehearsed:
+        notes.append(f"* {unrehearsed} of {len(runs)} runs not rehearsed (no passing row in "
+                     f"{Path(results_dir or plan.results_dir) / 'plan' / 'rehearsal.csv'}): default "
+                     f"{DEFAULT_MEM_MB} MB memory, {DEFAULT_DISK_MB} MB disk; `fnl rehearse` measures them")
+    uncosted = sum(r.device_seconds is None for r in runs)
+    if uncosted:
+        notes.append(f"* {uncosted} of {len(runs)} runs without a step cost: the whole job length, {DEFAULT_JOBS} jobs")
+    over = sum(r.over_cap for r in runs)
+    if over:
+        notes.append(f"! {over} runs need more memory than the site cap (they ask for the cap and will likely fail)")
+    return PlanColumns(f"{'mem GB':>7s} {'disk GB':>8s} {'job h':>6s} {'jobs':>4s}", columns, notes)
