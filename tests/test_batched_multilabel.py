@@ -53,7 +53,8 @@ def _count_batched_rounds(monkeypatch) -> list[int]:
 
 
 def test_fedmlp_warmup_batched_and_mld_rounds_sequential_equal_the_sequential_engine(monkeypatch):
-    # round 0 warm-up batched; round 1 (last warm-up: prototype upload) and stage 2 (detection) sequential
+    # round 0 warm-up batched; from round 1 (the last warm-up round) on every upload runs the prototypes'
+    # augmented pass after the client's training draws: those rounds train sequentially
     rounds = _count_batched_rounds(monkeypatch)
     (ms, _, _), (mb, m, _) = _same("fedmlp", {"warmup_rounds": 2, "st": False, "lambda0": 0.2, "lambda1": 0.2})
     assert rounds == [0] and mb["stage"].tolist() == ["warmup", "warmup", "stage2"]

@@ -305,7 +305,6 @@ class _JobInfo:
     teacher: torch.Tensor | None  # revised EMA logits by sample id (Eq. 14); None: online teacher or no B_k
     features: _GlobalFeatures | None  # R_k's cached targets; None: per step, or no R_k
     decay: float  # the γ_g that revised the client's EMA model (0: it is the global model)
-    tracker: EmaTracker | None = None  # sequential engine: the per-step EMA update (FedGR._track)
     ema: State | None = field(default=None, repr=False)  # batched engine: the EMA model after training
 
 
@@ -502,10 +501,11 @@ class FedGR(FLMethod):
 
     def _job(self, stage: str, nets: dict[str, torch.nn.Module], info: _JobInfo) -> LocalJob:
         """E epochs on the client's samples with the stage's declared views; the EMA model tracks the
-        student (see :meth:`_track`, and ``batched_after_step``)."""
+        student after every step (Eq. 12; on the batched engine ``batched_after_step``)."""
         self.global_model.eval()  # frozen: R_k's target features
         nets["ema"].eval()
-        return LocalJob(phases=[Phase(augment="raw", views=self._step_views(stage))], info=info)
+        track = EmaTracker(nets["ema"], nets["model"], self.params.gamma_l)
+        return LocalJob(phases=[Phase(augment="raw", views=self._step_views(stage), after_step=track)], info=info)
 
     def prepare_warmup(self, r: int, k: int, nets: dict) -> LocalJob:
         out = self._observe(k, ("eval",))
@@ -545,19 +545,8 @@ class FedGR(FLMethod):
         """L^SR of a main-stage client (r_k ≥ β: ``high_noise``): the batch mean of :meth:`_supervised_terms`."""
         return lambda z, i: self._supervised_terms(z, i, high_noise).mean()
 
-    def _track(self, b: Batch) -> None:
-        """The EMA model's per-step update (Eq. 12) on the sequential engine, for the optimiser step
-        before this loss: nothing moves the student between a step and the next step's loss (the
-        upload applies the last step's), and a phase hook would keep the stage off the batched engine."""
-        info = b.job.info
-        if info.tracker is None:
-            info.tracker = EmaTracker(b.nets["ema"], b.model, self.params.gamma_l)
-        else:
-            info.tracker()
-
     def _student(self, b: Batch):
         """(weak view or None, logits and features of the student on its view, sample ids on the device)."""
-        self._track(b)
         weak, strong = self._weak_strong(b.views)
         logits, feat = b.model.forward_features(strong)
         return weak, logits.float(), feat, b.idx.to(self.ctx.device, non_blocking=True)
@@ -657,8 +646,6 @@ class FedGR(FLMethod):
     def upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         """Keep the client's EMA model; upload the loss proxies (or sieve locally under 'w/o FS')."""
         info = job.info
-        if info.tracker is not None:  # the sequential engine: the last step's EMA update (see _track)
-            info.tracker()
         idx = self.ctx.data.clients[k]
         self.ema.put(k, info.ema if info.ema is not None else nets["ema"].state_dict())
         if self.params.sieving == "federated":
@@ -666,22 +653,11 @@ class FedGR(FLMethod):
         self._local_sieve(r, idx, nets["model"])
         return {}
 
-    def stage_key(self, r: int) -> str:
-        """Round r's row: the stage's batched row, or its sequential one where a client's preparation
-        draws weak views from the augmentation stream (the main stage's pseudo-labels and revised
-        teacher, the warm-up's cached R_k targets): the batched engine prepares every client before it
-        draws any client's batches, which would reorder those draws."""
-        stage, p = self.stage(r), self.params
-        draws = p.weak_aug and (stage == "main" or self._cache_features)
-        return f"{stage}_prepare_draws" if draws else stage
-
     _batched = dict(batched_begin=batched_begin, batched_after_step=batched_after_step, batched_end=batched_end)
     stages = {
         "warmup": Stage(loss=warmup_loss, prepare=prepare_warmup, upload=upload, batched_loss=batched_warmup_loss,
                         **_batched),
         "main": Stage(loss=main_loss, prepare=prepare_main, upload=upload, batched_loss=batched_main_loss, **_batched),
-        "warmup_prepare_draws": Stage(loss=warmup_loss, prepare=prepare_warmup, upload=upload),
-        "main_prepare_draws": Stage(loss=main_loss, prepare=prepare_main, upload=upload),
     }
 
     def _local_sieve(self, r: int, idx: torch.Tensor, model: torch.nn.Module) -> None:

@@ -41,11 +41,12 @@ import torch
 
 from ..errors import ConfigError
 from ..fl.batched import StackedBatch
+from ..fl.stacked import StackedNet, stacked_input
 from ..fl.state import load
 from ..registry import param
 from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .multilabel import batched_partial_bce, client_active_classes, partial_bce
-from .parts import ema_update
+from .parts import batched_ema_update, ema_update, stacked_load_client
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,15 @@ def relation_kl(source: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -
     return sym.sum() / source.shape[0]
 
 
+def batched_relation_kl(source: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """:func:`relation_kl` of K clients' sources (K, C, C) against one target (C, C) -> (K,)."""
+    p = source / source.sum(-1, keepdim=True)
+    q = (target / target.sum(1, keepdim=True))[None]
+    lp, lq = p.clamp_min(eps).log(), q.clamp_min(eps).log()
+    sym = 0.5 * ((p * (lp - lq)).sum(-1) + (q * (lq - lp)).sum(-1))
+    return sym.sum(-1) / source.shape[1]
+
+
 def confident_mask(p: torch.Tensor, upper: float, lower: float, max_entropy: float) -> torch.Tensor:
     """(B,) samples confident on every class (> upper or < lower) with summed binary entropy < max_entropy."""
     sure = ((p > upper) | (p < lower)).all(1)
@@ -136,6 +146,16 @@ def ema_alpha(step: int, cap: float) -> float:
 
 
 # -- the method --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Chunk:
+    """A batched chunk of relation-matching clients: their EMA teachers, step counters and mask counts (K,)."""
+
+    teachers: StackedNet
+    steps: torch.Tensor  # float64: the EMA alpha is computed from it as from the Python counter
+    masked: torch.Tensor
+    seen: torch.Tensor
 
 
 class _RowMean:
@@ -169,6 +189,8 @@ class FedIRM(FLMethod):
         self.teachers = ClientStore("teachers")  # per-client EMA teachers, from a client's first matching update
         self.steps = [0] * ctx.data.num_clients  # per-client EMA step counters
         self.relation_g: torch.Tensor | None = None  # (C, C) global relation matrix
+        self._stacked: dict[int, StackedNet] = {}  # batched engine: K -> the chunk's teachers
+        self._chunk: _Chunk | None = None  # the relation-matching chunk being trained
 
     def stage(self, r: int) -> str:
         return "supervised" if r < self.params.sup_rounds else "relation"
@@ -199,7 +221,8 @@ class FedIRM(FLMethod):
 
         target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=self.ctx.device)
         w = ramp_weight(r, p.consistency, p.ramp_rounds)
-        info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w, "masked": 0, "seen": 0}
+        info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w, "masked": 0, "seen": 0,
+                "teacher": None}  # the batched engine's trained teacher
         return LocalJob([Phase(augment="raw", views=self.VIEWS, after_step=after_step)], info=info)
 
     def _supervised(self, b):
@@ -228,12 +251,61 @@ class FedIRM(FLMethod):
     def batched_supervised_loss(self, sb: StackedBatch):
         return self._batched_supervised(sb)[0]
 
-    def batched_collect_loss(self, sb: StackedBatch):
+    def _batched_collected(self, sb: StackedBatch):
+        """:meth:`_batched_supervised`, each client's relation rows of the step added to its own."""
         loss, z1, pos = self._batched_supervised(sb)
         rows, has = batched_relation_rows(z1.detach(), pos, sb.mask, self.params.temperature)
         for job, r_i, h_i in zip(sb.jobs, rows, has):  # a rider has no positives: nothing added
             job.info["rows"].add(r_i, h_i)
-        return loss
+        return loss, z1
+
+    def batched_collect_loss(self, sb: StackedBatch):
+        return self._batched_collected(sb)[0]
+
+    def batched_relation_loss(self, sb: StackedBatch):
+        p, chunk, info = self.params, self._chunk, sb.jobs[0].info  # target and w(r) are the round's
+        k, bsz = sb.idx.shape
+        loss, z1 = self._batched_collected(sb)
+        p1 = torch.sigmoid(z1.float())
+        with torch.no_grad():
+            pt = torch.sigmoid(chunk.teachers(stacked_input(sb.views["weak:2"], k)).float())
+        sq = ((p1 - pt) ** 2).sum(-1)  # (K, B)
+        real = torch.ones_like(sq, dtype=torch.bool) if sb.mask is None else sb.mask
+        cons = torch.where(real, sq, torch.zeros_like(sq)).sum(1) / self.ctx.settings.batch_size
+        mask = confident_mask(p1.detach().flatten(0, 1), p.upper, p.lower, p.max_entropy).view(k, bsz) & real
+        chunk.masked += mask.sum(1)
+        chunk.seen += real.sum(1)
+        source, _ = batched_relation_rows(z1, (p1.detach() > 0.5) & mask[:, :, None], sb.mask, p.temperature)
+        return info["w"] * (cons + batched_relation_kl(source, info["target"])) + loss
+
+    def batched_begin(self, r, clients, jobs):
+        """The chunk's teachers (each client's own, or the received global model at its first matching
+        update), step counters and mask counts."""
+        k, dev = len(clients), self.ctx.device
+        if k not in self._stacked:
+            self._stacked[k] = StackedNet(self.global_model, k).to(dev)
+        net, start = self._stacked[k], self.global_model.state_dict()
+        for i, c in enumerate(clients):
+            own = self.teachers.get(c)
+            stacked_load_client(net, i, own if own is not None else start)
+        net.eval()
+        steps = torch.tensor([self.steps[c] for c in clients], dtype=torch.float64, device=dev)
+        zeros = torch.zeros(k, dtype=torch.int64, device=dev)
+        self._chunk = _Chunk(net, steps, zeros, zeros.clone())
+
+    def batched_after_step(self, sb, stepped):
+        """Each stepped client's teacher update with its own alpha (:func:`ema_alpha`), its counter advanced."""
+        chunk = self._chunk
+        alpha = (1.0 - 1.0 / (chunk.steps + 1)).clamp_max(self.params.ema_decay)
+        batched_ema_update(chunk.teachers, sb.net, alpha, stepped)
+        chunk.steps += stepped.to(chunk.steps.dtype)
+
+    def batched_end(self, r, clients, jobs):
+        chunk = self._chunk
+        for i, (c, job) in enumerate(zip(clients, jobs)):
+            self.steps[c] = int(chunk.steps[i])
+            job.info.update(teacher=chunk.teachers.client_state(i), masked=chunk.masked[i], seen=chunk.seen[i])
+        self._chunk = None
 
     def _collected(self, b):
         """:meth:`_supervised`, the batch's relation rows added to the client's."""
@@ -262,15 +334,18 @@ class FedIRM(FLMethod):
         return {"relation": rows, "relation_valid": valid}
 
     def relation_upload(self, r, k, job, nets):
-        self.teachers.put(k, nets["teacher"].state_dict())  # the teacher stays with the client
         info = job.info
+        teacher = info["teacher"]  # batched engine: from the chunk's teachers; sequential: the working one
+        self.teachers.put(k, teacher if teacher is not None else nets["teacher"].state_dict())  # stays with the client
         return {"masked": float(info["masked"]), "seen": float(info["seen"]), **self.rows_upload(r, k, job, nets)}
 
     stages = {
         "supervised": Stage(loss=supervised_loss, prepare=prepare, batched_loss=batched_supervised_loss),
         "collect": Stage(loss=collect_loss, prepare=collect_prepare, upload=rows_upload,
                          batched_loss=batched_collect_loss),
-        "relation": Stage(loss=relation_loss, prepare=relation_prepare, upload=relation_upload),
+        "relation": Stage(loss=relation_loss, prepare=relation_prepare, upload=relation_upload,
+                          batched_loss=batched_relation_loss, batched_begin=batched_begin,
+                          batched_after_step=batched_after_step, batched_end=batched_end),
     }
 
     def aggregate(self, r, updates):

@@ -53,6 +53,12 @@ BCE(pos_weight)) with the stage-2 normalisation; a client's annotated classes ar
 on all of its samples; pseudo-label counts and their agreement with the true labels (an oracle,
 logged only) are reported per round.
 
+Engines: with ``mld`` on, the client's upload from round warmup_rounds - 1 on (its prototypes and
+degrees) runs an augmented pass of the trained model, whose random draws come between its training
+and the next client's; the batched engine cannot keep that order, so those rounds (the last warm-up
+round and every stage-2 round) train sequentially; the earlier warm-up rounds, and every round with
+``mld`` off, batch.
+
 Per-round outputs (metrics.parquet; with ``mld`` on): ``mld_degree_<c>``, the global learning
 degree d^G_c aggregated at the end of the round (from round warmup_rounds - 1 on; the next round's
 detection uses it), so that a run shows when d^G stays 0 and ST labels nothing (fedmlp.md §2.5:
@@ -256,9 +262,10 @@ class FedMLP(FLMethod):
         return int((self.pseudo == 1).sum()), int((self.pseudo == 0).sum())
 
     def stage_key(self, r: int) -> str:
-        # with MLD, the last warm-up round's upload (prototypes) and every stage-2 prepare (detection) run an
-        # augmented pass per client, drawn between the clients' training draws: rows without a batched loss,
-        # since the batched engine draws every client's training first
+        # with MLD, every upload from round warmup_rounds - 1 on (the prototypes) runs an augmented pass on the
+        # trained model, drawn between this client's training draws and the next client's: an upload that
+        # draws cannot batch (the batched engine makes every client's training draws before any upload), so
+        # those rounds take rows without a batched loss (the stage-2 detection's pass, in the prepare, could)
         key = self.stage(r)
         return key + "_mld" if self.params.mld and r >= self.params.warmup_rounds - 1 else key
 

@@ -145,24 +145,16 @@ class RSCFed(FLMethod):
         return clients
 
     def prepare(self, r, k, nets):
-        teacher = nets["teacher"]
+        teacher, student = nets["teacher"], nets["model"]
         load(teacher, self.teachers.get(k))
         teacher.eval()
-        # raw batches, two weak views; info: the missing classes M_k, and what training leaves (see _track)
-        info = {"missing": 1.0 - self.active[k], "stepped": False, "teacher": None}
-        return LocalJob([Phase(augment="raw", views=("weak:1", "weak:2"))], info=info)
-
-    def _track(self, b) -> None:
-        """The teacher follows the student after every step; on the sequential engine the update of a
-        step runs before the next step's loss (nothing moves the student in between) and the upload
-        runs the last one: a phase hook would keep the stage off the batched engine."""
-        info = b.job.info
-        if info["stepped"]:
-            ema_update(b.nets["teacher"], b.model, self.params.ema_decay)
-        info["stepped"] = True
+        # raw batches, two weak views; the teacher follows the student after every step (on the batched
+        # engine: batched_after_step); info: the missing classes M_k, and the batched engine's trained teacher
+        phase = Phase(augment="raw", views=("weak:1", "weak:2"),
+                      after_step=lambda: ema_update(teacher, student, self.params.ema_decay))
+        return LocalJob([phase], info={"missing": 1.0 - self.active[k], "teacher": None})
 
     def loss(self, b):
-        self._track(b)
         v = b.views
         z = b.model(v["weak:1"])
         loss = partial_bce(z, self.multi_label_targets(b.idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
@@ -200,12 +192,8 @@ class RSCFed(FLMethod):
         self._chunk = None
 
     def upload(self, r, k, job, nets):
-        info = job.info
-        if info["teacher"] is None:  # the sequential engine: the last step's update (see _track)
-            if info["stepped"]:
-                ema_update(nets["teacher"], nets["model"], self.params.ema_decay)
-            info["teacher"] = nets["teacher"].state_dict()
-        self.teachers.put(k, info["teacher"])  # the teacher stays with the client
+        teacher = job.info["teacher"]  # batched engine: from the chunk's teachers; sequential: the working one
+        self.teachers.put(k, teacher if teacher is not None else nets["teacher"].state_dict())  # stays with the client
         return {}
 
     stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload, batched_loss=batched_loss,
