@@ -53,11 +53,10 @@ BCE(pos_weight)) with the stage-2 normalisation; a client's annotated classes ar
 on all of its samples; pseudo-label counts and their agreement with the true labels (an oracle,
 logged only) are reported per round.
 
-Engines: with ``mld`` on, the client's upload from round warmup_rounds - 1 on (its prototypes and
-degrees) runs an augmented pass of the trained model, whose random draws come between its training
-and the next client's; the batched engine cannot keep that order, so those rounds (the last warm-up
-round and every stage-2 round) train sequentially; the earlier warm-up rounds, and every round with
-``mld`` off, batch.
+Engines: every round batches. With ``mld`` on, the stage-2 detection (an augmented pass of the
+global model, in the prepare) and the upload from round warmup_rounds - 1 on (prototypes and
+degrees: an augmented pass of the trained model) draw random numbers; the upload declares them
+(``reserve``) so the batched engine draws them where the sequential engine does.
 
 Per-round outputs (metrics.parquet; with ``mld`` on): ``mld_degree_<c>``, the global learning
 degree d^G_c aggregated at the end of the round (from round warmup_rounds - 1 on; the next round's
@@ -78,6 +77,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl.batched import StackedBatch
+from ..fl.local import draw_predict
 from ..registry import param
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .logit_adjust import la_bce, la_shift
@@ -261,14 +261,6 @@ class FedMLP(FLMethod):
     def _pseudo_counts(self) -> tuple[int, int]:
         return int((self.pseudo == 1).sum()), int((self.pseudo == 0).sum())
 
-    def stage_key(self, r: int) -> str:
-        # with MLD, every upload from round warmup_rounds - 1 on (the prototypes) runs an augmented pass on the
-        # trained model, drawn between this client's training draws and the next client's: an upload that
-        # draws cannot batch (the batched engine makes every client's training draws before any upload), so
-        # those rounds take rows without a batched loss (the stage-2 detection's pass, in the prepare, could)
-        key = self.stage(r)
-        return key + "_mld" if self.params.mld and r >= self.params.warmup_rounds - 1 else key
-
     def begin_round(self, r: int) -> None:
         super().begin_round(r)
         self._round_start = self._pseudo_counts()
@@ -382,29 +374,36 @@ class FedMLP(FLMethod):
         if not p.mld or r < p.warmup_rounds - 1:
             return {}
         idx = self.ctx.data.clients[k]
-        logits, feats = self._features(nets["model"], idx)
+        logits, feats = self._features(nets["model"], idx, job.reserved)
         return {
             "prototypes": class_prototypes(feats, self.multi_label_targets(idx), self.active[k]),
             "degrees": learning_degree(torch.sigmoid(logits), p.low, p.high),
         }
 
-    stages = {  # the "_mld" rows: see stage_key
+    def reserve(self, r: int, k: int, job: LocalJob):
+        """The upload's augmentation draws, made where the sequential upload makes them (batched engine)."""
+        if not self.params.mld or r < self.params.warmup_rounds - 1:
+            return None
+        return draw_predict(self.ctx, len(self.ctx.data.clients[k]), self.ctx.settings.eval_batch_size)
+
+    stages = {
         "warmup": Stage(loss=loss_warmup, prepare=prepare_warmup, upload=upload, batched_loss=batched_loss_warmup,
-                        batched_begin=batched_begin),
-        "warmup_mld": Stage(loss=loss_warmup, prepare=prepare_warmup, upload=upload),
+                        reserve=reserve, batched_begin=batched_begin),
         "stage2": Stage(loss=loss_stage2, prepare=prepare_stage2, upload=upload, batched_loss=batched_loss_stage2,
-                        batched_begin=batched_begin),
-        "stage2_mld": Stage(loss=loss_stage2, prepare=prepare_stage2, upload=upload),
+                        reserve=reserve, batched_begin=batched_begin),
     }
 
     @torch.no_grad()
-    def _features(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits, features) of ``model`` in eval mode on one augmented view of ``idx``, in order."""
+    def _features(self, model: torch.nn.Module, idx: torch.Tensor, drawn: list | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, features) of ``model`` in eval mode on one augmented view of ``idx``, in order
+        (``drawn``: the view's parameters drawn ahead by :meth:`reserve`)."""
         ctx = self.ctx
         model.eval()
         zs, fs = [], []
-        for xb, _ in ctx.data.train.batches(idx, ctx.settings.eval_batch_size):
-            z, f = model.forward_features(ctx.pipeline.train(xb, ctx.aug_gen))
+        for i, (xb, _) in enumerate(ctx.data.train.batches(idx, ctx.settings.eval_batch_size)):
+            view = ctx.pipeline.train(xb, ctx.aug_gen) if drawn is None else ctx.pipeline.apply_train(xb, drawn[i])
+            z, f = model.forward_features(view)
             zs.append(z.float())
             fs.append(f.float().flatten(1))
         return torch.cat(zs), torch.cat(fs)
