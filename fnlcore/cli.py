@@ -5,6 +5,10 @@
     fnl plan [--scale S] [--tables T ...] [--device D] [--threads N] [--calibration F] [--recalibrate]
                                                  runs and estimated device-hours of tables, from step costs
                                                  measured on this machine (cached in --calibration)
+    fnl rehearse [--tables T ...] [--scale S] [--device D] [--steps N] [--per-round M] [--only KEY ...] [--out DIR]
+                                                 every distinct training configuration started, checkpointed,
+                                                 killed (SIGKILL), resumed and finished on a stand-in of its
+                                                 data; peak memory, checkpoint bytes, s/step in DIR/rehearsal.csv
     fnl cell PAPER TABLE --row ROW --col COL [--seed S] [--scale S] [--dry] [-- SNAKEMAKE ARGS]
                                                  print the runs behind one cell and build them with Snakemake
 
@@ -88,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--threads", type=int, default=1, help="torch threads on a CPU (a train job's, 1 by default)")
     pl.add_argument("--calibration", help="step-cost cache (default: RESULTS/plan/step_costs.json)")
     pl.add_argument("--recalibrate", action="store_true", help="measure this device's step costs again")
+    rh = sub.add_parser("rehearse", help="start, checkpoint, kill and resume every training configuration once")
+    _rehearse_arguments(rh)
     c = sub.add_parser("cell", help="build the runs behind one table cell")
     c.add_argument("paper")
     c.add_argument("table")
@@ -98,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--results", default="results")
     c.add_argument("--dry", action="store_true", help="print the targets only")
     args = ap.parse_args(argv)
+    if args.cmd == "rehearse":
+        try:
+            return _rehearse(args)
+        except ConfigError as err:
+            print(f"fnl: {err}", file=sys.stderr)
+            return 2
     if args.cmd in ("status", "plan"):
         try:
             return _status(args.configfile) if args.cmd == "status" else _plan(args)
@@ -197,8 +209,59 @@ def _plan(args) -> int:
     path = args.calibration or str(Path(args.results) / "plan" / "step_costs.json")
     calibration = Calibration(path, device, refresh=args.recalibrate)
     cost = estimate_plan(plan, calibration, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(format_plan(cost, calibration, args.scale))
+    from .app.resources import plan_columns
+
+    print(format_plan(cost, calibration, args.scale, plan_columns(plan, args.results, gpu=plan.device != "cpu")))
     return 0
+
+
+def _rehearse_arguments(rh) -> None:
+    rh.add_argument("--tables", nargs="+", help='"paper" or "paper/table" (default: every table)')
+    rh.add_argument("--scale", default="paper")
+    rh.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the configurations train")
+    rh.add_argument("--steps", type=int, default=1, help="local steps of a client update (default 1)")
+    rh.add_argument("--per-round", type=int, default=0,
+                    help="train at most this many clients a round (default 0: the run's own count)")
+    rh.add_argument("--rounds", type=int, default=4, help="rounds of each rehearsal, stage boundaries scaled along")
+    rh.add_argument("--eval-samples", type=int, default=32, help="test samples scored a round")
+    rh.add_argument("--threads", type=int, default=2, help="torch threads on a CPU")
+    rh.add_argument("--only", nargs="+", metavar="KEY", help="rehearse only these configurations (keys)")
+    rh.add_argument("--list", action="store_true", help="print the configurations and their cell counts only")
+    rh.add_argument("--out", default="results/plan", help="where rehearsal.csv and rehearsal.md go")
+
+
+def _rehearse(args) -> int:
+    """Rehearse the selected tables' configurations (fnlcore/app/rehearse.py); 1 when one did not pass."""
+    import time
+
+    from .app.plan import build_plan, validate_schema
+    from .app.rehearse import Options, distinct_configs, rehearse, write_rehearsal
+    from .app.runs import PAPERS_DIR
+
+    for name in ("steps", "rounds", "eval_samples", "threads"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.per_round < 0:
+        raise ConfigError(f"--per-round must be >= 0 (0: every client of the round), got {args.per_round}")
+    selected = args.tables or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
+    plan = build_plan(validate_schema({"tables": selected, "scale": args.scale, "data_grid": []}))
+    if args.list:
+        for key, r in distinct_configs(plan).items():
+            print(f"{len(r.cells):5d} cells  {key}")
+        return 0
+    opts = Options(steps=args.steps, per_round=args.per_round, rounds=args.rounds, eval_samples=args.eval_samples,
+                   device=args.device, threads=args.threads)
+    t0 = time.monotonic()
+    rows = rehearse(plan, opts, Path(args.out), args.only, log=lambda m: print(m, flush=True))
+    wall = time.monotonic() - t0
+    header = (f"Rehearsal of {len(rows)} configurations of {len(plan.tables)} tables at scale {args.scale} on "
+              f"{args.device}: {args.steps} local step(s) a client update, "
+              f"{args.per_round or 'all'} client(s) a round, {args.rounds} rounds, {args.eval_samples} test samples; "
+              f"wall time {wall / 60:.1f} min")
+    csv, md = write_rehearsal(rows, Path(args.out), header)
+    failed = [r for r in rows if r["status"] != "pass"]
+    print(f"{csv}, {md}: {len(rows) - len(failed)} passed, {len(failed)} not ({wall / 60:.1f} min)")
+    return 1 if failed else 0
 
 
 def _list(tables, results: str) -> int:

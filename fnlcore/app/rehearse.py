@@ -1,0 +1,286 @@
+"""A rehearsal of the paper scale: every distinct training configuration started, checkpointed,
+killed, resumed and finished once, with what it used measured.
+
+Two runs share a :class:`TrainingConfig` when they cost the same memory and time per step:
+the same dataset (shape, classes, size, on disk or in memory), model, clients, clients a
+round, batch size, local epochs, method (with its stage table), precision, optimiser and
+engine. Noise settings, seeds and most method hyper-parameters change the numbers, not
+the resources, so a table of 300 runs rehearses a handful of configurations.
+
+``results/plan/rehearsal.csv`` (columns :data:`CSV_COLUMNS`) is what the workflow's
+resource model reads back, through :func:`training_config` ``(run).key``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: The rehearsal table's columns, in order (results/plan/rehearsal.csv).
+CSV_COLUMNS = (
+    "config", "model", "input", "samples", "clients", "per_round", "batch", "method", "stages", "precision",
+    "device", "status", "error", "peak_rss_mb", "peak_device_mb", "checkpoint_mb", "written_per_checkpoint_mb",
+    "s_per_step", "steps", "cells",
+)
+STATUSES = ("pass", "fail", "no_weights")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What a run's memory and time per step depend on (see the module docstring)."""
+
+    dataset: str
+    model: str
+    pretrained: bool
+    input_shape: tuple[int, int, int]  # (C, H, W) the network sees
+    num_classes: int
+    multi_label: bool
+    train_samples: int
+    clients: int
+    per_round: int  # clients of a round
+    batch_size: int
+    local_epochs: int
+    method: str
+    stages: tuple[str, ...]  # the method's stage table, in order
+    precision: str
+    optimizer: str
+    engine: str
+    channels_last: bool
+
+    @property
+    def input(self) -> str:
+        return "x".join(str(s) for s in self.input_shape)
+
+    @property
+    def key(self) -> str:
+        """Stable, readable and safe as a file name, e.g.
+        ``cifar10-resnet18-3x32x32-c10-n50000-k100-m10-b32-e5-fedgr-sgd-fp32``."""
+        parts = [
+            self.dataset, self.model + ("-pt" if self.pretrained else ""), self.input,
+            f"c{self.num_classes}{'ml' if self.multi_label else ''}", f"n{self.train_samples}",
+            f"k{self.clients}", f"m{self.per_round}", f"b{self.batch_size}", f"e{self.local_epochs}",
+            self.method, self.optimizer, self.precision,
+        ]
+        if self.engine != "sequential":
+            parts.append(self.engine)
+        if self.channels_last:
+            parts.append("cl")
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(parts))
+
+
+def training_config(run, dataset_options: Mapping[str, Any] | None = None) -> TrainingConfig:
+    """The :class:`TrainingConfig` of a run of the plan (``Plan.runs()``); ``dataset_options``:
+    the plan's options of the run's dataset (``plan.datasets[run.dataset].options``)."""
+    from ..fl import sampling
+    from ..methods import METHODS
+    from .cost import _data_shape, _step_shape
+
+    ds = _data_shape(run, dataset_options)
+    shape = _step_shape(run, ds)
+    t = run.training
+    k = run.partition.num_clients
+    cls = METHODS[run.method.name]
+    return TrainingConfig(
+        dataset=run.dataset, model=shape.model, pretrained=bool(t.pretrained),
+        input_shape=(shape.channels, *shape.image_size), num_classes=shape.num_classes,
+        multi_label=shape.multi_label, train_samples=int(run.partition.expected_samples(ds.n_train)),
+        clients=k, per_round=sampling.clients_per_round(k, t.client_fraction), batch_size=t.batch_size,
+        local_epochs=t.local_epochs, method=run.method.name, stages=tuple(cls.stages),
+        precision=t.precision, optimizer=t.optimizer, engine=t.engine, channels_last=t.channels_last,
+    )
+
+
+# -- the rehearsal -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """How much of each configuration is run (``fnl rehearse`` flags)."""
+
+    steps: int = 1  # local steps of a client update
+    per_round: int = 0  # most clients trained a round (0: the run's own)
+    rounds: int = 4  # training.rounds of the rehearsal (stage boundaries scaled along)
+    eval_samples: int = 32  # test samples scored a round
+    device: str = "cpu"
+    threads: int = 2
+    timeout_s: float = 3600.0  # per phase
+
+
+@dataclass
+class Rehearsed:
+    """A configuration of the plan with the cells that use it."""
+
+    config: TrainingConfig
+    run: Any  # its first run in the plan (RunSpec), the one rehearsed
+    dataset_options: Mapping[str, Any]
+    cells: list
+
+
+def distinct_configs(plan) -> dict[str, Rehearsed]:
+    """Every distinct :class:`TrainingConfig` of the plan's tables, with the cells using it, in table order."""
+    options = {n: d.options for n, d in plan.datasets.items()}
+    out: dict[str, Rehearsed] = {}
+    for t in plan.tables:
+        for tr in t.runs:
+            cfg = training_config(tr.run, options.get(tr.run.dataset))
+            r = out.setdefault(cfg.key, Rehearsed(cfg, tr.run, options.get(tr.run.dataset) or {}, []))
+            cell = f"{t.name}:{tr.row}/{tr.column}"
+            if cell not in r.cells:
+                r.cells.append(cell)
+    return out
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _phase(cmd: list[str], log: Path, events: Path, phase: int, timeout_s: float) -> tuple[str, float]:
+    """Run one phase; phase 1 is killed (SIGKILL) once its first checkpoint is recorded.
+    Returns (how it ended, peak RSS of the process in MB as the kernel saw it)."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    t0, peak = time.monotonic(), 0.0
+    while proc.poll() is None:
+        peak = max(peak, _vm_hwm_mb(proc.pid))
+        if phase == 1 and any(e["event"] == "checkpoint" and e["phase"] == 1 for e in _events(events)):
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return "killed", peak
+        if time.monotonic() - t0 > timeout_s:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return f"timed out after {timeout_s:.0f}s", peak
+        time.sleep(0.2)
+    return f"exit {proc.returncode}", peak
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), 0.0)
+    except OSError:
+        return 0.0
+
+
+def rehearse_one(r: Rehearsed, opts: Options, workdir: Path, logdir: Path) -> dict:
+    """Start, checkpoint, kill, resume and finish one configuration; its row of the table."""
+    cfg = r.config
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    spec = {"run": r.run, "dataset_options": dict(r.dataset_options), "workdir": str(workdir), **asdict(opts)}
+    with open(workdir / "spec.pkl", "wb") as f:
+        pickle.dump(spec, f)
+    log = logdir / f"{cfg.key}.log"
+    log.unlink(missing_ok=True)
+    events_path = workdir / "events.jsonl"
+    cmd = [sys.executable, "-m", "fnlcore.app.rehearse_job", str(workdir / "spec.pkl")]
+    ended1, rss1 = _phase(cmd + ["1"], log, events_path, 1, opts.timeout_s)
+    ended2, rss2 = ("not run", 0.0)
+    if ended1 == "killed":
+        ended2, rss2 = _phase(cmd + ["2"], log, events_path, 2, opts.timeout_s)
+    ev = _events(events_path)
+    row = _row(cfg, r.cells, opts, ev, ended1, ended2, max(rss1, rss2))
+    shutil.rmtree(workdir, ignore_errors=True)  # checkpoints of paper-scale models: gigabytes
+    return row
+
+
+def _row(cfg: TrainingConfig, cells: list, opts: Options, ev: list[dict], ended1: str, ended2: str,
+         rss: float) -> dict:
+    checkpoints = [e for e in ev if e["event"] == "checkpoint"]
+    done = next((e for e in ev if e["event"] == "done"), None)
+    errors = [e["error"] for e in ev if e["event"] == "error"]
+    no_weights = next((e["reason"] for e in ev if e["event"] == "no_weights"), None)
+    if not errors and ended1 != "killed":
+        errors.append(f"phase 1 ended ({ended1}) before its first checkpoint")
+    elif not errors and done is None:
+        errors.append(f"the resumed run ended ({ended2}) without finishing")
+    elif not errors and not done.get("resumed"):
+        errors.append("the second process did not resume from the first one's checkpoint")
+    status = "fail" if errors else "no_weights" if no_weights else "pass"
+    notes = list(errors)
+    if no_weights:
+        notes.append(f"{no_weights} -> measured with random initialisation")
+    later = [c["written_bytes"] for c in checkpoints[1:]]
+    mb = 2 ** 20
+    device_peaks = [e.get("peak_device_mb") for e in ev if e.get("peak_device_mb") is not None]
+    steps = done["client_updates"] * done["steps"] if done else 0
+    return {
+        "config": cfg.key, "model": cfg.model + (" (pretrained)" if cfg.pretrained else ""), "input": cfg.input,
+        "samples": cfg.train_samples, "clients": cfg.clients, "per_round": cfg.per_round, "batch": cfg.batch_size,
+        "method": cfg.method, "stages": ";".join(cfg.stages), "precision": cfg.precision, "device": opts.device,
+        "status": status, "error": " | ".join(notes),
+        "peak_rss_mb": round(max([rss] + [e.get("peak_rss_mb") or 0.0 for e in ev]), 1),
+        "peak_device_mb": round(max(device_peaks), 1) if device_peaks else "",
+        "checkpoint_mb": round(max((c["checkpoint_bytes"] for c in checkpoints), default=0) / mb, 2),
+        "written_per_checkpoint_mb": round(max(later) / mb, 2) if later else "",
+        "s_per_step": round(done["client_s"] / steps, 4) if steps else "",
+        "steps": steps,
+        "cells": ";".join(cells),
+    }
+
+
+def write_rehearsal(rows: list[dict], out: Path, header: str) -> tuple[Path, Path]:
+    """``rehearsal.csv`` and ``rehearsal.md`` under ``out`` (atomically; rows in plan order)."""
+    import pandas as pd
+
+    from ..io import atomic_path, write_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    csv = out / "rehearsal.csv"
+    write_csv(pd.DataFrame(rows, columns=list(CSV_COLUMNS)), csv)
+    md = out / "rehearsal.md"
+    with atomic_path(md, suffix=".md") as tmp:
+        Path(tmp).write_text(format_markdown(rows, header))
+    return csv, md
+
+
+MD_COLUMNS = ("config", "status", "peak_rss_mb", "peak_device_mb", "checkpoint_mb", "written_per_checkpoint_mb",
+              "s_per_step", "steps")
+
+
+def format_markdown(rows: list[dict], header: str) -> str:
+    lines = [header, "", "| " + " | ".join(MD_COLUMNS) + " |", "|" + "---|" * len(MD_COLUMNS)]
+    lines += ["| " + " | ".join(str(r[c]) for c in MD_COLUMNS) + " |" for r in rows]
+    failed = [r for r in rows if r["status"] != "pass"]
+    if failed:
+        lines += ["", "Not passed (configuration: reason; cells that use it):", ""]
+        lines += [f"- `{r['config']}` **{r['status']}**: {r['error']}; cells: {r['cells'].replace(';', ', ')}"
+                  for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=print) -> list[dict]:
+    """Rehearse every distinct configuration of ``plan`` (or those keyed in ``only``), one at a time."""
+    configs = distinct_configs(plan)
+    if only:
+        unknown = sorted(set(only) - set(configs))
+        if unknown:
+            raise ConfigError(f"--only: {', '.join(unknown)} is not a configuration of the selected tables; "
+                              f"valid: {', '.join(configs)}")
+        configs = {k: v for k, v in configs.items() if k in only}
+    logdir = out / "rehearsal_logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, (key, r) in enumerate(configs.items(), 1):
+        t0 = time.monotonic()
+        row = rehearse_one(r, opts, out / "rehearsal_work" / key, logdir)
+        rows.append(row)
+        log(f"[{i}/{len(configs)}] {row['status']:10s} {key} ({time.monotonic() - t0:.0f}s)"
+            + (f": {row['error']}" if row["error"] else ""))
+    return rows

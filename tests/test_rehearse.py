@@ -1,0 +1,66 @@
+"""`fnl rehearse`: training configurations, and a toy rehearsal (start, checkpoint, SIGKILL, resume)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from fnlcore.app.plan import build_plan, validate_schema
+from fnlcore.app.rehearse import (CSV_COLUMNS, Options, distinct_configs, rehearse_one, training_config,
+                                  write_rehearsal)
+
+
+def _plan(tables, scale="smoke"):
+    return build_plan(validate_schema({"tables": tables, "scale": scale, "data_grid": []}))
+
+
+def test_key_names_what_sets_memory_and_time_and_is_a_safe_file_name():
+    plan = _plan(["fedgr/3"], scale="paper")
+    options = {n: d.options for n, d in plan.datasets.items()}
+    keys = {training_config(r, options.get(r.dataset)).key for r in plan.runs()}
+    assert "clothing1m-resnet50-pt-3x224x224-c14-n1000000-k500-m10-b32-e2-fedgr-sgd-fp32" in keys
+    assert all(k.replace("-", "").replace("_", "").replace(".", "").isalnum() for k in keys)
+
+
+def test_runs_that_differ_in_noise_or_seed_share_one_configuration():
+    plan = _plan(["demo"])
+    configs = distinct_configs(plan)
+    assert len(configs) < len(plan.runs())
+    cells = [c for r in configs.values() for c in r.cells]
+    assert len(cells) == len(set(cells))  # every cell under exactly one configuration
+    one = next(iter(configs.values()))
+    assert one.config.stages and all(c.startswith("demo/") and ":" in c for c in one.cells)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """The cheapest configuration of the demo table at smoke scale."""
+    configs = distinct_configs(_plan(["demo"]))
+    return next(r for k, r in configs.items() if "-tiny-" in k and k.endswith("fedavg-adam-fp32"))
+
+
+def test_toy_rehearsal_is_killed_after_its_checkpoint_and_resumes(toy, tmp_path):
+    row = rehearse_one(toy, Options(rounds=4, eval_samples=16, threads=1), tmp_path / "work", tmp_path)
+    assert row["status"] == "pass", row["error"]
+    log = (tmp_path / f"{toy.config.key}.log").read_text()
+    assert "resumed from" in log and "at round 2" in log  # the second process went on from the first's checkpoint
+    assert row["checkpoint_mb"] > 0 and row["written_per_checkpoint_mb"] != ""
+    assert row["peak_rss_mb"] > 0 and row["steps"] > 0 and row["s_per_step"] > 0
+    csv, md = write_rehearsal([row], tmp_path / "out", "toy")
+    table = pd.read_csv(csv)
+    assert tuple(table.columns) == CSV_COLUMNS and table.loc[0, "config"] == toy.config.key
+    assert toy.config.key in md.read_text()
+    assert not (tmp_path / "work").exists()  # checkpoints removed
+
+
+def test_a_configuration_that_breaks_fails_and_names_its_cells(toy, tmp_path):
+    run = toy.run
+    broken = dataclasses.replace(run, training=dataclasses.replace(run.training, lr=1e38))  # overflows the optimiser
+    bad = dataclasses.replace(toy, run=broken)
+    row = rehearse_one(bad, Options(rounds=2, eval_samples=16, threads=1), tmp_path / "work", tmp_path)
+    assert row["status"] == "fail" and "overflow" in row["error"]
+    _, md = write_rehearsal([row], tmp_path / "out", "toy")
+    text = md.read_text()
+    assert "Not passed" in text and all(c in text for c in toy.cells)
