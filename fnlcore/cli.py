@@ -252,7 +252,10 @@ def _rehearse(args) -> int:
     opts = Options(steps=args.steps, per_round=args.per_round, rounds=args.rounds, eval_samples=args.eval_samples,
                    device=args.device, threads=args.threads)
     t0 = time.monotonic()
-    rows = rehearse(plan, opts, Path(args.out), args.only, log=lambda m: print(m, flush=True))
+    def partial(rows: list[dict]) -> None:
+        write_rehearsal(rows, Path(args.out), f"Rehearsal in progress at scale {args.scale}: {len(rows)} configurations so far")
+
+    rows = rehearse(plan, opts, Path(args.out), args.only, log=lambda m: print(m, flush=True), on_row=partial)
     wall = time.monotonic() - t0
     header = (f"Rehearsal of {len(rows)} configurations of {len(plan.tables)} tables at scale {args.scale} on "
               f"{args.device}: {args.steps} local step(s) a client update, "

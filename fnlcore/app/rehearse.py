@@ -265,8 +265,9 @@ def format_markdown(rows: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=print) -> list[dict]:
-    """Rehearse every distinct configuration of ``plan`` (or those keyed in ``only``), one at a time."""
+def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=print, on_row=None) -> list[dict]:
+    """Rehearse every distinct configuration of ``plan`` (or those keyed in ``only``), one at a time;
+    ``on_row(rows)`` after each (the command writes the rows so far: a long rehearsal loses nothing)."""
     configs = distinct_configs(plan)
     if only:
         unknown = sorted(set(only) - set(configs))
@@ -283,4 +284,6 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
         rows.append(row)
         log(f"[{i}/{len(configs)}] {row['status']:10s} {key} ({time.monotonic() - t0:.0f}s)"
             + (f": {row['error']}" if row["error"] else ""))
+        if on_row is not None:
+            on_row(rows)
     return rows
