@@ -130,7 +130,8 @@ class RoundEngine:
             if stage.batched_end is not None:
                 stage.batched_end(m, r, part, part_jobs)
             for k, job, trained, l in zip(part, part_jobs, states, losses):
-                job.losses.append(l)
+                if job.phases != []:  # a client that trains nothing has no loss (as in the sequential engine)
+                    job.losses.append(l)
                 # the networks a client did not train are sent as loaded (the sequential engine's snapshot)
                 nets = {n: trained[phase.train.index(n)] if n in phase.train else snapshot(m.globals[n])
                         for n in m.networks}

@@ -18,8 +18,8 @@ Three stages; the pre-processing rounds come BEFORE ``training.rounds``:
    last round every sample of a noisy client whose global max softmax exceeds
    ``confidence_thres`` takes the global argmax (:func:`confident_relabels`).
 3. ``usual`` (the rest): FedAvg over ``client_fraction`` of all clients.
-Stages 2-3 may train their clients on the batched engine (mixup's draws are declared); stage 1
-trains them in turn (its detection pass on augmented images draws between two clients' training).
+Every stage may train its clients on the batched engine (mixup's draws are declared; stage 1's
+detection pass on augmented images is drawn ahead at its sequential place, ``Stage.reserve``).
 
 Official code behaviour by default; each difference is a switch:
 - ``detection_loss`` "double_softmax" (code: CE applied to softmax probabilities, for
@@ -56,13 +56,15 @@ from ..errors import ConfigError, FNLError
 from ..fl.state import parameter_keys, snapshot
 from ..registry import param
 from ..fl.batched import StackedBatch, masked_mean
+from ..fl.local import draw_predict
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import CostStage
 from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
-from .parts import (MixupDraw, batched_mixup_cross_entropy, batched_mixup_view, client_outputs,
+from .parts import (MixupDraw, batched_mixup_cross_entropy, batched_mixup_view, batched_proximal_term, client_outputs,
                     drawn_mixup_cross_entropy, group_shape, lid_scores, proximal_term, sequential_client_groups)
 
 STAGES = ("preprocess", "finetune", "usual")
+PASS_BATCH = 100  # the code's per-sample detection passes (client_outputs) run in batches of 100
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,7 @@ class FedCorr(LogitAdjusted, FLMethod):
         return F.cross_entropy(model(b.x), y)
 
     def batched_loss(self, sb: StackedBatch) -> torch.Tensor:
-        """:meth:`loss` of K clients (stages 2-3)."""
+        """:meth:`loss` of K clients (every stage; pre-processing adds its proximal term)."""
         p = self.params
         y = self.labels(sb.idx.reshape(-1)).view(sb.idx.shape)
         if p.mixup:
@@ -292,14 +294,29 @@ class FedCorr(LogitAdjusted, FLMethod):
             loss = loss + proximal_term(b.model, self._ref, self._keys, mu, "fedcorr_unsquared")
         return loss
 
+    def batched_preprocess_loss(self, sb: StackedBatch) -> torch.Tensor:
+        """:meth:`preprocess_loss` of K clients: each client's mu_k, no term at an epoch's first batch."""
+        loss = self.batched_loss(sb)
+        noise = torch.as_tensor(self.noise_level, device=sb.clients.device)[sb.clients]
+        mu = (self.params.beta * noise).to(loss.dtype)  # beta * mu_k as the sequential float
+        skip = (mu <= 0) | (sb.epoch_step == 0)
+        if bool(skip.all()):
+            return loss
+        return loss + batched_proximal_term(sb.net, self._ref, self._keys, mu, "fedcorr_unsquared", skip)
+
+    def detection_reserve(self, r: int, k: int, job: LocalJob) -> list[tuple] | None:
+        """The augmentation of :meth:`detection_upload`'s pass, drawn where the sequential upload draws it."""
+        if not self.params.detection_augment:
+            return None
+        return draw_predict(self.ctx, len(self.ctx.data.clients[k]), PASS_BATCH)
+
     def detection_upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         """The local model's mean LID and per-sample losses on the client's data (for end_round's GMMs)."""
-        probs, losses = self._per_sample(nets["model"], self.ctx.data.clients[k])
+        probs, losses = self._per_sample(nets["model"], self.ctx.data.clients[k], job.reserved)
         return {"lid": float(lid_scores(probs, self.params.lid_k).mean()), "losses": losses.cpu().numpy()}
 
-    # pre-processing stays sequential: its upload's detection pass draws the training augmentation
-    # (detection_augment) after each client's training, between two clients' training draws
-    stages = {"preprocess": Stage(loss=preprocess_loss, prepare=prepare, upload=detection_upload),
+    stages = {"preprocess": Stage(loss=preprocess_loss, prepare=prepare, upload=detection_upload,
+                                  batched_loss=batched_preprocess_loss, reserve=detection_reserve),
               "finetune": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss),
               "usual": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}
 
@@ -350,9 +367,11 @@ class FedCorr(LogitAdjusted, FLMethod):
             self._relabel_confident(r, "finetune")
 
     # -- stage-1 and stage-2 server steps ----------------------------------------------------
-    def _per_sample(self, model, idx):
-        """(softmax probabilities, detection losses) of ``model`` on the client's samples."""
-        logits, probs, losses = client_outputs(self.ctx, model, idx, augment=self.params.detection_augment)
+    def _per_sample(self, model, idx, drawn: list[tuple] | None = None):
+        """(softmax probabilities, detection losses) of ``model`` on the client's samples (``drawn``: the
+        augmentation reserved ahead, else drawn here)."""
+        logits, probs, losses = client_outputs(self.ctx, model, idx, augment=self.params.detection_augment,
+                                               batch_size=PASS_BATCH, drawn=drawn)
         if self.params.detection_loss == "ce":
             losses = F.cross_entropy(logits, self.ctx.data.given[idx.to(self.ctx.device)], reduction="none")
         return probs, losses

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..fl import sampling
 from ..fl.batched import StackedBatch
+from ..fl.local import draw_predict
 from ..registry import param
 from .base import Batch, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .parts import (MixupDraw, batched_mixup_cross_entropy, batched_mixup_view, client_outputs, double_softmax_loss,
@@ -60,6 +61,7 @@ from .parts import (MixupDraw, batched_mixup_cross_entropy, batched_mixup_view, 
 from .costs import CostStage
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
+PASS_BATCH = 100  # the code's detection passes (client_outputs) run in batches of 100
 
 
 @dataclass(frozen=True)
@@ -367,7 +369,7 @@ class FedDiv(FLMethod):
         return loss
 
     def batched_loss(self, sb: StackedBatch) -> torch.Tensor:
-        """:meth:`loss` of K clients (warm-up)."""
+        """:meth:`loss` of K clients (warm-up and main rounds)."""
         p = self.params
         y = torch.stack([job.info.labels[sb.idx[i]] for i, job in enumerate(sb.jobs)])
         x = sb.views["weak"]
@@ -403,7 +405,7 @@ class FedDiv(FLMethod):
         idx = ctx.data.clients[k]
         dev_idx = idx.to(ctx.device)
         # 1-3: global-model losses, split by the filter
-        logits_g, probs_g, _ = client_outputs(ctx, self.global_model, idx)
+        logits_g, probs_g, _ = client_outputs(ctx, self.global_model, idx, batch_size=PASS_BATCH)
         _, clean_np = gmm_posteriors(self._per_sample_loss(logits_g, probs_g, ctx.data.given[dev_idx]),
                                      self._filter_for(k), p.clean_posterior == "inclusive")
         clean = torch.as_tensor(clean_np, device=ctx.device)
@@ -431,11 +433,15 @@ class FedDiv(FLMethod):
         of the model being optimised (a generator: each set sees the previous epoch's training)."""
         ctx, p, bs = self.ctx, self.params, self.ctx.settings.batch_size
         for _ in range(ctx.settings.local_epochs):
-            logits, _, _ = client_outputs(ctx, model, idx)
+            logits, _, _ = client_outputs(ctx, model, idx, batch_size=PASS_BATCH)
             reference = (logits - p.xi * torch.log(self.priors[k])[None, :]).argmax(1)
             plan.train_idx = idx[select(reference)[0].cpu()]
             if len(plan.train_idx) > bs:
                 yield self._phase(streams={"data": (plan.train_idx, bs)}, epochs=1)
+
+    def main_reserve(self, r: int, k: int, job: LocalJob) -> list[tuple]:
+        """The augmentation of :meth:`main_upload`'s pass, drawn where the sequential upload draws it."""
+        return draw_predict(self.ctx, len(self.ctx.data.clients[k]), PASS_BATCH)
 
     def main_upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         """Steps 9, 11, 12: the local model's de-biased labels and prior, and its filter (EM from W(t)
@@ -443,19 +449,27 @@ class FedDiv(FLMethod):
         p, ctx, plan = self.params, self.ctx, job.info
         idx = ctx.data.clients[k]
         dev_idx = idx.to(ctx.device)
-        logits_l, probs_l, _ = client_outputs(ctx, nets[self.networks[0]], idx)
+        logits_l, probs_l, _ = client_outputs(ctx, nets[self.networks[0]], idx, batch_size=PASS_BATCH,
+                                              drawn=job.reserved)
         debiased, prior = debias_prior_update(logits_l, probs_l, self.priors[k], p.xi, p.prior_mask, p.prior_momentum)
         w_k = em_steps(self._per_sample_loss(logits_l, probs_l, plan.labels[dev_idx]), self._filter_for(k), p.em_steps)
         return {"train_loss": float(np.mean(job.losses)) if job.losses else float("nan"), "filter": w_k,
                 "delta_hat": plan.delta, "train_size": int(len(plan.train_idx)), "relabelled": int(plan.relabel.sum()),
                 "debiased": debiased, "prior": prior}
 
-    # The main stage trains its clients in turn: its preparation and upload run detection passes on augmented
-    # images, whose draws sit between two clients' training draws (the batched engine draws a chunk's training
-    # ahead of them), and a client whose gated set is at most one batch does not train, which a batched chunk
-    # cannot hold (its empty stream would still make one empty batch and draw for it)
+    def stage_key(self, r: int) -> str:
+        # pcs_reference 'local_epoch' re-selects the training set before each local epoch with a detection pass
+        # on the model being trained (a generator of phases, drawing between epochs): its own row, sequential
+        key = self.stage(r)
+        return "main_epoch_pcs" if key == "main" and self.params.pcs_reference == "local_epoch" else key
+
+    # main rounds batch: the prepare's detection pass draws at its place (the engine draws each client's
+    # training right after its prepare), the upload's is reserved (main_reserve) right after the training
+    # draws, and a client whose gated set is at most one batch trains nothing (no phase: a rider)
     stages = {"warmup": Stage(loss=loss, prepare=warm_up, batched_loss=batched_loss),
-              "main": Stage(loss=loss, prepare=prepare_main, upload=main_upload)}
+              "main": Stage(loss=loss, prepare=prepare_main, upload=main_upload, batched_loss=batched_loss,
+                            reserve=main_reserve),
+              "main_epoch_pcs": Stage(loss=loss, prepare=prepare_main, upload=main_upload)}
 
     def _apply_relabels(self, r: int, k: int, idx: torch.Tensor, relabel: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
         """Write R' <- global argmax; returns the label array training reads (working labels, or a round copy)."""

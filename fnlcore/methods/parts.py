@@ -75,13 +75,15 @@ def sequential_client_groups(rng: np.random.RandomState, num_clients: int, fract
 
 @torch.no_grad()
 def client_outputs(ctx, model: torch.nn.Module, idx: torch.Tensor, augment: bool = True,
-                   batch_size: int = 100) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   batch_size: int = 100, drawn: list[tuple] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits, softmax probabilities, double-softmax losses on the current labels) for samples ``idx``.
 
     The codes run these passes in eval mode on the *training* dataset object, i.e. with
-    training augmentation (``augment=True``), in batches of 100.
+    training augmentation (``augment=True``), in batches of 100; ``drawn``: the augmentation
+    drawn ahead (:func:`~fnlcore.fl.local.draw_predict`, a stage's ``reserve``), else drawn here.
     """
-    logits = predict(ctx, model, ctx.data.train, idx, augment=augment, batch_size=batch_size)
+    logits = predict(ctx, model, ctx.data.train, idx, augment=augment, batch_size=batch_size, drawn=drawn)
     probs = F.softmax(logits, dim=1)
     labels = ctx.data.given[idx.to(ctx.device)]
     return logits, probs, double_softmax_loss(probs, labels)
