@@ -208,6 +208,13 @@ class StackedNet(nn.Module):
                 for g, state in enumerate(states):
                     mine[key][g * per : (g + 1) * per].copy_(state[key].unsqueeze(0).expand_as(mine[key][:per]))
 
+    def load_client(self, i: int, state) -> None:
+        """Client i's copy := ``state`` (a model state dict under the original keys)."""
+        mine = self.net.state_dict()
+        with torch.no_grad():
+            for key in self.keys:
+                mine[key][i].copy_(state[key])
+
     def client_state(self, i: int) -> dict[str, torch.Tensor]:
         """A detached copy of client i's model state, under the original keys."""
         mine = self.net.state_dict()

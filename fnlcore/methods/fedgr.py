@@ -84,7 +84,7 @@ from ..randaugment import RandAugmentSpec
 from ..registry import param
 from .base import Batch, ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import CostStage
-from .parts import batched_ema_lerp, stacked_forward_features, stacked_load_client
+from .parts import batched_ema_lerp
 
 
 @dataclass(frozen=True)
@@ -586,7 +586,8 @@ class FedGR(FLMethod):
     def _batched_student(self, sb: StackedBatch):
         """(weak view or None, student logits (K, B, C) and features (K, B, F), flat sample ids)."""
         weak, strong = self._weak_strong(sb.views)
-        logits, feat = stacked_forward_features(sb.net, strong, sb.mask)
+        logits, feat = sb.forward_features(strong)
+        feat = feat.flatten(2)
         return weak, logits.float(), feat, sb.idx.reshape(-1)
 
     def _batched_representation(self, total: torch.Tensor, sb: StackedBatch, weak: torch.Tensor | None,
@@ -629,7 +630,7 @@ class FedGR(FLMethod):
         net, scratch = self._stacked_ema[k], self.workers["ema"]
         for i, (c, job) in enumerate(zip(clients, jobs)):
             self._revised_into(scratch, c, job.info.decay)
-            stacked_load_client(net, i, scratch.state_dict())
+            net.load_client(i, scratch.state_dict())
         net.eval()
         self.global_model.eval()
         high = torch.tensor([bool(job.info.high_noise) for job in jobs], device=self.ctx.device)

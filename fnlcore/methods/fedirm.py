@@ -46,7 +46,7 @@ from ..fl.state import load
 from ..registry import param
 from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .multilabel import batched_partial_bce, client_active_classes, partial_bce
-from .parts import batched_ema_update, ema_update, stacked_load_client
+from .parts import batched_ema_update, ema_update
 
 
 @dataclass(frozen=True)
@@ -287,7 +287,7 @@ class FedIRM(FLMethod):
         net, start = self._stacked[k], self.global_model.state_dict()
         for i, c in enumerate(clients):
             own = self.teachers.get(c)
-            stacked_load_client(net, i, own if own is not None else start)
+            net.load_client(i, own if own is not None else start)
         net.eval()
         steps = torch.tensor([self.steps[c] for c in clients], dtype=torch.float64, device=dev)
         zeros = torch.zeros(k, dtype=torch.int64, device=dev)

@@ -187,30 +187,6 @@ def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
 # -- per-client networks of a batched chunk (EMA teachers): fnlcore.fl.stacked.StackedNet --------------
 
 
-def stacked_load_client(net, i: int, state) -> None:
-    """Client i's copy in StackedNet ``net`` := ``state`` (a model state dict under the original keys)."""
-    mine = net.net.state_dict()
-    with torch.no_grad():
-        for key in net.keys:
-            mine[key][i].copy_(state[key])
-
-
-def stacked_forward_features(net, view: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``forward_features`` of the K models of StackedNet ``net`` on a (K * B, C, H, W) view, client after
-    client -> (logits (K, B, classes), backbone features (K, B, F)); ``mask`` (K, B) real rows or None
-    (padded rows leave the BatchNorm statistics, as in StackedBatch.forward)."""
-    from ..fl.stacked import stacked_input
-
-    k = net.k
-    net.rows.mask = None if mask is None else mask.t().to(view.dtype)
-    try:
-        logits, feats = net.net.forward_features(stacked_input(view, k))
-    finally:
-        net.rows.mask = None
-    b = logits.shape[0]
-    return logits.view(b, k, -1).transpose(0, 1), feats.reshape(b, k, -1).transpose(0, 1)
-
-
 @torch.no_grad()
 def batched_ema_lerp(teacher, student, weight: float, stepped: torch.Tensor) -> None:
     """FedGR's per-step EMA (``torch.lerp(teacher, student, weight)`` on float entries, integer buffers

@@ -40,7 +40,7 @@ from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
 from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .multilabel import batched_partial_bce, client_active_classes, partial_bce
-from .parts import batched_ema_update, ema_update, stacked_load_client
+from .parts import batched_ema_update, ema_update
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ class RSCFed(FLMethod):
             self._stacked[len(clients)] = StackedNet(self.global_model, len(clients)).to(self.ctx.device)
         self._chunk = self._stacked[len(clients)]
         for i, c in enumerate(clients):
-            stacked_load_client(self._chunk, i, self.teachers.get(c))
+            self._chunk.load_client(i, self.teachers.get(c))
         self._chunk.eval()
 
     def batched_after_step(self, sb, stepped):
