@@ -34,21 +34,46 @@ shorten_snakemake_reasons()
 
 include: "rules/common.smk"
 include: "rules/data.smk"
+include: "rules/cache.smk"
 include: "rules/partition.smk"
 include: "rules/noise.smk"
 include: "rules/train.smk"
 include: "rules/tables.smk"
 
 
+# Every rule runs in its conda environment (envs/<family>.yaml) with --software-deployment-method
+# conda; on a cluster without conda, add apptainer: the rules' environments are then built
+# inside this image (README "On a cluster").
+container: "docker://condaforge/miniforge3:24.11.3-0"
+
+
+# The targets: the data grid's files, the selected tables, and every run of those tables, so a
+# run whose outputs were deleted (or whose job failed) is run again by the plain command and
+# its table rebuilt: Snakemake then agrees with `fnl status`.
 rule all:
     default_target: True
     input:
         PLAN.targets(),
+        [run.files(RESULTS)["metrics"] for run in PLAN.runs()],
     # A count instead of Snakemake's list of every target (hundreds of paths for a paper)
     message:
         f"all: {len(PLAN.targets())} files ({len(PLAN.tables)} table(s): "
         + (", ".join(t.name for t in PLAN.tables) or "none")
-        + f"; {len(PLAN.label_sets)} noisy label set(s) of the data grid) under {RESULTS}/"
+        + f"; {len(PLAN.label_sets)} noisy label set(s) of the data grid) and their {len(PLAN.runs())} training run(s), under {RESULTS}/"
+
+
+onstart:
+    # One workflow at a time per results folder, whichever checkout it runs from (Snakemake's
+    # own lock covers its working directory only): fnlcore/app/results_lock.py.
+    from fnlcore.app.results_lock import ResultsFolderLocked, lock_results
+
+    try:
+        if lock_results(RESULTS) is None:
+            print(f"Warning: the file system of {RESULTS}/ cannot lock files; make sure no other "
+                  "workflow writes into it.", file=sys.stderr)
+    except ResultsFolderLocked as err:
+        sys.stderr.write(f"\nResults folder locked: {err}\n\n")
+        raise SystemExit(1)
 
 
 onsuccess:

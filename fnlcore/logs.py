@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -20,7 +21,9 @@ def job_log(path: str | Path | None, tag: str | None = None) -> Iterator[logging
     identity, e.g. :func:`fnlcore.progress.run_tag`) and at most about ten
     per-round lines per job (:func:`fnlcore.progress.round_on_console`).
     An exception is logged with its message before it propagates, so the job's
-    log says why it failed.
+    log says why it failed. Python warnings raised meanwhile (a library's
+    ConvergenceWarning) are log records too: every one in the file, the first of
+    each kind on the console with the tag, then a count of the rest.
     """
     from .progress import console_filter
 
@@ -37,15 +40,51 @@ def job_log(path: str | Path | None, tag: str | None = None) -> Iterator[logging
     for h in handlers:
         LOG.addHandler(h)
     LOG.setLevel(logging.INFO)
+    once = _FirstWarningOfEachKind()
+    console.addFilter(once)
+    previous_showwarning = warnings.showwarning
+    warnings.showwarning = _warning_to_log
     try:
         yield LOG
     except Exception as err:
         LOG.error("%s: %s", type(err).__name__, err)
         raise
     finally:
+        warnings.showwarning = previous_showwarning
+        if once.repeats:
+            # only the console saw fewer lines: say where the rest are
+            console.handle(logging.makeLogRecord({
+                "name": LOG.name, "levelno": logging.WARNING, "levelname": "WARNING",
+                "msg": f"{once.repeats} more library warning(s) of the same kind(s) in {path or 'the job log'}",
+            }))
         for h in handlers:
             LOG.removeHandler(h)
             h.close()
+
+
+def _warning_to_log(message, category, filename, lineno, file=None, line=None) -> None:
+    """Library warnings (scikit-learn's ConvergenceWarning...) go to the job's log, not to bare stderr."""
+    LOG.warning("%s: %s (%s:%s)", category.__name__, message, Path(filename).name, lineno,
+                extra={"library_warning": (category.__name__, filename, lineno)})
+
+
+class _FirstWarningOfEachKind(logging.Filter):
+    """On the console, the first library warning of each kind (category and place) per job; the log keeps all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set = set()
+        self.repeats = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = getattr(record, "library_warning", None)
+        if key is None:
+            return True
+        if key in self.seen:
+            self.repeats += 1
+            return False
+        self.seen.add(key)
+        return True
 
 
 def shorten_reason(reason: str, keep: int = 2, longest: int = 6) -> str:

@@ -4,20 +4,22 @@
 rule partition:
     """Assign every training sample to a client (the partition seed alone drives the draws)."""
     input:
-        _data_inputs,
+        data_inputs,
     output:
-        parquet=pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["parquet"],
-        counts=pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["counts"],
+        parquet=pattern(paths.PARTITION, paths.PARTITION_SUFFIXES["parquet"]),
+        counts=pattern(paths.PARTITION, paths.PARTITION_SUFFIXES["counts"]),
         figure=report(
-            pattern(paths.PARTITION) + paths.PARTITION_SUFFIXES["figure"],
+            pattern(paths.PARTITION, paths.PARTITION_SUFFIXES["figure"]),
             caption="../report/partition.rst", category="Partitions", subcategory="{dataset}",
             labels={"partition": "{partition}", "seed": "{pseed}"},
         ),
     params:
         spec=lambda w: partition_spec(w.partition),
-        data_dir=lambda w: pattern(paths.DATA_DIR, dataset=w.dataset),
+        data_dir=data_dir,
     log:
         pattern("{results}/logs/partitions/{dataset}/{partition}/pseed{pseed}.log"),
+    conda:
+        "../envs/labels.yaml"
     resources:
         mem_mb=4000,
         runtime=30,

@@ -1,44 +1,37 @@
-# Paper tables: results/tables/{paper}/{table}.{csv,md,html,curves.png}
-
-
-def _table(paper, table):
-    for t in PLAN.tables:
-        if t.paper == paper and t.table == table:
-            return t
-    raise ValueError(f"table {paper}/{table} is not selected in the configuration (key 'tables')")
-
-
-def _table_inputs(w):
-    t = _table(w.paper, w.table)
-    files = [tr.run.files(RESULTS)["metrics"] for tr in t.runs]
-    if t.reported is not None:
-        files.append(str(t.reported))
-    return files
+# Paper tables: results/tables/{scale}/{paper}/{table}.{csv,md,html,curves.png}
+# The scale is part of the path: a smoke table never overwrites the paper-scale one.
+# What Snakemake tracks (a plain rerun rebuilds the table when any of it changes):
+#   input  -- every run's metrics file and the reported numbers;
+#   params -- `content`, a digest of everything else that changes the table's numbers or
+#             text (rows, columns, metrics and their summaries, tolerance, notes, the scale).
 
 
 rule table:
     """Aggregate a table's runs (mean ± std over seeds) and render it beside the reported numbers."""
     input:
-        _table_inputs,
+        metrics=table_metrics,
+        reported=table_reported,
     output:
-        csv=pattern("{results}/tables/{paper}/{table}.csv"),
-        md=pattern("{results}/tables/{paper}/{table}.md"),
+        csv=pattern(TABLE, TABLE_FILES["csv"]),
+        md=pattern(TABLE, TABLE_FILES["md"]),
         html=report(
-            pattern("{results}/tables/{paper}/{table}.html"),
+            pattern(TABLE, TABLE_FILES["html"]),
             caption="../report/table.rst", category="Tables", subcategory="{paper}",
-            labels={"paper": "{paper}", "table": "{table}", "view": "table"},
+            labels={"paper": "{paper}", "table": "{table}", "scale": "{scale}", "view": "table"},
         ),
         curves=report(
-            pattern("{results}/tables/{paper}/{table}.curves.png"),
+            pattern(TABLE, TABLE_FILES["curves"]),
             caption="../report/curves.rst", category="Tables", subcategory="{paper}",
-            labels={"paper": "{paper}", "table": "{table}", "view": "curves"},
+            labels={"paper": "{paper}", "table": "{table}", "scale": "{scale}", "view": "curves"},
         ),
     params:
-        table=lambda w: _table(w.paper, w.table),
-        results=RESULTS,
-        n_runs=lambda w: len(_table(w.paper, w.table).runs),
+        table=paper_table,
+        content=lambda w: paper_table(w).content_digest(),
+        n_runs=lambda w: len(paper_table(w).runs),
     log:
-        pattern("{results}/logs/tables/{paper}/{table}.log"),
+        pattern("{results}/logs/tables/{scale}/{paper}/{table}.log"),
+    conda:
+        "../envs/fnl.yaml"
     # A count instead of Snakemake's list of every run's metrics file
     message:
         "table {wildcards.paper}/{wildcards.table}: {params.n_runs} runs' metrics -> {output.md} (log: {log})"

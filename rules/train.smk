@@ -1,70 +1,44 @@
 # Training runs: results/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}/
 # Each run checkpoints to results/checkpoints/... (not a declared output) and resumes from it when rerun.
-from fnlcore.app.runs import CHECKPOINT, RUN, RUN_FILES
-
-
-def _noise_parquet(w):
-    return pattern(paths.NOISE, dataset=w.dataset, partition=w.partition, pseed=w.pseed, noise=w.noise, nseed=w.nseed) + ".parquet"
-
-
-def training_settings(slug):
-    try:
-        return PLAN.trainings[slug]
-    except KeyError:
-        raise ValueError(f"training settings {slug!r} are not used by any selected table")
-
-
-def method_params(slug):
-    try:
-        return PLAN.methods[slug]
-    except KeyError:
-        raise ValueError(f"method {slug!r} is not used by any selected table")
-
-
-# Packing (README "What a table costs"): `--groups train=pack --group-components pack=N` runs N
-# training runs in one Slurm job. Snakemake sums a group's integer resources over the jobs
-# that run side by side (N runs would ask for N GPUs; it also turns "1" into 1), but passes a
-# non-numeric string once when every job of the group gives the same one: grouped runs ask
-# for their GPU as gres "gpu:1" (sbatch --gres=gpu:1) and share it. Functions, because the
-# command line's groups are known only once the workflow is parsed.
-def _train_grouped() -> bool:
-    return bool(workflow.group_settings) and "train" in workflow.group_settings.overwrite_groups
-
-
-def _train_gpu(wildcards) -> int:
-    return 0 if _train_grouped() else 1
-
-
-def _train_gres(wildcards) -> str:
-    return "gpu:1" if _train_grouped() else ""
+# The device (config key `device`) is read by the job from the config, not passed as a
+# param: a run's path does not record it (equal settings give equal numbers on any device up
+# to float rounding), so changing it must not rerun the run. Every tracked param below is a
+# function of the run's path. Helpers: rules/common.smk.
 
 
 rule train:
     """Train one (dataset, partition, noise, training settings, method, seed) run."""
     input:
-        data=_data_inputs,
-        noise=_noise_parquet,
+        data=data_inputs,
+        noise=noise_parquet,
+        cache=lambda w: planned_cache_files(data_dir(w), w.dataset, dataset_settings(w.dataset).options, training_settings(w.train).image_transform),
     output:
-        metrics=pattern(RUN) + RUN_FILES["metrics"],
-        clients=pattern(RUN) + RUN_FILES["clients"],
-        relabels=pattern(RUN) + RUN_FILES["relabels"],
-        model=pattern(RUN) + RUN_FILES["model"],
+        metrics=pattern(RUN, RUN_FILES["metrics"]),
+        clients=pattern(RUN, RUN_FILES["clients"]),
+        relabels=pattern(RUN, RUN_FILES["relabels"]),
+        model=pattern(RUN, RUN_FILES["model"]),
     params:
-        data_dir=lambda w: pattern(paths.DATA_DIR, dataset=w.dataset),
+        data_dir=data_dir,
         settings=lambda w: training_settings(w.train),
         method=lambda w: method_params(w.method),
         num_clients=lambda w: partition_spec(w.partition).num_clients,
         checkpoint=lambda w: pattern(CHECKPOINT, **dict(w.items())),
-        device=PLAN.device,
     log:
         pattern("{results}/logs/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.log"),
+    conda:
+        "../envs/fnl.yaml"
     # One thread per job: small models gain nothing from more, and two 2-thread torch
     # jobs on two cores thrash (rounds 100x slower). Raise it with --set-threads train=N.
     threads: 1
-    retries: 2
+    # Predicted from the rehearsal and the step costs, capped by the site (fnlcore/app/resources.py);
+    # a run longer than the site's max_runtime stops before it with a checkpoint (exit 75) and
+    # continues in the next attempt; a failure a retry cannot fix fails its retries at once.
+    retries: train_resources(PLAN, workflow).retries
     resources:
-        mem_mb=8000,
-        runtime=720,
+        attempt=lambda wildcards, attempt: attempt,
+        mem_mb=train_resources(PLAN, workflow).mem_mb,
+        disk_mb=train_resources(PLAN, workflow).disk_mb,
+        runtime=train_resources(PLAN, workflow).runtime,
         gpu=_train_gpu,
         gres=_train_gres,
     script:

@@ -209,8 +209,8 @@ def test_table_through_slurm(local_slurm, tmp_path):
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-5000:]
     for ext in ("csv", "md", "html", "curves.png"):
-        assert (wd / "results" / "tables" / TEST_PAPER / f"t.{ext}").stat().st_size > 0
-    table = pd.read_csv(wd / "results" / "tables" / TEST_PAPER / "t.csv")
+        assert (wd / "results" / "tables" / "scale" / TEST_PAPER / f"t.{ext}").stat().st_size > 0
+    table = pd.read_csv(wd / "results" / "tables" / "scale" / TEST_PAPER / "t.csv")
     assert len(table) > 0
 
     jobs = _submitted(log)

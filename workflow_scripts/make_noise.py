@@ -1,10 +1,15 @@
 """Rule noise: draw one noisy label set for one partition and write parquet, summary and figures."""
-from fnlcore.datasets import load_prepared
-from fnlcore.logs import job_log
-from fnlcore.noise import write_noise_artifacts
-from fnlcore.partition import read_partition
+import sys
+from pathlib import Path
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
+sys.path.insert(0, str(Path(sm.scriptdir).parent))  # this checkout's fnlcore, also inside a conda env (envs/)
+
+from fnlcore.datasets import load_prepared  # noqa: E402 (after the path is set)
+from fnlcore.logs import job_log  # noqa: E402 (after the path is set)
+from fnlcore.noise import write_noise_artifacts  # noqa: E402 (after the path is set)
+from fnlcore.partition import read_partition  # noqa: E402 (after the path is set)
+
 spec = sm.params.spec
 with job_log(sm.log[0]) as log:
     ds = load_prepared(sm.params.data_dir)

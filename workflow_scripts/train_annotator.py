@@ -1,10 +1,15 @@
 """Rule annotator: train one client's H-IDN annotator on its clean labels, save checkpoint + probabilities."""
-from fnlcore.app.annotate import save_annotator, train_annotator
-from fnlcore.datasets import load_prepared
-from fnlcore.logs import job_log
-from fnlcore.partition import read_partition
+import sys
+from pathlib import Path
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
+sys.path.insert(0, str(Path(sm.scriptdir).parent))  # this checkout's fnlcore, also inside a conda env (envs/)
+
+from fnlcore.app.annotate import save_annotator, train_annotator  # noqa: E402 (after the path is set)
+from fnlcore.datasets import load_prepared  # noqa: E402 (after the path is set)
+from fnlcore.logs import job_log  # noqa: E402 (after the path is set)
+from fnlcore.partition import read_partition  # noqa: E402 (after the path is set)
+
 settings = sm.params.settings
 client = int(sm.wildcards.client)
 with job_log(sm.log[0]) as log:
@@ -17,7 +22,7 @@ with job_log(sm.log[0]) as log:
     log.info("annotator %s for client %d: %d samples", sm.wildcards.annotator, client, len(idx))
     state, probs, model_name = train_annotator(
         labels[idx], ds.info.num_classes, settings, ds.info.image_size, ds.info.channels,
-        images=images, paths=paths, device=sm.params.device,
+        images=images, paths=paths, device=str(sm.config.get("device", "auto")),
     )
     acc = float((probs.argmax(1) == labels[idx]).mean())
     log.info("annotator %s client %d: training accuracy %.3f", model_name, client, acc)

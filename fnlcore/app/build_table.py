@@ -3,7 +3,7 @@ beside the reported numbers, plain-language comparison notes and the curve figur
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .papers import PaperTable, TableRun
 
@@ -23,33 +23,42 @@ def summarise_run(pt: PaperTable, tr: TableRun, metrics_df) -> list[dict]:
     return out
 
 
-def build_table(pt: PaperTable, results: str, read_metrics) -> Any:
+def build_table(pt: PaperTable, metrics_files: Sequence[str], outputs: Mapping[str, str], read_metrics) -> Any:
     """Render a table from its runs' metrics files; ``read_metrics(path) -> DataFrame``.
 
-    Writes csv, md, html (reproduced beside reported, delta, tolerance flags,
-    "n.i." rows) and a figure of the test-metric curves (one panel per column).
+    ``metrics_files`` are in the order of ``pt.runs`` (the rule's inputs); ``outputs`` maps
+    csv, md, html and curves to their paths. Writes csv, md, html (reproduced beside
+    reported, delta, tolerance flags, "n.i." rows) and a figure of the test-metric curves
+    (one panel per column).
     """
     import pandas as pd
 
     from ..tables import load_reported, render
 
+    if len(metrics_files) != len(pt.runs):
+        raise ValueError(f"table {pt.name}: {len(metrics_files)} metrics files for {len(pt.runs)} runs")
     rows, curves = [], {}
-    for tr in pt.runs:
-        df = read_metrics(tr.run.files(results)["metrics"])
+    for tr, path in zip(pt.runs, metrics_files):
+        df = read_metrics(path)
         rows += summarise_run(pt, tr, df)
         curves.setdefault(tr.column, {}).setdefault(tr.row, []).append(df.assign(seed=tr.run.seed))
     runs = pd.DataFrame(rows, columns=["row", "column", "metric", "seed", "value"])
     reported = load_reported(pt.reported) if pt.reported is not None else None
     rendered = render(pt.spec, runs, reported)
-    out = pt.outputs(results)
     notes = comparison_notes(pt, runs)
-    rendered.to_csv(out["csv"])
-    _write_with_notes(rendered.markdown(), notes, out["md"], markdown=True)
-    _write_with_notes(rendered.html(), notes, out["html"], markdown=False)
+    rendered.to_csv(outputs["csv"])
+    _write_with_notes(rendered.markdown(), notes, outputs["md"], markdown=True)
+    _write_with_notes(rendered.html(), notes, outputs["html"], markdown=False)
     source = next(iter(pt.metrics.values())).source if pt.metrics else "acc"
-    plot_curve_grid({c: {r: pd.concat(v) for r, v in rows_.items()} for c, rows_ in curves.items()}, source, out["curves"],
-                    title=f"{pt.paper} table {pt.table}: test {source} per round ({pt.scale} scale)")
+    plot_curve_grid({c: {r: pd.concat(v) for r, v in rows_.items()} for c, rows_ in curves.items()}, source,
+                    outputs["curves"], title=curves_title(pt, source))
     return rendered
+
+
+def curves_title(pt: PaperTable, source: str) -> str:
+    """The figure's title: the table, the metric and the scale (the demo is no paper: no "paper scale")."""
+    scale = "the table's own settings" if pt.scale == "paper" else f"{pt.scale} scale"
+    return f"{pt.paper} table {pt.table}: test {source} per round ({scale})"
 
 
 def comparison_notes(pt: PaperTable, runs) -> list[str]:

@@ -62,8 +62,29 @@ class PaperTable:
         return f"{self.paper}/{self.table}"
 
     def outputs(self, results: str) -> dict[str, str]:
-        base = TABLE.format(results=results, paper=self.paper, table=self.table)
+        """The table's files: results/tables/<scale>/<paper>/<table>.{csv,md,html,curves.png}."""
+        base = TABLE.format(results=results, scale=self.scale, paper=self.paper, table=self.table)
         return {k: base + s for k, s in TABLE_FILES.items()}
+
+    def content_digest(self) -> str:
+        """A digest of everything besides the runs' metrics and the reported CSV (the rule's
+        inputs) that changes what the table shows: rows, columns, metrics with their summary
+        rules, tolerance, notes, comparisons, the scale, and which run fills which cell.
+
+        The table rule passes it as a param, so Snakemake rebuilds the table when it changes
+        (``{kind: best}`` -> ``{kind: last_mean, n: 5}`` in a paper YAML).
+        """
+        import hashlib
+
+        content = (
+            self.spec,
+            sorted(self.metrics.items()),
+            self.compare,
+            self.scale,
+            self.reported.name if self.reported is not None else None,
+            [(tr.row, tr.column, sorted(tr.run.fields().items())) for tr in self.runs],
+        )
+        return hashlib.sha256(repr(content).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,28 @@ class Scale:
     seeds: tuple[int, ...] | None = None
     note: str = ""
 
+    # Training settings that change how a run executes, not its numbers (beyond float rounding).
+    EXECUTION_ONLY = frozenset({"engine", "batched_clients", "channels_last", "eval_batch_size", "checkpoint_every"})
+
+    @property
+    def compares_with_paper(self) -> bool:
+        """True when the scale keeps the papers' data, clients, partitions, noise and budget
+        (``paper``, ``paper_fast``): only then are its numbers set beside the reported ones.
+        Fewer seeds still compare (cells show [k/n seeds])."""
+        return not (
+            self.datasets or self.dataset_options or self.num_clients is not None
+            or self.noises or self.partitions or set(self.training) - self.EXECUTION_ONLY
+        )
+
+    def describe(self) -> str:
+        """One line for a table's header: the scale, what it means, whether it is compared."""
+        if self.name == "paper":
+            return "scale paper (the table's own settings)"
+        note = f" ({self.note})" if self.note else ""
+        if self.compares_with_paper:
+            return f"scale {self.name}{note}"
+        return f"scale {self.name}{note}; not compared with the reported numbers, which need the table's own settings"
+
     @classmethod
     def load(cls, name: str) -> "Scale":
         from ..schemas import load_yaml
@@ -88,6 +131,13 @@ class Scale:
         path = Path(name) if name.endswith((".yaml", ".yml")) else SCALES_DIR / f"{name}.yaml"
         if name.endswith((".yaml", ".yml")) and not path.exists():
             raise ConfigError(f"scale file {name!r} does not exist")
+        builtin = SCALES_DIR / f"{path.stem}.yaml"
+        if path.resolve() != builtin.resolve() and builtin.exists():
+            # a scale's name is part of every table path (results/tables/<scale>/...)
+            raise ConfigError(
+                f"scale file {name!r} has the name of the built-in scale {path.stem!r}; "
+                "rename your file so its tables get their own folder"
+            )
         if not path.exists():
             valid = sorted(p.stem for p in SCALES_DIR.glob("*.yaml"))
             raise ConfigError(f"scale {name!r}: no file {path.name} in config/scales; valid scales: {', '.join(valid)}")
@@ -155,6 +205,7 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
             "metrics": metric_specs, "tolerance": t.get("tolerance", 1.0), "std_ddof": t.get("std_ddof", 1),
             "row_fields": t.get("row_fields", ["method"]), "column_fields": t.get("column_fields", ["noise_setting"]),
             "expected_seeds": len(seeds), "note": t.get("note", ""),
+            "scale": scale.name, "scale_note": scale.describe(), "compared_with_paper": scale.compares_with_paper,
         },
     )
     dataset_options: dict[str, dict] = {}
@@ -209,7 +260,8 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
                         ),
                     )
                 )
-    reported = t.get("reported")
+    # a table at a scale that changes its data or budget is not compared with the paper
+    reported = t.get("reported") if scale.compares_with_paper else None
     return PaperTable(
         paper=paper,
         table=table_id,

@@ -25,7 +25,7 @@ RUN_FILES = {
     "metrics": "/metrics.parquet", "clients": "/clients.parquet", "relabels": "/relabels.parquet", "model": "/final.pt",
 }
 CHECKPOINT = "{results}/checkpoints/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.pt"
-TABLE = "{results}/tables/{paper}/{table}"
+TABLE = "{results}/tables/{scale}/{paper}/{table}"  # the scale first: a smoke table never overwrites a paper one
 TABLE_FILES = {"csv": ".csv", "md": ".md", "html": ".html", "curves": ".curves.png"}
 
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import sys
 from pathlib import Path
+from typing import Sequence
+
+# Options of the run that the report needs too: the same workflow, folder and configuration.
+_KEEP_ONE = {"--snakefile", "-s", "--directory", "-d"}
+_KEEP_MANY = {"--configfile", "--configfiles", "--config", "-C"}
 
 
-def finished_message(plan) -> str:
-    """Paths of the configured tables that exist, and the report command."""
+def finished_message(plan, argv: Sequence[str] | None = None, cwd: str | None = None) -> str:
+    """Paths of the configured tables that exist, and the report command as this user can run it."""
     lines, unbuilt = [], []
     for t in plan.tables:
         md = t.outputs(plan.results_dir)["md"]
@@ -20,5 +29,66 @@ def finished_message(plan) -> str:
         head = f"Artifacts are under {plan.results_dir}/ ({len(unbuilt)} configured table(s) not built yet)."
     else:
         head = f"Artifacts are under {plan.results_dir}/ (no table configured)."
-    tail = "Report with every table and figure: snakemake --report report.html (then open report.html)"
+    command = report_command(sys.argv if argv is None else argv, os.getcwd() if cwd is None else cwd)
+    tail = f"Report with every table and figure: {command} (then open report.html)"
     return "\n".join(["", head, *lines, tail, ""])
+
+
+def report_command(argv: Sequence[str], cwd: str) -> str:
+    """``<the snakemake the user ran> <its workflow and config options> --report report.html``.
+
+    The executable is written as the user can type it from ``cwd``: ``snakemake`` when that
+    is the one on PATH, else its path (relative when under ``cwd``, e.g. ``.venv/bin/snakemake``);
+    ``python -m snakemake`` stays a module call. Options that choose the workflow, the working
+    directory and the configuration are kept, so the report covers the same targets.
+    """
+    return shlex.join([*_executable(argv[0] if argv else "snakemake", cwd), *_kept_options(argv[1:]),
+                       "--report", "report.html"])
+
+
+def _executable(argv0: str, cwd: str) -> list[str]:
+    if Path(argv0).name == "__main__.py" and Path(argv0).parent.name == "snakemake":  # python -m snakemake
+        return [_as_typed(sys.executable, cwd), "-m", "snakemake"]
+    if not Path(argv0).name.startswith("snakemake"):  # Snakemake called from another program
+        return ["snakemake"]
+    on_path = shutil.which(Path(argv0).name)
+    if on_path and _same_file(on_path, argv0, cwd):
+        return [Path(argv0).name]
+    return [_as_typed(argv0, cwd)]
+
+
+def _same_file(a: str, b: str, cwd: str) -> bool:
+    try:
+        return os.path.samefile(a, os.path.join(cwd, b))
+    except OSError:
+        return False
+
+
+def _as_typed(path: str, cwd: str) -> str:
+    """A path relative to ``cwd`` when it lies under it (``.venv/bin/snakemake``), else absolute."""
+    full = Path(cwd, path).absolute()
+    try:
+        rel = full.relative_to(Path(cwd).absolute())
+    except ValueError:
+        return str(full)
+    return str(rel) if len(rel.parts) > 1 else f"./{rel}"
+
+
+def _kept_options(args: Sequence[str]) -> list[str]:
+    kept: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0]
+        if name in _KEEP_ONE | _KEEP_MANY and "=" in arg:
+            kept.append(arg)
+        elif name in _KEEP_ONE and i + 1 < len(args):
+            kept += args[i : i + 2]
+            i += 1
+        elif name in _KEEP_MANY:
+            kept.append(arg)
+            while i + 1 < len(args) and not args[i + 1].startswith("-"):
+                i += 1
+                kept.append(args[i])
+        i += 1
+    return kept

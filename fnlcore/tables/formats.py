@@ -110,8 +110,7 @@ def _legend_text(rt: "RenderedTable") -> str:
     """Only what applies to this table: tolerances only where a number is compared, etc."""
     spec = rt.spec
     status = set(rt.long["status"])
-    std_kind = "sample std, ddof=1" if spec.std_ddof == 1 else "population std, ddof=0"
-    parts = [f"Each cell: reproduced mean ± std over seeds ({std_kind}), in table units."]
+    parts = [_value_legend(rt)]
     if status & {"done", "pending"} or ("not_implemented" in status and rt.long["reported"].notna().any()):
         parts.append("rep = reported value (± reported std); Δ = reproduced − reported.")
     if "done" in status:
@@ -131,12 +130,30 @@ def _legend_text(rt: "RenderedTable") -> str:
     return " ".join(parts)
 
 
-def _status_text(rt: "RenderedTable") -> str:
+def _value_legend(rt: "RenderedTable") -> str:
+    """What a reproduced number is: a std is claimed only where a cell has one (two seeds or more)."""
+    std_kind = "sample std, ddof=1" if rt.spec.std_ddof == 1 else "population std, ddof=0"
+    seeds = rt.long["n_seeds"]
+    has_std = rt.long["reproduced_std"].notna() & seeds.ge(2)
+    if not has_std.any() and (rt.spec.expected_seeds == 1 or (seeds.gt(0).any() and seeds[seeds > 0].eq(1).all())):
+        return "Each cell: the reproduced value of one seed, in table units."
+    if seeds.eq(1).any():
+        return f"Each cell: reproduced mean ± std over seeds ({std_kind}; no std where one seed is done), in table units."
+    return f"Each cell: reproduced mean ± std over seeds ({std_kind}), in table units."
+
+
+def _scale_text(rt: "RenderedTable") -> str:
+    return f" {rt.spec.scale_note[0].upper()}{rt.spec.scale_note[1:]}." if rt.spec.scale_note else ""
+
+
+def status_text(rt: "RenderedTable") -> str:
     c = rt.cell_counts()
     text = f"{c['done']} of {c['cells']} cells reproduced, {c['pending']} pending, {c['not_implemented']} not implemented"
     if c["compared"]:
         text += f"; {c['compared']} numbers compared with the paper, {rt.n_flagged()} outside tolerance"
-    if c["no_reported"]:
+    if not rt.spec.compared_with_paper:
+        text += f"; not compared with the paper at {rt.spec.scale or 'this'} scale"
+    elif c["no_reported"]:
         text += f"; {c['no_reported']} cells have no reported number"
     text += "."
     if len(rt.unmatched_reported):
@@ -166,7 +183,7 @@ def to_markdown_text(rt: "RenderedTable") -> str:
     spec = rt.spec
     grid = _grid(rt)
     lines = [f"# {_md_escape(spec.title or 'Table ' + spec.table)}", ""]
-    lines.append(f"Paper: {_md_escape(spec.paper)}, table {_md_escape(spec.table)}.")
+    lines.append(f"Paper: {_md_escape(spec.paper)}, table {_md_escape(spec.table)}.{_md_escape(_scale_text(rt))}")
     if spec.note:
         lines += ["", _md_escape(spec.note)]
     lines.append("")
@@ -179,7 +196,7 @@ def to_markdown_text(rt: "RenderedTable") -> str:
             for m in spec.metrics:
                 cells.append(_md_escape(_cell_markdown(_cell_parts(rt, grid[(r.label, c.label, m.name)]))))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"**Legend.** {_legend_text(rt)}", "", f"**Status.** {_status_text(rt)}"]
+    lines += ["", f"**Legend.** {_legend_text(rt)}", "", f"**Status.** {status_text(rt)}"]
     notes = _notes(rt)
     if notes:
         lines += ["", "**Notes.**", ""] + [f"- {n}" for n in notes]
@@ -222,7 +239,7 @@ def html_fragment(rt: "RenderedTable") -> str:
     out = ['<div class="fnl-table">', f"<style>{_CSS}</style>"]
     out.append(f"<h2>{e(spec.title or 'Table ' + spec.table)}</h2>")
     note = f" {e(spec.note)}" if spec.note else ""
-    out.append(f'<p class="meta">Paper: {e(spec.paper)}, table {e(spec.table)}.{note}</p>')
+    out.append(f'<p class="meta">Paper: {e(spec.paper)}, table {e(spec.table)}.{e(_scale_text(rt))}{note}</p>')
     out.append("<table>")
     out.append("<thead>")
     if multi:
@@ -247,7 +264,7 @@ def html_fragment(rt: "RenderedTable") -> str:
         '<span class="swatch" style="background:#fbd9d7"></span> outside tolerance. '
         f"{e(_legend_text(rt))}</p>"
     )
-    out.append(f'<p class="legend"><b>Status.</b> {e(_status_text(rt))}</p>')
+    out.append(f'<p class="legend"><b>Status.</b> {e(status_text(rt))}</p>')
     notes = _notes(rt)
     if notes:
         out.append('<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
@@ -257,7 +274,8 @@ def html_fragment(rt: "RenderedTable") -> str:
 
 def to_html_text(rt: "RenderedTable") -> str:
     """A complete, self-contained HTML page holding :func:`html_fragment`."""
-    title = html.escape(f"{rt.spec.paper} table {rt.spec.table}: {rt.spec.title}".rstrip(": "))
+    scale = f" ({rt.spec.scale} scale)" if rt.spec.scale and rt.spec.scale != "paper" else ""
+    title = html.escape(f"{rt.spec.paper} table {rt.spec.table}{scale}: {rt.spec.title}".rstrip(": "))
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'

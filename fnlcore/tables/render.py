@@ -88,9 +88,15 @@ class RenderedTable:
 
         return to_html_text(self)
 
+    def status_line(self) -> str:
+        """The table's status in words, as the Markdown and HTML print it ("12 of 12 cells reproduced, ...")."""
+        from .formats import status_text
+
+        return status_text(self)
+
     def to_csv(self, path: str | os.PathLike) -> None:
-        """The long table as CSV (atomic)."""
-        write_csv(self.long, path)
+        """The long table as CSV (atomic), with a ``scale`` column when the spec names its scale."""
+        write_csv(self.long.assign(scale=self.spec.scale) if self.spec.scale else self.long, path)
 
     def to_markdown(self, path: str | os.PathLike) -> None:
         """A readable wide Markdown table with legend (atomic)."""

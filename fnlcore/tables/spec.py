@@ -180,6 +180,10 @@ class TableSpec:
     expected_seeds: seeds each cell should have; cells with fewer are marked
         partial when rendered. ``None`` = no expectation.
     note: free text shown under the table.
+    scale, scale_note: the scale the table was run at (config key ``scale``) and a line
+        describing it, shown in every rendering (``""``: not stated).
+    compared_with_paper: False at a scale that changes the table's data or budget: its
+        reported numbers are not set beside the reproduced ones.
     """
 
     paper: str
@@ -194,6 +198,9 @@ class TableSpec:
     column_fields: tuple[str, ...] = ("noise_setting",)
     expected_seeds: int | None = None
     note: str = ""
+    scale: str = ""
+    scale_note: str = ""
+    compared_with_paper: bool = True
 
     def __post_init__(self) -> None:
         where = f"table {self.paper}/{self.table}"
