@@ -49,27 +49,31 @@ def test_drawn_parameters_reproduce_train_augmentation_and_generator_state(aug):
 MODELS = [("mlp", 1, 8), ("cnn", 1, 28), ("lenet5", 1, 28), ("tiny", 3, 16), ("resnet18_cifar", 3, 8), ("resnet18", 3, 32)]
 
 
-@pytest.mark.parametrize("name,channels,size", MODELS)
-def test_stacked_net_equals_separate_models_with_padded_rows_and_a_rider(name, channels, size):
+def stacked_and_separate(name: str, channels: int, size: int, k: int = 3, b: int = 4):
+    """(template, StackedNet of k perturbed copies, the copies as separate models, input (k*b, ...),
+    rows (b, k)): client 1 has a short batch of 3, client 2 rides along with no batch; float64."""
     torch.manual_seed(0)
     template = build_model(name, 5, channels, (size, size)).double().train()
-    k, b = 3, 4
     models = [copy.deepcopy(template) for _ in range(k)]
     with torch.no_grad():
         for m in models:
             for p in m.parameters():
                 p.add_(0.05 * torch.randn_like(p))
     net = StackedNet(template, k).double().train()
-    with torch.no_grad():
-        mine = net.net.state_dict()
-        for i, m in enumerate(models):
-            for key, v in m.state_dict().items():
-                mine[key][i].copy_(v)
+    for i, m in enumerate(models):
+        net.load_client(i, m.state_dict())
     x = torch.randn(k * b, channels, size, size, dtype=torch.float64)
-    y = torch.randint(0, 5, (k, b))
     rows = torch.ones(b, k, dtype=torch.float64)
     rows[3:, 1] = 0  # client 1: a short batch of 3
     rows[:, 2] = 0  # client 2: a rider with no batch
+    return template, net, models, x, rows
+
+
+@pytest.mark.parametrize("name,channels,size", MODELS)
+def test_stacked_net_equals_separate_models_with_padded_rows_and_a_rider(name, channels, size):
+    template, net, models, x, rows = stacked_and_separate(name, channels, size)
+    k, b = 3, 4
+    y = torch.randint(0, 5, (k, b))
     logits = net(stacked_input(x, k), rows)
     losses = torch.stack([F.cross_entropy(logits[i, : int(rows[:, i].sum())], y[i, : int(rows[:, i].sum())])
                           for i in range(2)])

@@ -3,15 +3,13 @@ centroid update against the one-client parts, and whole runs against the sequent
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
-from fnlcore.fl.stacked import StackedNet, stacked_input
+from fnlcore.fl.stacked import stacked_input
 from fnlcore.methods.rofl import batched_rofl_loss, batched_update_centroids, rofl_batch_loss, update_centroids
-from fnlcore.models import build_model
-from tests.test_batched import MODELS, _assert_same_run, _run
+from tests.test_batched import MODELS, stacked_and_separate, _assert_same_run, _run
 
 
 # every layer kind of the backbones (BatchNorm and residual blocks: resnet18_cifar); the forward itself is
@@ -21,24 +19,8 @@ FEATURE_MODELS = [m for m in MODELS if m[0] in ("mlp", "lenet5", "tiny", "resnet
 
 @pytest.mark.parametrize("name,channels,size", FEATURE_MODELS)
 def test_stacked_forward_features_equals_separate_models_with_padded_rows_and_a_rider(name, channels, size):
-    torch.manual_seed(0)
-    template = build_model(name, 5, channels, (size, size)).double().train()
+    template, net, models, x, rows = stacked_and_separate(name, channels, size)
     k, b = 3, 4
-    models = [copy.deepcopy(template) for _ in range(k)]
-    with torch.no_grad():
-        for m in models:
-            for p in m.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-    net = StackedNet(template, k).double().train()
-    with torch.no_grad():
-        mine = net.net.state_dict()
-        for i, m in enumerate(models):
-            for key, v in m.state_dict().items():
-                mine[key][i].copy_(v)
-    x = torch.randn(k * b, channels, size, size, dtype=torch.float64)
-    rows = torch.ones(b, k, dtype=torch.float64)
-    rows[3:, 1] = 0  # client 1: a short batch of 3
-    rows[:, 2] = 0  # client 2: a rider with no batch
     logits, feats = net.forward_features(stacked_input(x, k), rows)
     assert logits.shape == (k, b, 5) and feats.shape == (k, b, template.feature_dim)
     for i, n_rows in ((0, 4), (1, 3)):
