@@ -71,18 +71,19 @@ class StackedBatch:
     def forward(self, view: torch.Tensor) -> torch.Tensor:
         """The stacked network on a (K * B, C, H, W) view -> (K, B, classes) (padded rows masked);
         with several trained networks, every network's K clients: (G * K, B, classes), see :meth:`of`."""
-        g = max(len(self.networks), 1)
-        rows = None if self.mask is None else self.mask.t().to(view.dtype).repeat(1, g)
-        x = view if g == 1 else torch.cat([view] * g)
-        return self.net(stacked_input(x, g * self.idx.shape[0]), rows)
+        return self.net(*self._stacked(view))
 
     def forward_features(self, view: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` returning the model's logits and penultimate features: (K, B, classes) and
         (K, B, features) (with several trained networks, (G * K, B, ...) each, see :meth:`of`)."""
+        return self.net.forward_features(*self._stacked(view))
+
+    def _stacked(self, view: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The view on the stacked layout, once per trained network, and its real-row mask (B, G * K)."""
         g = max(len(self.networks), 1)
         rows = None if self.mask is None else self.mask.t().to(view.dtype).repeat(1, g)
         x = view if g == 1 else torch.cat([view] * g)
-        return self.net.forward_features(stacked_input(x, g * self.idx.shape[0]), rows)
+        return stacked_input(x, g * self.idx.shape[0]), rows
 
     def of(self, name: str, logits: torch.Tensor | None = None) -> torch.Tensor:
         """Network ``name``'s (K, B, ...) part of (G * K, B, ...) outputs (default: ``logits``)."""
@@ -143,9 +144,7 @@ def draw_client(ctx: RunContext, idx: torch.Tensor, epochs: int, batch_size: int
                 ) -> ClientDraws:
     """Client's batch orders (``ctx.shuffle_gen``) and each batch's random parameters (``draw(n)``,
     default the train augmentation's), in the sequential engine's order."""
-    if draw is None:
-        size = tuple(ctx.data.train.images.shape[-2:])
-        draw = lambda n: ctx.pipeline.draw_train(n, ctx.aug_gen, ctx.device, size)  # noqa: E731
+    draw = draw or draw_fn(ctx, ChunkPhase())
     batches = client_batches(ctx, idx, epochs, batch_size)
     return ClientDraws(batches, [draw(len(b)) for b in batches])
 
@@ -187,21 +186,22 @@ def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple[tuple,
         return (), first
     by_client = mask.permute(1, 0, 2)  # (K, T, B): a client's real rows in its own step order
     k, t_max, _ = by_client.shape
+    flat = [[_flatten(d) for d in client] for client in draws]
     out = []
     for j, ref in enumerate(_flatten(first)):
         if ref.dim() == 0:
             grid = ref.expand(k, t_max).clone()
-            for i, client in enumerate(draws):
-                for t, d in enumerate(client):
-                    grid[i, t] = _flatten(d)[j]
+            for i, client in enumerate(flat):
+                if client:
+                    grid[i, : len(client)] = torch.stack([leaves[j] for leaves in client])
             out.append(grid.t().contiguous())
             continue
         trail = tuple(ref.shape[1:])
         grid = ref[:1].reshape(1, 1, 1, *trail).expand(*by_client.shape, *trail).clone()
         sel = by_client.view(*by_client.shape, *([1] * len(trail))).expand_as(grid)
-        for i, client in enumerate(draws):
+        for i, client in enumerate(flat):
             if client:
-                grid[i].masked_scatter_(sel[i], torch.cat([_flatten(d)[j] for d in client]))
+                grid[i].masked_scatter_(sel[i], torch.cat([leaves[j] for leaves in client]))
         out.append(grid.transpose(0, 1))
     return tuple(out), first
 
@@ -298,6 +298,7 @@ def train_clients(
     step_losses = []
     autocast = ctx.autocast()
     raw = phase.augment == "raw"
+    refs = _flatten(tl.like[1]) if raw and tl.like else []  # the declared draws' leaves: a 0-dim one is per batch
     for t in range(tl.steps):
         w = tl.width[t]
         idx = index_dev[t, :, :w]
@@ -308,7 +309,6 @@ def train_clients(
             if raw:
                 view_params, extra = drawn if drawn else ((), ())
                 views = {n: ctx.pipeline.apply_view(n.split(":", 1)[0], x, p) for n, p in zip(phase.views, view_params)}
-                refs = _flatten(tl.like[1]) if tl.like else []  # a 0-dim draw is per batch: (K,)
                 extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
                 sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names)
             else:
@@ -329,13 +329,14 @@ def train_clients(
     return states, _mean_losses(step_losses, tl)
 
 
-def draw_fn(ctx: RunContext, phase: ChunkPhase) -> DrawFn | None:
-    """A batch's random parameters as the sequential engine draws them for ``phase``."""
+def draw_fn(ctx: RunContext, phase: ChunkPhase) -> DrawFn:
+    """A batch's random parameters as the sequential engine draws them for ``phase``: the train
+    augmentation's, or the declared views' then the declared draws."""
+    size, gen, dev = tuple(ctx.data.train.images.shape[-2:]), ctx.aug_gen, ctx.device
     if phase.augment != "raw":
-        return None
+        return lambda n: ctx.pipeline.draw_train(n, gen, dev, size)
     if not phase.views and phase.draws is None:
         return lambda n: ()
-    size, gen, dev = tuple(ctx.data.train.images.shape[-2:]), ctx.aug_gen, ctx.device
 
     def draw(n: int) -> tuple:
         views = tuple(ctx.pipeline.draw_view(v.split(":", 1)[0], n, gen, dev, size) for v in phase.views)

@@ -176,7 +176,7 @@ class Stage:
     makes the stage batchable: the engine may then train the round's clients as one stacked
     computation. A batched stage's ``prepare`` may act (relabel, read a store) and return a job
     of one phase on one stream with no hooks (``lr_round``, ``info``, the stream's sample ids,
-    ``augment="raw"`` with declared ``views``/``draws``: see ``rounds.chunk_phase``); its
+    ``augment="raw"`` with declared ``views``/``draws``: see ``rounds.client_phase``); its
     per-step and per-chunk work are ``batched_after_step(sb, stepped)`` (after each stacked
     optimiser step; ``stepped`` (K,) the clients that moved: an EMA teacher of the K clients)
     and ``batched_begin(r, clients, jobs)`` / ``batched_end(r, clients, jobs)`` (around a chunk

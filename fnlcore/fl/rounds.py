@@ -89,35 +89,38 @@ class RoundEngine:
         The stage's ``prepare`` runs for every client first, each followed by the draws of that
         client's training (its place in the sequential order): it may act (relabel, read a store,
         an augmented pass with the global model) and return a one-phase job (see
-        :func:`chunk_phase`); its ``upload`` runs after training, on each client's trained network
-        (an upload that draws random numbers cannot batch: its draws would come after every
-        client's training draws). ``Stage.batched_begin``/``batched_end`` run around each
+        :func:`client_phase`); its ``upload`` runs after training, on each client's trained network
+        (an upload that draws random numbers declares them: ``Stage.reserve`` makes them right after
+        the client's training draws). ``Stage.batched_begin``/``batched_end`` run around each
         chunk, ``Stage.batched_after_step`` after each stacked optimiser step."""
         from .batched import ClientDraws, draw_client, draw_fn, train_clients
         from .stacked import StackedNet
 
         m, ctx = self.method, self.method.ctx
-        jobs, drawn = [], []
+        jobs, shapes, ids, drawn = [], [], [], []
         for k in clients:
             job = stage.prepare(m, r, k, m.workers) if stage.prepare is not None else None
-            jobs.append(LocalJob() if job is None else job)
+            job = LocalJob() if job is None else job
+            shape, idx = client_phase(m, r, k, job)
+            jobs.append(job)
+            shapes.append(shape)
+            ids.append(idx)
             # the client's batches and random parameters right after its prepare, where the sequential
             # engine draws them (a prepare that draws too, an augmented pass, keeps its place)
-            phase, (idx,) = chunk_phase(m, r, [k], jobs[-1:])
-            if jobs[-1].phases == []:  # a client that does not train draws nothing (a rider all along)
+            if shape is None:  # a client that does not train draws nothing (a rider all along)
                 drawn.append(ClientDraws([], []))
             else:
-                epochs = ctx.settings.local_epochs if phase.epochs is None else phase.epochs
-                drawn.append(draw_client(ctx, idx, epochs, phase.batch_size or ctx.settings.batch_size,
-                                         draw_fn(ctx, phase)))
+                epochs = ctx.settings.local_epochs if shape.epochs is None else shape.epochs
+                drawn.append(draw_client(ctx, idx, epochs, shape.batch_size or ctx.settings.batch_size,
+                                         draw_fn(ctx, shape)))
             if stage.reserve is not None:  # the upload's draws, at its place in the sequential order
-                jobs[-1].reserved = stage.reserve(m, r, k, jobs[-1])
+                job.reserved = stage.reserve(m, r, k, job)
         chunk = ctx.settings.batched_clients or len(clients)
         out: list[ClientUpdate] = []
         for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
             part, part_jobs, part_drawn = clients[at : at + chunk], jobs[at : at + chunk], drawn[at : at + chunk]
-            phase, idx = chunk_phase(m, r, part, part_jobs)
-            ids = torch.as_tensor(part, dtype=torch.int64, device=ctx.device)
+            phase, idx = chunk_phase(m, r, shapes[at : at + chunk]), ids[at : at + chunk]
+            part_ids = torch.as_tensor(part, dtype=torch.int64, device=ctx.device)
             copies = len(phase.train) * len(part)
             if copies not in self._stacked:
                 self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)
@@ -125,12 +128,12 @@ class RoundEngine:
                 stage.batched_begin(m, r, part, part_jobs)
             after = None if stage.batched_after_step is None else (lambda sb, stepped: stage.batched_after_step(m, sb, stepped))
             states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.batched_loss(m, sb), r,
-                                           self._stacked[copies], ids, phase=phase, jobs=part_jobs, after_step=after,
+                                           self._stacked[copies], part_ids, phase=phase, jobs=part_jobs, after_step=after,
                                            models=[m.globals[n] for n in phase.train], drawn=part_drawn)
             if stage.batched_end is not None:
                 stage.batched_end(m, r, part, part_jobs)
-            for k, job, trained, l in zip(part, part_jobs, states, losses):
-                if job.phases != []:  # a client that trains nothing has no loss (as in the sequential engine)
+            for k, job, shape, trained, l in zip(part, part_jobs, shapes[at : at + chunk], states, losses):
+                if shape is not None:  # a client that trains nothing has no loss (as in the sequential engine)
                     job.losses.append(l)
                 # the networks a client did not train are sent as loaded (the sequential engine's snapshot)
                 nets = {n: trained[phase.train.index(n)] if n in phase.train else snapshot(m.globals[n])
@@ -144,45 +147,51 @@ class RoundEngine:
         return out
 
 
-def chunk_phase(m, r: int, clients: list[int], jobs: list[LocalJob]):
-    """The one phase the clients' prepared jobs train together, and each client's sample ids.
+def client_phase(m, r: int, k: int, job: LocalJob):
+    """The shape of the one phase client k's prepared job trains (None: it trains nothing and rides
+    along), and its sample ids.
 
     A batched stage's job has at most one phase, which trains the method's first network (or
     several of its networks together) with the stage's loss on one stream (by default the
     client's samples) and has no per-epoch hook; a per-step hook (``after_step``) only where the
     stage declares its batched twin (``batched_after_step``), which the batched engine runs
-    instead. The jobs of one chunk agree on its shape (augmentation, views, draws, epochs,
-    batch size, learning-rate round)."""
+    instead."""
     from .batched import ChunkPhase
 
     where = f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss, but"
-    stage = m.current_stage(r)
-    shapes, idx = [], []
-    for k, job in zip(clients, jobs):
-        phases = job.phases if job.phases is not None else [Phase()]
-        if isinstance(phases, (list, tuple)) and not phases:  # trains nothing: rides along, any shape
-            idx.append(torch.zeros(0, dtype=torch.int64))
-            continue
-        if not isinstance(phases, (list, tuple)) or len(phases) != 1:
-            raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
-        ph = phases[0]
-        # a per-step hook is the sequential twin of the stage's batched_after_step (EMA teachers)
-        hook = ph.after_step is not None and stage.batched_after_step is None
-        if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or hook:
-            raise ConfigError(f"{where} its job has a phase loss/step/on_epoch/after_step (client {k}); "
-                              "a batched stage declares them as Stage.batched_loss / batched_after_step")
-        train = tuple(ph.train or (m.networks[0],))
-        if any(n not in m.networks for n in train) or job.lr:
-            raise ConfigError(f"{where} its job trains working networks or sets per-network learning rates (client "
-                              f"{k}); batched: the method's networks at the run's learning rate")
-        streams = ph.streams if ph.streams is not None else {"data": (m.ctx.data.clients[k], None)}
-        if len(streams) != 1:
-            raise ConfigError(f"{where} its job reads {len(streams)} streams (client {k}); batched: one")
-        ids, bs = next(iter(streams.values()))
-        idx.append(torch.as_tensor(ids, dtype=torch.int64))
-        shapes.append(ChunkPhase(ph.augment, tuple(ph.views), ph.draws, ph.epochs, None if bs is None else int(bs),
-                                 job.lr_round, train))
-    if any(sh != shapes[0] for sh in shapes[1:]):
-        raise ConfigError(f"{where} its clients' jobs differ in shape (augmentation, views, draws, epochs, "
-                          "batch size or learning-rate round) within one batched chunk")
-    return (shapes[0] if shapes else ChunkPhase(train=(m.networks[0],))), idx
+    phases = job.phases if job.phases is not None else [Phase()]
+    if isinstance(phases, (list, tuple)) and not phases:
+        return None, torch.zeros(0, dtype=torch.int64)
+    if not isinstance(phases, (list, tuple)) or len(phases) != 1:
+        raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
+    ph = phases[0]
+    # a per-step hook is the sequential twin of the stage's batched_after_step (EMA teachers)
+    hook = ph.after_step is not None and m.current_stage(r).batched_after_step is None
+    if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or hook:
+        raise ConfigError(f"{where} its job has a phase loss/step/on_epoch/after_step (client {k}); "
+                          "a batched stage declares them as Stage.batched_loss / batched_after_step")
+    train = tuple(ph.train or (m.networks[0],))
+    if any(n not in m.networks for n in train) or job.lr:
+        raise ConfigError(f"{where} its job trains working networks or sets per-network learning rates (client "
+                          f"{k}); batched: the method's networks at the run's learning rate")
+    streams = ph.streams if ph.streams is not None else {"data": (m.ctx.data.clients[k], None)}
+    if len(streams) != 1:
+        raise ConfigError(f"{where} its job reads {len(streams)} streams (client {k}); batched: one")
+    ids, bs = next(iter(streams.values()))
+    shape = ChunkPhase(ph.augment, tuple(ph.views), ph.draws, ph.epochs, None if bs is None else int(bs),
+                       job.lr_round, train)
+    return shape, torch.as_tensor(ids, dtype=torch.int64)
+
+
+def chunk_phase(m, r: int, shapes: list):
+    """The one phase a chunk's clients train together: their shapes (:func:`client_phase`; None
+    for a client that trains nothing) agree on augmentation, views, draws, epochs, batch size,
+    learning-rate round and networks."""
+    from .batched import ChunkPhase
+
+    real = [sh for sh in shapes if sh is not None]
+    if any(sh != real[0] for sh in real[1:]):
+        raise ConfigError(f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss, but its clients' "
+                          "jobs differ in shape (augmentation, views, draws, epochs, batch size or learning-rate "
+                          "round) within one batched chunk")
+    return real[0] if real else ChunkPhase(train=(m.networks[0],))
