@@ -48,7 +48,8 @@ class StackedBatch:
     stacked (K, ...) under the model's own name); ``r`` the round; ``views`` the phase's
     declared views (name -> (K * B, C, H, W)); ``draws`` its declared draws (a per-batch draw
     as (K,), a per-sample one as (K, B, ...)); ``jobs`` each client's prepared
-    :class:`~fnlcore.fl.client.LocalJob` (its ``info``), in client order.
+    :class:`~fnlcore.fl.client.LocalJob` (its ``info``), in client order; ``epoch_len`` (K,)
+    each client's batches per epoch.
     """
 
     logits: torch.Tensor | None
@@ -63,6 +64,7 @@ class StackedBatch:
     draws: tuple = ()
     jobs: list | None = None
     networks: tuple[str, ...] = ()
+    epoch_len: torch.Tensor | None = None  # (K,) each client's batches per epoch (its last: epoch_len - 1)
 
     def per_client(self, flat: torch.Tensor) -> torch.Tensor:
         """(K * B, ...) rows of a forward on ``x`` -> (K, B, ...)."""
@@ -114,6 +116,7 @@ class Timeline:
     aug: tuple
     epoch_step: torch.Tensor
     like: tuple = ()  # the structure of one batch's draws
+    epoch_len: torch.Tensor | None = None  # (K,) each client's batches per epoch
 
     @property
     def steps(self) -> int:
@@ -163,8 +166,10 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
     lengths = torch.zeros(t_max, k, dtype=torch.int64)
     epoch_step = torch.zeros(t_max, k, dtype=torch.int64)
     draws = [d.draws for d in drawn]
+    epoch_len = torch.ones(k, dtype=torch.int64)
     for i, batches in enumerate(plans):
         per_epoch = max(len(batches) // max(epochs, 1), 1)  # every epoch of a client has as many batches
+        epoch_len[i] = per_epoch
         for t, b in enumerate(batches):
             index[t, i, : len(b)] = b
             lengths[t, i] = len(b)
@@ -174,7 +179,7 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
     width = lengths.amax(1).tolist() if t_max else []
     # "full": every client has a batch of the step's width (no padding, no rider): nothing to mask
     full = (lengths == lengths.amax(1, keepdim=True)).all(1).tolist() if t_max else []
-    return Timeline(index, mask, width, full, aug, epoch_step, like)
+    return Timeline(index, mask, width, full, aug, epoch_step, like, epoch_len.to(ctx.device))
 
 
 def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple[tuple, tuple]:
@@ -310,10 +315,12 @@ def train_clients(
                 view_params, extra = drawn if drawn else ((), ())
                 views = {n: ctx.pipeline.apply_view(n.split(":", 1)[0], x, p) for n, p in zip(phase.views, view_params)}
                 extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
-                sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names)
+                sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names,
+                                  tl.epoch_len)
             else:
                 view = ctx.pipeline.apply_train(x, drawn)
-                sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names)
+                sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names,
+                                  epoch_len=tl.epoch_len)
                 sb.logits = sb.forward(view)
             losses = loss_fn(sb)
         grads = torch.autograd.grad(losses.sum(), params)

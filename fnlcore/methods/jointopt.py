@@ -31,7 +31,6 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl.batched import StackedBatch, masked_mean
-from ..fl.data import trim_last_batch
 from ..registry import param
 from .base import FLMethod, MethodParams, Stage, register
 
@@ -123,7 +122,6 @@ class JointOpt(FLMethod):
         self.soft = F.one_hot(data.given.long(), c).float().to(ctx.device)
         self.history = torch.zeros(n, params.history, c, device=ctx.device)
         self.counts = torch.zeros(n, dtype=torch.int64, device=ctx.device)
-        self._epoch_steps: torch.Tensor | None = None  # batched joint rounds: each chunk client's batches per epoch
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "joint"
@@ -153,16 +151,10 @@ class JointOpt(FLMethod):
         idx = self.ctx.data.clients[k].to(self.ctx.device)
         self.soft[idx] = history_mean(self.history[idx], self.counts[idx])
 
-    def batched_begin(self, r, clients, jobs):
-        # each client's batches per epoch, cut as the engine cuts them, to find its epoch ends on the timeline
-        s = self.ctx.settings
-        kept = [len(trim_last_batch(self.ctx.data.clients[k], s.batch_size, s.drop_last)) for k in clients]
-        self._epoch_steps = torch.tensor([max(-(-n // s.batch_size), 1) for n in kept], device=self.ctx.device)
-
     def batched_after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
         """A client whose step ended one of its epochs updates its labels (the sequential joint_loss does
         it before the next epoch's first step: nothing of the client runs in between)."""
-        ended = stepped & (sb.epoch_step == self._epoch_steps - 1)
+        ended = stepped & (sb.epoch_step == sb.epoch_len - 1)
         for i in ended.nonzero().flatten().tolist():
             self._update_labels(int(sb.clients[i]))
 
@@ -173,7 +165,7 @@ class JointOpt(FLMethod):
 
     stages = {
         "warmup": Stage(loss=loss, batched_loss=batched_loss),
-        "joint": Stage(loss=joint_loss, upload=upload_joint, batched_loss=batched_loss, batched_begin=batched_begin,
+        "joint": Stage(loss=joint_loss, upload=upload_joint, batched_loss=batched_loss,
                        batched_after_step=batched_after_step),
     }
 
