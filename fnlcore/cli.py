@@ -5,7 +5,7 @@
     fnl plan [--scale S] [--tables T ...] [--device D] [--threads N] [--calibration F] [--recalibrate]
                                                  runs and estimated device-hours of tables, from step costs
                                                  measured on this machine (cached in --calibration)
-    fnl rehearse [--tables T ...] [--scale S] [--device D] [--steps N] [--per-round M] [--only KEY ...] [--out DIR]
+    fnl rehearse [--tables T ...] [--scale S] [--device D] [--steps N] [--per-round M] [--only KEY ...] [--out DIR] [--resume]
                                                  every distinct training configuration started, checkpointed,
                                                  killed (SIGKILL), resumed and finished on a stand-in of its
                                                  data; peak memory, checkpoint bytes, s/step in DIR/rehearsal.csv
@@ -228,6 +228,8 @@ def _rehearse_arguments(rh) -> None:
     rh.add_argument("--only", nargs="+", metavar="KEY", help="rehearse only these configurations (keys)")
     rh.add_argument("--list", action="store_true", help="print the configurations and their cell counts only")
     rh.add_argument("--out", default="results/plan", help="where rehearsal.csv and rehearsal.md go")
+    rh.add_argument("--resume", action="store_true",
+                    help="keep the passed rows of OUT/rehearsal.csv measured with the same options; rehearse the rest")
 
 
 def _rehearse(args) -> int:
@@ -235,7 +237,7 @@ def _rehearse(args) -> int:
     import time
 
     from .app.plan import build_plan, validate_schema
-    from .app.rehearse import Options, distinct_configs, rehearse, write_rehearsal
+    from .app.rehearse import Options, distinct_configs, earlier_rows, rehearse, write_rehearsal
     from .app.runs import PAPERS_DIR
 
     for name in ("steps", "rounds", "eval_samples", "threads"):
@@ -255,7 +257,9 @@ def _rehearse(args) -> int:
     def partial(rows: list[dict]) -> None:
         write_rehearsal(rows, Path(args.out), f"Rehearsal in progress at scale {args.scale}: {len(rows)} configurations so far")
 
-    rows = rehearse(plan, opts, Path(args.out), args.only, log=lambda m: print(m, flush=True), on_row=partial)
+    earlier = earlier_rows(Path(args.out) / "rehearsal.csv", opts) if args.resume else {}
+    rows = rehearse(plan, opts, Path(args.out), args.only, log=lambda m: print(m, flush=True), on_row=partial,
+                    earlier=earlier)
     wall = time.monotonic() - t0
     header = (f"Rehearsal of {len(rows)} configurations of {len(plan.tables)} tables at scale {args.scale} on "
               f"{args.device}: {args.steps} local step(s) a client update, "

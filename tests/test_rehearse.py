@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from fnlcore.app.plan import build_plan, validate_schema
-from fnlcore.app.rehearse import (CSV_COLUMNS, Options, distinct_configs, rehearse_one, training_config,
-                                  write_rehearsal)
+from fnlcore.app.rehearse import (CSV_COLUMNS, Options, distinct_configs, earlier_rows, rehearse, rehearse_one,
+                                  training_config, write_rehearsal)
+from fnlcore.errors import ConfigError
 
 
 def _plan(tables, scale="smoke"):
@@ -64,3 +65,30 @@ def test_a_configuration_that_breaks_fails_and_names_its_cells(toy, tmp_path):
     _, md = write_rehearsal([row], tmp_path / "out", "toy")
     text = md.read_text()
     assert "Not passed" in text and all(c in text for c in toy.cells)
+
+
+def test_resume_keeps_passed_rows_of_the_same_options_and_reruns_the_rest(tmp_path):
+    plan = _plan(["demo"])
+    keys = list(distinct_configs(plan))
+    opts = Options(rounds=4, eval_samples=16, threads=1)
+
+    def row(key, status, with_):
+        return {**dict.fromkeys(CSV_COLUMNS, ""), "config": key, "status": status, "rehearsed_with": with_,
+                "code": "0.1.0+src.abc", "cells": "old", "peak_rss_mb": 100.0}
+
+    rows = [row(keys[0], "pass", opts.label), row(keys[1], "fail", opts.label),
+            row(keys[2], "pass", Options(rounds=2).label)]
+    write_rehearsal(rows, tmp_path, "earlier")
+    kept = earlier_rows(tmp_path / "rehearsal.csv", opts)
+    assert list(kept) == [keys[0]]  # a failure is rehearsed again, other options are not reused
+    logged = []
+    out = rehearse(plan, opts, tmp_path, only=[keys[0]], log=logged.append, earlier=kept)
+    assert [r["config"] for r in out] == [keys[0]] and "kept: 0.1.0+src.abc" in logged[0]
+    assert out[0]["cells"] == ";".join(distinct_configs(plan)[keys[0]].cells)  # today's cells, not the stored ones
+    assert not list((tmp_path / "rehearsal_work").glob("*"))  # nothing ran
+
+
+def test_resume_refuses_a_table_without_the_columns_it_needs(tmp_path):
+    pd.DataFrame({"config": ["x"], "status": ["pass"]}).to_csv(tmp_path / "rehearsal.csv", index=False)
+    with pytest.raises(ConfigError, match="rehearsed_with.*move it aside"):
+        earlier_rows(tmp_path / "rehearsal.csv", Options())

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from ..provenance import code_version
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 CSV_COLUMNS = (
     "config", "model", "input", "samples", "clients", "per_round", "batch", "method", "stages", "precision",
     "device", "status", "error", "peak_rss_mb", "peak_device_mb", "checkpoint_mb", "written_per_checkpoint_mb",
-    "s_per_step", "steps", "cells",
+    "s_per_step", "steps", "cells", "rehearsed_with", "code",
 )
 STATUSES = ("pass", "fail", "no_weights")
 
@@ -118,6 +119,12 @@ class Options:
     device: str = "cpu"
     threads: int = 2
     timeout_s: float = 3600.0  # per phase
+
+    @property
+    def label(self) -> str:
+        """What a row was measured with (``rehearsed_with``): rows of other options are not reused."""
+        return (f"steps={self.steps} per_round={self.per_round or 'all'} rounds={self.rounds} "
+                f"eval_samples={self.eval_samples} device={self.device}")
 
 
 @dataclass
@@ -232,6 +239,8 @@ def _row(cfg: TrainingConfig, cells: list, opts: Options, ev: list[dict], ended1
         "s_per_step": round(done["client_s"] / steps, 4) if steps else "",
         "steps": steps,
         "cells": ";".join(cells),
+        "rehearsed_with": opts.label,
+        "code": code_version(),
     }
 
 
@@ -265,9 +274,33 @@ def format_markdown(rows: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=print, on_row=None) -> list[dict]:
+REUSED = ("pass", "no_weights")  # statuses a resumed rehearsal keeps; a failed row is rehearsed again
+
+
+def earlier_rows(csv_path: Path, opts: Options) -> dict[str, dict]:
+    """config key -> row of an earlier ``rehearsal.csv`` that ``--resume`` keeps: status pass or
+    no_weights, measured with the same options (``rehearsed_with``). Its ``code`` may differ: it says
+    which source measured it."""
+    import csv
+
+    if not csv_path.exists():
+        return {}
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"{csv_path}: not a rehearsal table of this version (no column {', '.join(missing)}); "
+                              "move it aside or rehearse without --resume")
+        rows = list(reader)
+    return {r["config"]: r for r in rows if r["status"] in REUSED and r["rehearsed_with"] == opts.label}
+
+
+def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=print, on_row=None,
+             earlier: Mapping[str, dict] | None = None) -> list[dict]:
     """Rehearse every distinct configuration of ``plan`` (or those keyed in ``only``), one at a time;
-    ``on_row(rows)`` after each (the command writes the rows so far: a long rehearsal loses nothing)."""
+    ``on_row(rows)`` after each (the command writes the rows so far: a long rehearsal loses nothing).
+    ``earlier``: rows of configurations already rehearsed (:func:`earlier_rows`), kept in plan order
+    and not run again, so a rehearsal longer than one sitting goes on where it stopped."""
     configs = distinct_configs(plan)
     if only:
         unknown = sorted(set(only) - set(configs))
@@ -277,8 +310,13 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
         configs = {k: v for k, v in configs.items() if k in only}
     logdir = out / "rehearsal_logs"
     logdir.mkdir(parents=True, exist_ok=True)
+    earlier = earlier or {}
     rows = []
     for i, (key, r) in enumerate(configs.items(), 1):
+        if key in earlier:
+            rows.append({**earlier[key], "cells": ";".join(r.cells)})  # the cells of today's plan
+            log(f"[{i}/{len(configs)}] {rows[-1]['status']:10s} {key} (kept: {rows[-1]['code']})")
+            continue
         t0 = time.monotonic()
         row = rehearse_one(r, opts, out / "rehearsal_work" / key, logdir)
         rows.append(row)
