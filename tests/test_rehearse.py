@@ -86,6 +86,23 @@ def test_resume_keeps_passed_rows_of_the_same_options_and_reruns_the_rest(tmp_pa
     assert [r["config"] for r in out] == [keys[0]] and "kept: 0.1.0+src.abc" in logged[0]
     assert out[0]["cells"] == ";".join(distinct_configs(plan)[keys[0]].cells)  # today's cells, not the stored ones
     assert not list((tmp_path / "rehearsal_work").glob("*"))  # nothing ran
+    with pytest.raises(ConfigError, match="--only: nope"):
+        rehearse(plan, opts, tmp_path, only=["nope"], earlier=kept)
+
+
+def test_resume_with_only_adds_to_the_table_and_keeps_the_other_rows(tmp_path, monkeypatch):
+    import fnlcore.app.rehearse as rh
+
+    plan = _plan(["demo"])
+    keys = list(distinct_configs(plan))
+    opts = Options(rounds=4, eval_samples=16, threads=1)
+    ran = []
+    monkeypatch.setattr(rh, "rehearse_one", lambda r, *a: ran.append(r.config.key) or
+                        {**dict.fromkeys(CSV_COLUMNS, ""), "config": r.config.key, "status": "pass"})
+    earlier = {keys[2]: {**dict.fromkeys(CSV_COLUMNS, ""), "config": keys[2], "status": "pass", "code": "c"}}
+    out = rehearse(plan, opts, tmp_path, only=[keys[0]], log=lambda m: None, earlier=earlier)
+    assert ran == [keys[0]] and [r["config"] for r in out] == [keys[0], keys[2]]  # plan order, the kept row stays
+    assert out[1]["cells"] == ";".join(distinct_configs(plan)[keys[2]].cells)
 
 
 def test_resume_refuses_a_table_without_the_columns_it_needs(tmp_path):

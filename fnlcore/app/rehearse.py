@@ -260,7 +260,7 @@ def write_rehearsal(rows: list[dict], out: Path, header: str) -> tuple[Path, Pat
 
 
 MD_COLUMNS = ("config", "status", "peak_rss_mb", "peak_device_mb", "checkpoint_mb", "written_per_checkpoint_mb",
-              "s_per_step", "steps")
+              "s_per_step", "steps", "code")
 
 
 def format_markdown(rows: list[dict], header: str) -> str:
@@ -300,14 +300,15 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
     """Rehearse every distinct configuration of ``plan`` (or those keyed in ``only``), one at a time;
     ``on_row(rows)`` after each (the command writes the rows so far: a long rehearsal loses nothing).
     ``earlier``: rows of configurations already rehearsed (:func:`earlier_rows`), kept in plan order
-    and not run again, so a rehearsal longer than one sitting goes on where it stopped."""
+    (with ``only`` too) and not run again, so a rehearsal longer than one sitting goes on where it stopped."""
     configs = distinct_configs(plan)
     if only:
         unknown = sorted(set(only) - set(configs))
         if unknown:
             raise ConfigError(f"--only: {', '.join(unknown)} is not a configuration of the selected tables; "
                               f"valid: {', '.join(configs)}")
-        configs = {k: v for k, v in configs.items() if k in only}
+        # earlier rows of the other configurations stay in the table (--resume --only adds to it)
+        configs = {k: v for k, v in configs.items() if k in only or k in (earlier or {})}
     logdir = out / "rehearsal_logs"
     logdir.mkdir(parents=True, exist_ok=True)
     earlier = earlier or {}
