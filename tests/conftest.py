@@ -16,11 +16,45 @@ import os
 os.environ.setdefault("FNL_PLUGINS", "tests.support.plugins")
 _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_checkout, os.environ.get("PYTHONPATH", "")) if p)
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+STOP_SLURM = "stop-slurm"  # in FNL_TEST_SESSION_DIR: a worker started Slurm, the controller stops it
+
+
+def xdist_worker() -> bool:
+    """Whether this process is a pytest-xdist worker (pyproject's ``-n auto``)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def pytest_configure(config):
+    if xdist_worker():
+        # each worker its share of the cores for torch's threads: two workers of two threads
+        # each on two cores would oversubscribe them
+        import torch
+
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+    else:
+        # the controller's folder for what workers leave to it (they inherit the environment)
+        os.environ["FNL_TEST_SESSION_DIR"] = tempfile.mkdtemp(prefix="fnl-tests-")
+
+
+def pytest_unconfigure(config):
+    """The controller stops the Slurm a worker started, once every worker is done: a worker that
+    finished its files early must not stop it under the others (see tests/test_slurm.py)."""
+    if xdist_worker() or "FNL_TEST_SESSION_DIR" not in os.environ:
+        return
+    folder = Path(os.environ.pop("FNL_TEST_SESSION_DIR"))
+    if (folder / STOP_SLURM).exists():
+        subprocess.run(["bash", str(REPO_ROOT / "scripts" / "local-slurm.sh"), "stop"], cwd=REPO_ROOT,
+                       capture_output=True, timeout=120)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -58,7 +92,7 @@ def repo_root() -> Path:
 # -- workflows shared by several test files ------------------------------------------------------
 # Each costs a minute or more of both cores, so it runs once per session: the data side
 # (data_side.yaml) and the demo table (demo_table.yaml + scale_quick.yaml), at the same time.
-# tests/test_workflow.py checks both; tests/test_report.py builds the report of the demo table.
+# tests/test_workflow.py checks both and builds the report of the demo table.
 # Tests only read these folders (a `snakemake --report` writes its HTML elsewhere).
 
 

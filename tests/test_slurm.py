@@ -30,6 +30,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from .conftest import STOP_SLURM, xdist_worker
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "local-slurm.sh"
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -75,6 +77,10 @@ def local_slurm():
             "scripts/local-slurm.sh start --with-dbd could not bring up Slurm "
             f"(exit {started.returncode}):\n{started.stdout}\n{started.stderr}"
         )
+    if xdist_worker():  # the controller stops it after every worker (tests/conftest.py)
+        (Path(os.environ["FNL_TEST_SESSION_DIR"]) / STOP_SLURM).touch()
+        yield
+        return
     yield
     _run(["bash", str(SCRIPT), "stop"], REPO, 120)
 

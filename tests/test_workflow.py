@@ -13,7 +13,7 @@ through fixtures (about 190 CPU seconds for the whole file):
   runs of 3 rounds: 20 jobs. Its Bernoulli-Dirichlet partition and noise
   settings equal those of data_side, so comparing the two runs' files checks
   that the same seeds give the same bytes. Both run at the same time, once per
-  session (tests/conftest.py: tests/test_report.py reports on the same demo run);
+  session (tests/conftest.py), and the report test below builds the report of the same demo run;
 * two bad configurations (one per error path) run at the same time too (each stops
   while parsing); every bad configuration is also checked in-process;
 * kill and resume: one 16-round run killed after round 4 and resumed, beside
@@ -28,10 +28,12 @@ undeclared checkpoint, from which the rerun job resumes.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import math
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -40,6 +42,7 @@ import torch
 
 from fnlcore import paths
 
+from .conftest import REPO_ROOT
 from .workflow_support import (
     config_error,
     deep_update,
@@ -442,3 +445,21 @@ def test_test_configs_are_valid_and_state_every_list(name, tmp_path):
     assert plan.targets()
     if own.get("scale", "paper").endswith(".yaml"):
         assert (tmp_path / own["scale"]).is_file()  # the scale file was copied beside the config
+
+
+# -- snakemake --report on the demo run ---------------------------------------------------------
+@pytest.mark.slow  # the report itself takes ~10 s; the demo run is the session's `demo_table` (tests/conftest.py)
+def test_report_contains_tables_and_figures(demo_table, tmp_path):
+    demo_table.check_ok()
+    base = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO_ROOT / "Snakefile"),
+            "--directory", str(demo_table.workdir), "--configfile", str(demo_table.configfile)]
+    report = tmp_path / "report.html"  # outside the shared run's folder
+    rep = subprocess.run(base + ["--report", str(report)], capture_output=True, text=True, timeout=600)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    html = report.read_text()
+    for needle in ("Tables", "Partitions", "Noise", "filename=demo.curves.png", "filename=pseed100.png"):
+        assert needle in html, needle
+    blob = re.search(r'"data:text/html;charset=utf8;filename=demo\.html;base64,([A-Za-z0-9+/=]+)"', html)
+    assert blob, "the demo table is not embedded"
+    table = base64.b64decode(blob.group(1)).decode()
+    assert "FedNoRo" in table and "FedAvg" in table and "Observations" in table

@@ -52,7 +52,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.mixture import GaussianMixture
 
 from ..errors import ConfigError
 from ..fl.local import evaluate as evaluate_model
@@ -145,6 +144,9 @@ def clean_posterior(losses: np.ndarray, max_iter: int, tol: float, reg_covar: fl
     x = normalise_losses(np.asarray(losses, dtype=np.float64).reshape(-1))
     if x is None:
         return np.ones(np.asarray(losses).size)
+    # imported here, not with the module: sklearn costs every job and Snakefile parse ~1.7 s
+    from sklearn.mixture import GaussianMixture
+
     gmm = GaussianMixture(n_components=2, max_iter=max_iter, tol=tol, reg_covar=reg_covar, random_state=seed)
     x = x.reshape(-1, 1)
     gmm.fit(x)

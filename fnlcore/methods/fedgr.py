@@ -73,7 +73,6 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.mixture import GaussianMixture
 
 from ..errors import ConfigError
 from ..fl import sampling
@@ -172,6 +171,9 @@ def sieve(proxies: np.ndarray, p_threshold: float, max_iter: int, tol: float, re
     if len(x) < 2 or not float(x.max()) > float(x.min()):
         q = np.ones(len(x))
     else:
+        # imported here, not with the module: sklearn costs every job and Snakefile parse ~1.7 s
+        from sklearn.mixture import GaussianMixture
+
         gmm = GaussianMixture(n_components=2, max_iter=max_iter, tol=tol, reg_covar=reg_covar, random_state=seed)
         gmm.fit(x)
         q = gmm.predict_proba(x)[:, int(np.argmin(gmm.means_.reshape(-1)))]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: a Snakefile parse needs none
+    from matplotlib.figure import Figure
 
 
 def _tick_labels(num: int, names: Sequence[str] | None) -> list[str]:
@@ -17,6 +18,9 @@ def _tick_labels(num: int, names: Sequence[str] | None) -> list[str]:
 def plot_noise_rates(summary: pd.DataFrame) -> Figure:
     """Per-client bars of the realised noise rate with the nominal level marked."""
     k = len(summary)
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     fig = Figure(figsize=(min(2 + 0.25 * k, 16), 3.5), layout="constrained")
     ax = fig.add_subplot()
     x = summary["client"].to_numpy()
@@ -35,6 +39,8 @@ def plot_transition_matrix(matrix: np.ndarray, class_names: Sequence[str] | None
     """Heatmap of the row-normalised true -> given matrix."""
     c = matrix.shape[0]
     size = min(3 + 0.35 * c, 14)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(size, size * 0.85), layout="constrained")
     ax = fig.add_subplot()
     im = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
@@ -57,6 +63,8 @@ def plot_transition_matrix(matrix: np.ndarray, class_names: Sequence[str] | None
 def plot_active_mask(mask: np.ndarray, class_names: Sequence[str] | None = None) -> Figure:
     """Clients x classes map of annotated (1) and missing (0) classes (partial labels)."""
     k, c = mask.shape
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(min(3 + 0.4 * c, 14), min(2 + 0.3 * k, 14)), layout="constrained")
     ax = fig.add_subplot()
     ax.imshow(mask.astype(float), vmin=0, vmax=1, cmap="Greens", interpolation="nearest", aspect="auto")

@@ -7,16 +7,17 @@ pyplot state or interactive backend is involved.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ..assignment import ClientAssignment
 from ..errors import DataError
 from ..io import read_parquet, save_figure, write_csv, write_parquet
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PARTITION_COLUMNS = ("sample_id", "client", "position")
 
@@ -70,6 +71,10 @@ def partition_figure(
     cols, rows = grid.shape
     width = float(np.clip(2.0 + 0.3 * cols, 6.0, 20.0))
     height = float(np.clip(1.6 + 0.3 * rows, 3.0, 14.0))
+    # matplotlib here, not with the module: a Snakefile parse imports this module and draws nothing
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     fig = Figure(figsize=(width, height), layout="constrained")
     ax = fig.add_subplot()
     # the largest dot fills ~90% of a grid cell (points; the axes take about the figure minus margins)
