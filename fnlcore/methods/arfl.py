@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -44,7 +44,7 @@ from .base import FLMethod, MethodParams, register
 
 MAD_CONSTANT = 1.4826  # makes the median absolute deviation a consistent estimator of a normal's sigma
 SCALE_EPS = 1e-7
-CHUNK_ELEMENTS = 1 << 24  # bound on coordinates x n x (n - 1) per slope tensor
+CHUNK_ELEMENTS = 1 << 23  # bound on coordinates x n x (n - 1) per slope tensor (64 MB in float64; each has a few temporaries)
 
 
 @dataclass(frozen=True)
@@ -67,18 +67,34 @@ def median(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return ((lo + hi) / 2).squeeze(dim)
 
 
-def repeated_median_line(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fitted values ŷ (m, n) and ranks (m, n) of the repeated-median line through (rank, sorted y), per row."""
-    m, n = y.shape
+def ranks_of(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted y, ranks) per row; ties ranked in client order (a stable sort)."""
     sorted_y, order = y.sort(dim=1, stable=True)
-    ranks = order.argsort(dim=1)
+    return sorted_y, order.argsort(dim=1)
+
+
+def line_at(intercept: torch.Tensor, slope: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
+    """ŷ = a + b r per row: (m,), (m,), (m, n) -> (m, n)."""
+    return intercept.unsqueeze(1) + slope.unsqueeze(1) * ranks.to(intercept.dtype)
+
+
+def median_line(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The repeated-median line through (rank, sorted y) of each row: (intercept (m,), slope (m,), ranks (m, n))."""
+    m, n = y.shape
+    sorted_y, ranks = ranks_of(y)
     i = torch.arange(n, device=y.device)
     others = torch.stack([torch.cat([i[:k], i[k + 1:]]) for k in range(n)])  # (n, n-1): j != i
     dx = (i.unsqueeze(1) - others).to(y.dtype)
     pair_slopes = (sorted_y.unsqueeze(2) - sorted_y[:, others]) / dx  # (m, n, n-1)
     slope = median(median(pair_slopes, dim=2), dim=1)
     intercept = median(y, dim=1) - slope * (n - 1) / 2
-    return intercept.unsqueeze(1) + slope.unsqueeze(1) * ranks.to(y.dtype), ranks
+    return intercept, slope, ranks
+
+
+def repeated_median_line(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fitted values ŷ (m, n) and ranks (m, n) of the repeated-median line through (rank, sorted y), per row."""
+    intercept, slope, ranks = median_line(y)
+    return line_at(intercept, slope, ranks), ranks
 
 
 def rank_leverage(ranks: torch.Tensor, n: int) -> torch.Tensor:
@@ -88,10 +104,25 @@ def rank_leverage(ranks: torch.Tensor, n: int) -> torch.Tensor:
     return 1.0 / n + (ranks.to(torch.float64) - centre).pow(2) / spread
 
 
-def irls_coordinates(y: torch.Tensor, huber_lambda: float, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One IRLS pass on (m coordinates, n clients): (restricted values (m, n), confidences c (m, n))."""
+class Fit(NamedTuple):
+    """One IRLS pass on m coordinates: the line (intercept, slope), which values are kept (ψ ≥ δ,
+    (m, n) bool; the others are replaced by the line) and the confidences c (m, n)."""
+
+    intercept: torch.Tensor
+    slope: torch.Tensor
+    keep: torch.Tensor
+    confidence: torch.Tensor
+
+    def restricted(self, y: torch.Tensor) -> torch.Tensor:
+        """ỹ: y where kept, the fitted line elsewhere (the ranks taken again from y)."""
+        return torch.where(self.keep, y, line_at(self.intercept, self.slope, ranks_of(y)[1]))
+
+
+def irls_fit(y: torch.Tensor, huber_lambda: float, delta: float) -> Fit:
+    """One IRLS pass on (m coordinates, n clients)."""
     m, n = y.shape
-    fitted, ranks = repeated_median_line(y)
+    intercept, slope, ranks = median_line(y)
+    fitted = line_at(intercept, slope, ranks)
     resid = y - fitted
     abs_sorted = resid.abs().sort(dim=1).values[:, 1:]  # the smallest residual removed
     scale = MAD_CONSTANT * (1 + 5 / (n - 1)) * median(abs_sorted, dim=1) + SCALE_EPS
@@ -101,8 +132,13 @@ def irls_coordinates(y: torch.Tensor, huber_lambda: float, delta: float) -> tupl
     # clip(u, -κ, κ)/u: 1 inside the band (u = 0 included), κ/|u| outside
     psi = torch.where(u.abs() <= kappa, torch.ones_like(u), kappa / u.abs())
     confidence = psi * psi.std(dim=1, keepdim=True)
-    restricted = torch.where(psi >= delta, y, fitted)
-    return restricted, confidence
+    return Fit(intercept, slope, psi >= delta, confidence)
+
+
+def irls_coordinates(y: torch.Tensor, huber_lambda: float, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One IRLS pass on (m coordinates, n clients): (restricted values (m, n), confidences c (m, n))."""
+    fit = irls_fit(y, huber_lambda, delta)
+    return fit.restricted(y), fit.confidence
 
 
 def client_weights(confidence_sums: torch.Tensor) -> torch.Tensor:
@@ -130,23 +166,32 @@ def arfl_aggregate(states: Sequence[Mapping[str, torch.Tensor]], huber_lambda: f
     device = next(iter(ref.values())).device
     work = torch.float64 if device.type == "cpu" else torch.float32
     per_chunk = max(chunk_elements // (n * (n - 1)), 1)
-    restricted: dict[str, torch.Tensor] = {}
+
+    def values(key: str) -> torch.Tensor:  # (numel, n): every client's value of each coordinate
+        return torch.stack([s[key].reshape(-1) for s in states], dim=1).to(work)
+
+    # Pass 1: the fits and the confidences that set the weights. A fit keeps its line and kept-mask,
+    # not the restricted values: those are (numel, n) in float64 for every tensor at once, three times
+    # FedAvg's peak memory on a ResNet-18 (rehearsal); pass 2 rebuilds them a tensor at a time.
+    fits: dict[str, list[Fit]] = {}
     conf_sum = torch.zeros(n, dtype=torch.float64, device=device)
     for key in _robust_keys(ref):
-        y = torch.stack([s[key].reshape(-1) for s in states], dim=1).to(work)  # (numel, n)
-        out = torch.empty_like(y)
+        y = values(key)
+        fits[key] = []
         for start in range(0, y.shape[0], per_chunk):
-            part, conf = irls_coordinates(y[start:start + per_chunk], huber_lambda, delta)
-            out[start:start + per_chunk] = part
-            conf_sum += conf.sum(0).to(torch.float64)
-        restricted[key] = out
+            fit = irls_fit(y[start:start + per_chunk], huber_lambda, delta)
+            conf_sum += fit.confidence.sum(0).to(torch.float64)
+            fits[key].append(fit._replace(confidence=None))
     w = client_weights(conf_sum.cpu())
     result: State = {}
     for key, v in ref.items():
-        if key in restricted:
-            agg = restricted[key] @ w.to(device=device, dtype=work)
-            result[key] = agg.reshape(v.shape).to(v.dtype)
-    rest = weighted_average([{k: s[k] for k in ref if k not in restricted} for s in states], w.tolist())
+        if key in fits:
+            y = values(key)
+            out = torch.empty_like(y)
+            for i, start in enumerate(range(0, y.shape[0], per_chunk)):
+                out[start:start + per_chunk] = fits[key][i].restricted(y[start:start + per_chunk])
+            result[key] = (out @ w.to(device=device, dtype=work)).reshape(v.shape).to(v.dtype)
+    rest = weighted_average([{k: s[k] for k in ref if k not in fits} for s in states], w.tolist())
     result.update(rest)
     return {k: result[k] for k in ref}, w
 
