@@ -154,8 +154,7 @@ class JointOpt(FLMethod):
     def batched_after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
         """A client whose step ended one of its epochs updates its labels (the sequential joint_loss does
         it before the next epoch's first step: nothing of the client runs in between)."""
-        ended = stepped & (sb.epoch_step == sb.epoch_len - 1)
-        for i in ended.nonzero().flatten().tolist():
+        for i in sb.epoch_ends:  # host side: no device sync at the other steps
             self._update_labels(int(sb.clients[i]))
 
     def upload_joint(self, r, k, job, nets):
