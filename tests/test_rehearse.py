@@ -100,8 +100,13 @@ def test_resume_with_only_adds_to_the_table_and_keeps_the_other_rows(tmp_path, m
     monkeypatch.setattr(rh, "rehearse_one", lambda r, *a: ran.append(r.config.key) or
                         {**dict.fromkeys(CSV_COLUMNS, ""), "config": r.config.key, "status": "pass"})
     earlier = {keys[2]: {**dict.fromkeys(CSV_COLUMNS, ""), "config": keys[2], "status": "pass", "code": "c"}}
-    out = rehearse(plan, opts, tmp_path, only=[keys[0]], log=lambda m: None, earlier=earlier)
+    written = []
+    out = rehearse(plan, opts, tmp_path, only=[keys[0]], log=lambda m: None, earlier=earlier,
+                   on_row=lambda rows: written.append([r["config"] for r in rows]))
     assert ran == [keys[0]] and [r["config"] for r in out] == [keys[0], keys[2]]  # plan order, the kept row stays
+    # the table written after the first configuration already holds the kept row further on (a
+    # rehearsal stopped there must not lose it)
+    assert written == [[keys[0], keys[2]]]
     assert out[1]["cells"] == ";".join(distinct_configs(plan)[keys[2]].cells)
 
 

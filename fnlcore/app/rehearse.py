@@ -302,27 +302,27 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
     ``earlier``: rows of configurations already rehearsed (:func:`earlier_rows`), kept in plan order
     (with ``only`` too) and not run again, so a rehearsal longer than one sitting goes on where it stopped."""
     configs = distinct_configs(plan)
+    earlier = earlier or {}
     if only:
         unknown = sorted(set(only) - set(configs))
         if unknown:
             raise ConfigError(f"--only: {', '.join(unknown)} is not a configuration of the selected tables; "
                               f"valid: {', '.join(configs)}")
         # earlier rows of the other configurations stay in the table (--resume --only adds to it)
-        configs = {k: v for k, v in configs.items() if k in only or k in (earlier or {})}
+        configs = {k: v for k, v in configs.items() if k in only or k in earlier}
     logdir = out / "rehearsal_logs"
     logdir.mkdir(parents=True, exist_ok=True)
-    earlier = earlier or {}
-    rows = []
+    # config -> row, in plan order; the kept rows from the start (with today's cells), so a table
+    # written after any configuration holds them all, also those the loop has not reached
+    rows = {k: {**earlier[k], "cells": ";".join(r.cells)} if k in earlier else None for k, r in configs.items()}
     for i, (key, r) in enumerate(configs.items(), 1):
         if key in earlier:
-            rows.append({**earlier[key], "cells": ";".join(r.cells)})  # the cells of today's plan
-            log(f"[{i}/{len(configs)}] {rows[-1]['status']:10s} {key} (kept: {rows[-1]['code']})")
+            log(f"[{i}/{len(configs)}] {rows[key]['status']:10s} {key} (kept: {rows[key]['code']})")
             continue
         t0 = time.monotonic()
-        row = rehearse_one(r, opts, out / "rehearsal_work" / key, logdir)
-        rows.append(row)
+        row = rows[key] = rehearse_one(r, opts, out / "rehearsal_work" / key, logdir)
         log(f"[{i}/{len(configs)}] {row['status']:10s} {key} ({time.monotonic() - t0:.0f}s)"
             + (f": {row['error']}" if row["error"] else ""))
         if on_row is not None:
-            on_row(rows)
-    return rows
+            on_row([v for v in rows.values() if v is not None])
+    return [v for v in rows.values() if v is not None]

@@ -48,9 +48,9 @@ class StackedBatch:
     stacked (K, ...) under the model's own name); ``r`` the round; ``views`` the phase's
     declared views (name -> (K * B, C, H, W)); ``draws`` its declared draws (a per-batch draw
     as (K,), a per-sample one as (K, B, ...)); ``jobs`` each client's prepared
-    :class:`~fnlcore.fl.client.LocalJob` (its ``info``), in client order; ``epoch_len`` (K,)
-    each client's batches per epoch; ``epoch_ends`` the positions of the clients whose step
-    ends one of their epochs, known on the host (a per-epoch decision needs no device sync).
+    :class:`~fnlcore.fl.client.LocalJob` (its ``info``), in client order; ``epoch_ends`` the
+    positions of the clients whose step ends one of their epochs, known on the host (a
+    per-epoch decision needs no device sync).
     """
 
     logits: torch.Tensor | None
@@ -65,7 +65,6 @@ class StackedBatch:
     draws: tuple = ()
     jobs: list | None = None
     networks: tuple[str, ...] = ()
-    epoch_len: torch.Tensor | None = None  # (K,) each client's batches per epoch (its last: epoch_len - 1)
     epoch_ends: tuple[int, ...] = ()  # positions of the clients whose step ends one of their epochs (host side)
 
     def per_client(self, flat: torch.Tensor) -> torch.Tensor:
@@ -118,7 +117,6 @@ class Timeline:
     aug: tuple
     epoch_step: torch.Tensor
     like: tuple = ()  # the structure of one batch's draws
-    epoch_len: torch.Tensor | None = None  # (K,) each client's batches per epoch
     epoch_ends: list[tuple[int, ...]] = field(default_factory=list)  # per step: who ends an epoch (no device sync)
 
     @property
@@ -169,11 +167,9 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
     lengths = torch.zeros(t_max, k, dtype=torch.int64)
     epoch_step = torch.zeros(t_max, k, dtype=torch.int64)
     draws = [d.draws for d in drawn]
-    epoch_len = torch.ones(k, dtype=torch.int64)
     ends: list[list[int]] = [[] for _ in range(t_max)]
     for i, batches in enumerate(plans):
         per_epoch = max(len(batches) // max(epochs, 1), 1)  # every epoch of a client has as many batches
-        epoch_len[i] = per_epoch
         for t, b in enumerate(batches):
             index[t, i, : len(b)] = b
             lengths[t, i] = len(b)
@@ -185,8 +181,7 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
     width = lengths.amax(1).tolist() if t_max else []
     # "full": every client has a batch of the step's width (no padding, no rider): nothing to mask
     full = (lengths == lengths.amax(1, keepdim=True)).all(1).tolist() if t_max else []
-    return Timeline(index, mask, width, full, aug, epoch_step, like, epoch_len.to(ctx.device),
-                    [tuple(e) for e in ends])
+    return Timeline(index, mask, width, full, aug, epoch_step, like, [tuple(e) for e in ends])
 
 
 def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple[tuple, tuple]:
@@ -323,11 +318,11 @@ def train_clients(
                 views = {n: ctx.pipeline.apply_view(n.split(":", 1)[0], x, p) for n, p in zip(phase.views, view_params)}
                 extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
                 sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names,
-                                  tl.epoch_len, tl.epoch_ends[t])
+                                  epoch_ends=tl.epoch_ends[t])
             else:
                 view = ctx.pipeline.apply_train(x, drawn)
                 sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names,
-                                  epoch_len=tl.epoch_len, epoch_ends=tl.epoch_ends[t])
+                                  epoch_ends=tl.epoch_ends[t])
                 sb.logits = sb.forward(view)
             losses = loss_fn(sb)
         grads = torch.autograd.grad(losses.sum(), params)
