@@ -128,6 +128,24 @@ def test_rehearsal_takes_passing_rows_and_a_gpu_job_prefers_gpu_rows(tmp_path):
     assert R.load_rehearsal(tmp_path / "absent.csv", gpu=True) == {}
 
 
+def test_a_row_measured_without_pretrained_weights_counts_and_says_so(tmp_path):
+    """no_weights: the run was measured with random initialisation, the same tensors as the weights'."""
+    plan = _plan()
+    clothing = next(r for r in plan.runs() if training_config(r, _options(plan, r)).model == "resnet50")
+    key = training_config(clothing, _options(plan, clothing)).key
+    path = _rows(tmp_path / "rehearsal.csv", [
+        {"config": key, "device": "cpu", "status": "no_weights", "peak_rss_mb": 6000, "checkpoint_mb": 100,
+         "written_per_checkpoint_mb": 50, "error": "pretrained weights: cannot download"},
+        {"config": "other", "device": "cpu", "status": "pass", "peak_rss_mb": 700},
+    ])
+    measured = R.load_rehearsal(path, gpu=False)
+    assert measured[key].random_init and not measured["other"].random_init
+    res = R.predict(clothing, {}, measured, dataset_options=_options(plan, clothing), gpu=False)
+    assert res.rehearsed and res.mem_mb == math.ceil(6000 * R.MEM_HEADROOM + R.MEM_MARGIN_MB)
+    assert res.disk_mb == math.ceil(2 * 100 + 50 + R.DISK_MARGIN_MB)
+    assert "random initialisation" in res.note
+
+
 def test_step_costs_of_a_gpu_job_come_from_the_slowest_gpu_else_from_the_cpu(tmp_path):
     path = tmp_path / "step_costs.json"
     path.write_text(json.dumps({"version": 1, "devices": {

@@ -5,7 +5,10 @@ Sources, read once per workflow (:class:`TrainResources`):
 
 * ``RESULTS/plan/rehearsal.csv`` (``fnl rehearse``): a configuration's peak host RSS, peak
   device memory, checkpoint size and bytes written per checkpoint, joined to a run through
-  :func:`fnlcore.app.rehearse.training_config` ``(run).key``; rows of status ``pass`` only.
+  :func:`fnlcore.app.rehearse.training_config` ``(run).key``; rows of status ``pass``, and
+  ``no_weights`` (pretrained weights not at hand, measured with random initialisation: the
+  same tensors, so the same memory and sizes; loading ResNet-50's 98 MB of weights raised the
+  peak before training by 92 MB and the training peak not at all, benchmarks/README.md).
 * ``RESULTS/plan/step_costs.json`` (``fnl plan``): seconds of a local step and of a test
   sample per step shape (:mod:`fnlcore.app.cost`). A GPU job takes a GPU's measurement when
   the file has one (the slowest GPU's, when several), else the CPU's (an overestimate).
@@ -58,6 +61,7 @@ STOP_MARGIN_MIN = 5
 DEFAULT_MEM_MB = 16000  # no rehearsal of the run's configuration
 DEFAULT_DISK_MB = 10240
 DEFAULT_JOBS = 5  # no step cost: job lengths a run may take
+MEASURED = ("pass", "no_weights")  # rehearsal statuses whose measurements a prediction uses
 RETRY_MARGIN = 2  # attempts beyond the predicted jobs: pre-emption, a node that died
 
 
@@ -123,6 +127,7 @@ class Measured:
     checkpoint_mb: float
     written_per_checkpoint_mb: float
     on_gpu: bool
+    random_init: bool = False  # only no_weights rows: measured without the pretrained weights
 
 
 def _number(value) -> float | None:
@@ -134,14 +139,15 @@ def _number(value) -> float | None:
 
 
 def load_rehearsal(path: str | os.PathLike, gpu: bool) -> dict[str, Measured]:
-    """config key -> :class:`Measured`, from rows of status ``pass``; a GPU job prefers GPU rows."""
+    """config key -> :class:`Measured`, from rows of status ``pass`` or ``no_weights`` (a failed row
+    measured nothing); a GPU job prefers GPU rows."""
     path = Path(path)
     if not path.exists():
         return {}
     rows: dict[str, list[dict]] = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            if row.get("status") == "pass" and (_number(row.get("peak_rss_mb")) or 0) > 0:
+            if row.get("status") in MEASURED and (_number(row.get("peak_rss_mb")) or 0) > 0:
                 rows.setdefault(row["config"], []).append(row)
     out = {}
     for key, rs in rows.items():
@@ -157,6 +163,7 @@ def load_rehearsal(path: str | os.PathLike, gpu: bool) -> dict[str, Measured]:
             checkpoint_mb=max(_number(r.get("checkpoint_mb")) or 0.0 for r in rs),
             written_per_checkpoint_mb=max(_number(r.get("written_per_checkpoint_mb")) or 0.0 for r in rs),
             on_gpu=any(r in on_gpu for r in rs),
+            random_init=all(r["status"] == "no_weights" for r in rs),
         )
     return out
 
@@ -219,6 +226,8 @@ def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mappi
         mem = math.ceil(rss * MEM_HEADROOM + MEM_MARGIN_MB)
         disk = math.ceil(2 * m.checkpoint_mb + m.written_per_checkpoint_mb + DISK_MARGIN_MB)
         gpu_mem = math.ceil(m.peak_device_mb * MEM_HEADROOM) if gpu and m.on_gpu and m.peak_device_mb else None
+        if m.random_init:
+            notes.append("rehearsed with random initialisation (no pretrained weights at hand)")
     over = cap.max_mem_mb is not None and mem > cap.max_mem_mb
     if over:
         notes.append(f"needs {mem} MB, over the site cap of {cap.max_mem_mb} MB")
@@ -373,7 +382,7 @@ def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CA
              "README \"Resources and wall-time limits\")"]
     unrehearsed = sum(not r.rehearsed for r in runs)
     if unrehearsed:
-        notes.append(f"* {unrehearsed} of {len(runs)} runs not rehearsed (no passing row in "
+        notes.append(f"* {unrehearsed} of {len(runs)} runs not rehearsed (no measured row in "
                      f"{Path(results_dir or plan.results_dir) / 'plan' / 'rehearsal.csv'}): default "
                      f"{DEFAULT_MEM_MB} MB memory, {DEFAULT_DISK_MB} MB disk; `fnl rehearse` measures them")
     uncosted = sum(r.device_seconds is None for r in runs)
