@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from .errors import ConfigError
-from .spec import Spec, check_params, param, round_fields  # noqa: F401  (the spec half of the contract)
+from .spec import Spec, check_params, param, pass_fields, round_fields  # noqa: F401  (the spec half of the contract)
 
 T = TypeVar("T")
 PLUGINS_ENV = "FNL_PLUGINS"

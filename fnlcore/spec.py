@@ -39,17 +39,21 @@ _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
 
 def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None,
-          doc: str = "", rounds: bool = False, slug: bool = True) -> Any:
+          doc: str = "", rounds: bool = False, passes: bool = False, slug: bool = True) -> Any:
     """A spec field with declarative checks (bounds, choices), a doc line and flags.
 
     No default makes the key required. ``rounds=True``: the value counts communication
     rounds (a warm-up, a ramp, a stage boundary), so a scale rescales it with
-    ``training.rounds`` (metadata ``{"rounds": True}``). ``slug=False``: the field never
+    ``training.rounds`` (metadata ``{"rounds": True}``). ``passes=True``: the value counts passes
+    over every client before ``training.rounds`` (FedCorr's pre-processing iterations), which a
+    rehearsal shortens (metadata ``{"passes": True}``). ``slug=False``: the field never
     changes the numbers and stays out of the slug.
     """
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None}
     if rounds:
         meta["rounds"] = True
+    if passes:
+        meta["passes"] = True
     if not slug:
         meta["slug"] = False
     return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, "")})
@@ -58,6 +62,11 @@ def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=N
 def round_fields(cls: type) -> tuple[str, ...]:
     """Fields of a spec class that count rounds (``param(..., rounds=True)``)."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("rounds") is True)
+
+
+def pass_fields(cls: type) -> tuple[str, ...]:
+    """Fields of a spec class that count passes over every client (``param(..., passes=True)``)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("passes") is True)
 
 
 # -- checks ---------------------------------------------------------------------------------

@@ -35,6 +35,29 @@ def test_runs_that_differ_in_noise_or_seed_share_one_configuration():
     assert one.config.stages and all(c.startswith("demo/") and ":" in c for c in one.cells)
 
 
+def test_passes_over_every_client_are_cut_and_round_values_follow_the_rounds():
+    """FedCorr's 5 pre-processing passes over 100 clients become 2; FedDiv's warm-up likewise; a
+    pass count already under the cap, and none, stay."""
+    from fnlcore.app.rehearse_job import MAX_PASSES, shortened
+    from fnlcore.registry import pass_fields
+
+    plan = _plan(["feddiv/1"], scale="paper")
+    runs = {r.method.name: r for r in plan.runs()}
+    spec = {"rounds": 4, "per_round": 0}
+    fedcorr, feddiv = runs["fedcorr"], runs["feddiv"]
+    assert pass_fields(type(fedcorr.method)) == ("iterations1",)
+    assert pass_fields(type(feddiv.method)) == ("warmup_iterations",)
+    assert fedcorr.method.iterations1 > MAX_PASSES and feddiv.method.warmup_iterations > MAX_PASSES
+    settings, params = shortened(fedcorr, spec)
+    assert params.iterations1 == MAX_PASSES and settings.rounds == 4
+    assert 1 <= params.rounds1 <= 3  # a round-valued field scaled along, not cut
+    assert shortened(feddiv, spec)[1].warmup_iterations == MAX_PASSES
+    short = dataclasses.replace(fedcorr, method=dataclasses.replace(fedcorr.method, iterations1=1))
+    assert shortened(short, spec)[1].iterations1 == 1
+    none = dataclasses.replace(feddiv, method=dataclasses.replace(feddiv.method, warmup_iterations=0))
+    assert shortened(none, spec)[1].warmup_iterations == 0
+
+
 @pytest.fixture(scope="module")
 def toy():
     """The cheapest configuration of the demo table at smoke scale."""

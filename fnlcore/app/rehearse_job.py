@@ -9,7 +9,8 @@ bytes written, peak RSS so far), ``done`` (timings, peaks) or ``error`` (one lin
 
 The run (the spec's) is the configuration's first run in the plan, shortened but with every stage entered:
 ``training.rounds`` set to ``rounds`` with the method's round-valued hyper-parameters scaled
-along (:func:`fnlcore.app.papers.rescale_rounds`, as the smoke scale does), one local epoch
+along (:func:`fnlcore.app.papers.rescale_rounds`, as the smoke scale does), passes over every
+client before the rounds (``param(..., passes=True)``) cut to :data:`MAX_PASSES`, one local epoch
 of ``steps`` batches a client, and a test set of ``eval_samples``. With ``per_round`` set,
 a round trains at most that many of its clients and a one-client-a-round pass over all
 clients (FedCorr's pre-processing, FedDiv's warm-up) runs in two groups.
@@ -28,6 +29,11 @@ from pathlib import Path
 import torch
 
 WEIGHTS_ERROR = "pretrained weights"  # how fnlcore.models' download errors begin
+# Passes over every client before training.rounds (FedCorr's pre-processing, FedDiv's warm-up), at
+# most: the first pass and one that follows a pass enter every code path, and what a pass holds
+# in memory or writes does not grow with their count (per-client state is sized by the clients).
+# Five or ten passes over 100-500 clients are most of such a rehearsal's time otherwise.
+MAX_PASSES = 2
 
 
 def peak_rss_mb() -> float:
@@ -78,11 +84,13 @@ def weights_problem(model: str, num_classes: int, channels: int, image_size) -> 
 def shortened(run, spec: dict):
     """(training settings, method params) of the rehearsal of ``run`` (module docstring)."""
     from ..methods import METHODS
+    from ..spec import pass_fields
     from .papers import rescale_rounds
 
     t = run.training
     rounds = int(spec["rounds"])
     params = rescale_rounds(run.method, t.rounds, rounds)
+    params = dataclasses.replace(params, **{f: min(getattr(params, f), MAX_PASSES) for f in pass_fields(type(params))})
     if spec["per_round"] and "frac1" in {f.name for f in dataclasses.fields(params)}:
         params = dataclasses.replace(params, frac1=0.5)
     settings = dataclasses.replace(t, rounds=rounds, local_epochs=1)

@@ -75,7 +75,7 @@ class FedCorrParams(MethodParams):
         "detection_loss": "'double_softmax' (code: CE of softmax probabilities for loss GMM and relabel ranking) | 'ce'",
         "detection_augment": "true (code: per-sample passes on augmented training images) | false",
     }
-    iterations1: int = param(5, ge=1, doc="T_wu: pre-processing iterations (each a pass over all clients), before training.rounds")
+    iterations1: int = param(5, ge=1, passes=True, doc="T_wu: pre-processing iterations (each a pass over all clients), before training.rounds")
     frac1: float | None = param(None, gt=0, le=1, doc="clients per pre-processing group as a fraction of K (None: 1/K, one client)")
     rounds1: int = param(500, ge=0, rounds=True, doc="T_ft: the first rounds1 of training.rounds fine-tune on clean clients")
     beta: float = param(5.0, ge=0, doc="proximal coefficient of stage 1 (times the client's estimated noise level)")

@@ -84,7 +84,7 @@ class FedDivParams(MethodParams):
         "pcs_reference": "'cached' (code: cached de-biased labels, once per round) | 'local_epoch' (paper)",
         "bn_extra_forward": "true (code: unused forward on the un-mixed batch updates BN stats) | false",
     }
-    warmup_iterations: int = param(5, ge=0, doc="T_wu: passes over all clients before training.rounds")
+    warmup_iterations: int = param(5, ge=0, passes=True, doc="T_wu: passes over all clients before training.rounds")
     frac1: float | None = param(None, gt=0, le=1, doc="warm-up group fraction; default 1/K (one client per group)")
     zeta: float = param(0.75, ge=0, le=1, doc="relabel confidence of the global model")
     xi: float = param(0.2, ge=0, doc="de-bias factor (paper 0.5)")
