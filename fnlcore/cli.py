@@ -5,7 +5,7 @@
     fnl plan [--scale S] [--tables T ...] [--device D] [--threads N] [--calibration F] [--recalibrate]
                                                  runs and estimated device-hours of tables, from step costs
                                                  measured on this machine (cached in --calibration)
-    fnl rehearse [--tables T ...] [--scale S] [--device D] [--steps N] [--per-round M] [--only KEY ...] [--out DIR] [--resume]
+    fnl rehearse [--tables T ...] [--scale S] [--device D] [--steps N] [--per-round M] [--only KEY ...] [--out DIR] [--resume | --merge CSV ...]
                                                  every distinct training configuration started, checkpointed,
                                                  killed (SIGKILL), resumed and finished on a stand-in of its
                                                  data; peak memory, checkpoint bytes, s/step in DIR/rehearsal.csv
@@ -230,6 +230,9 @@ def _rehearse_arguments(rh) -> None:
     rh.add_argument("--out", default="results/plan", help="where rehearsal.csv and rehearsal.md go")
     rh.add_argument("--resume", action="store_true",
                     help="keep the passed rows of OUT/rehearsal.csv measured with the same options; rehearse the rest")
+    rh.add_argument("--merge", nargs="+", metavar="CSV",
+                    help="rehearse nothing: write OUT/rehearsal.csv and .md from these tables (shards run with "
+                         "--only elsewhere); per configuration the last measured row")
 
 
 def _rehearse(args) -> int:
@@ -237,7 +240,7 @@ def _rehearse(args) -> int:
     import time
 
     from .app.plan import build_plan, validate_schema
-    from .app.rehearse import Options, distinct_configs, earlier_rows, rehearse, write_rehearsal
+    from .app.rehearse import Options, distinct_configs, earlier_rows, merge_tables, rehearse, write_rehearsal
     from .app.runs import PAPERS_DIR
 
     for name in ("steps", "rounds", "eval_samples", "threads"):
@@ -251,6 +254,17 @@ def _rehearse(args) -> int:
         for key, r in distinct_configs(plan).items():
             print(f"{len(r.cells):5d} cells  {key}")
         return 0
+    if args.merge:
+        if args.resume or args.only:
+            raise ConfigError("--merge rehearses nothing: give it without --resume and --only")
+        rows = merge_tables(plan, [Path(p) for p in args.merge], log=print)
+        total = len(distinct_configs(plan))
+        header = (f"Rehearsal of {len(rows)} of the {total} configurations of {len(plan.tables)} tables at scale "
+                  f"{args.scale}, merged from {len(args.merge)} table(s); each row's options are its `rehearsed_with`")
+        csv, md = write_rehearsal(rows, Path(args.out), header)
+        failed = [r for r in rows if r["status"] != "pass"]
+        print(f"{csv}, {md}: {len(rows)} of {total} configurations, {len(rows) - len(failed)} passed, {len(failed)} not")
+        return 1 if failed else 0
     opts = Options(steps=args.steps, per_round=args.per_round, rounds=args.rounds, eval_samples=args.eval_samples,
                    device=args.device, threads=args.threads)
     t0 = time.monotonic()

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from fnlcore.app.plan import build_plan, validate_schema
-from fnlcore.app.rehearse import (CSV_COLUMNS, Options, distinct_configs, earlier_rows, rehearse, rehearse_one,
-                                  training_config, write_rehearsal)
+from fnlcore.app.rehearse import (CSV_COLUMNS, Options, distinct_configs, earlier_rows, merge_tables, rehearse,
+                                  rehearse_one, training_config, write_rehearsal)
 from fnlcore.errors import ConfigError
 
 
@@ -137,3 +137,36 @@ def test_resume_refuses_a_table_without_the_columns_it_needs(tmp_path):
     pd.DataFrame({"config": ["x"], "status": ["pass"]}).to_csv(tmp_path / "rehearsal.csv", index=False)
     with pytest.raises(ConfigError, match="rehearsed_with.*move it aside"):
         earlier_rows(tmp_path / "rehearsal.csv", Options())
+
+
+def test_merge_takes_each_configurations_last_measured_row_in_plan_order(tmp_path, capsys):
+    """Shards rehearsed apart (``--only`` on two machines) become one table."""
+    from fnlcore.cli import main
+
+    plan = _plan(["demo"])
+    keys = list(distinct_configs(plan))
+
+    def row(key, status, code):
+        return {**dict.fromkeys(CSV_COLUMNS, ""), "config": key, "status": status, "code": code, "cells": "old",
+                "peak_rss_mb": 1.0}
+
+    write_rehearsal([row(keys[2], "pass", "a"), row(keys[0], "fail", "a")], tmp_path / "a", "shard a")
+    write_rehearsal([row(keys[0], "pass", "b"), row(keys[2], "fail", "b"), row("gone-config", "pass", "b")],
+                    tmp_path / "b", "shard b")
+    logged = []
+    rows = merge_tables(plan, [tmp_path / "a" / "rehearsal.csv", tmp_path / "b" / "rehearsal.csv"], log=logged.append)
+    # keys[0]: b's pass over a's failure; keys[2]: a's pass kept over b's later failure
+    assert [(r["config"], r["status"], r["code"]) for r in rows] == [(keys[0], "pass", "b"), (keys[2], "pass", "a")]
+    assert rows[0]["cells"] == ";".join(distinct_configs(plan)[keys[0]].cells)
+    assert "gone-config" in logged[0]
+
+    args = ["rehearse", "--tables", "demo", "--scale", "smoke", "--out", str(tmp_path / "m"), "--merge",
+            str(tmp_path / "a" / "rehearsal.csv"), str(tmp_path / "b" / "rehearsal.csv")]
+    assert main(args) == 0
+    merged = pd.read_csv(tmp_path / "m" / "rehearsal.csv")
+    assert list(merged["config"]) == [keys[0], keys[2]]
+    assert f"Rehearsal of 2 of the {len(keys)} configurations" in (tmp_path / "m" / "rehearsal.md").read_text()
+    assert main(args + ["--resume"]) == 2 and "--merge rehearses nothing" in capsys.readouterr().err
+    pd.DataFrame({"config": [keys[0]], "status": ["pass"]}).to_csv(tmp_path / "old.csv", index=False)
+    with pytest.raises(ConfigError, match="old.csv: not a rehearsal table"):
+        merge_tables(plan, [tmp_path / "old.csv"])

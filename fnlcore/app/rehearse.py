@@ -277,22 +277,49 @@ def format_markdown(rows: list[dict], header: str) -> str:
 REUSED = ("pass", "no_weights")  # statuses a resumed rehearsal keeps; a failed row is rehearsed again
 
 
-def earlier_rows(csv_path: Path, opts: Options) -> dict[str, dict]:
-    """config key -> row of an earlier ``rehearsal.csv`` that ``--resume`` keeps: status pass or
-    no_weights, measured with the same options (``rehearsed_with``). Its ``code`` may differ: it says
-    which source measured it."""
+def read_rows(csv_path: Path, fix: str = "move it aside or rehearse without --resume") -> list[dict]:
+    """The rows of a ``rehearsal.csv`` (strings, as written); refused without :data:`CSV_COLUMNS`."""
     import csv
 
-    if not csv_path.exists():
-        return {}
     with open(csv_path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise ConfigError(f"{csv_path}: not a rehearsal table of this version (no column {', '.join(missing)}); "
-                              "move it aside or rehearse without --resume")
-        rows = list(reader)
+                              f"{fix}")
+        return list(reader)
+
+
+def earlier_rows(csv_path: Path, opts: Options) -> dict[str, dict]:
+    """config key -> row of an earlier ``rehearsal.csv`` that ``--resume`` keeps: status pass or
+    no_weights, measured with the same options (``rehearsed_with``). Its ``code`` may differ: it says
+    which source measured it."""
+    if not csv_path.exists():
+        return {}
+    rows = read_rows(csv_path)
     return {r["config"]: r for r in rows if r["status"] in REUSED and r["rehearsed_with"] == opts.label}
+
+
+def merge_tables(plan, paths: list[Path], log=print) -> list[dict]:
+    """One table from the tables of several rehearsals (shards run with ``--only`` on several machines,
+    or side by side): per configuration of ``plan`` the row of the last table that measured it (pass
+    or no_weights), else its last failure; in plan order, with today's cells. Rows of configurations
+    the plan does not have are left out, and said so."""
+    configs = distinct_configs(plan)
+    best: dict[str, dict] = {}
+    foreign: set[str] = set()
+    for path in paths:
+        if not Path(path).exists():
+            raise ConfigError(f"--merge: {path} does not exist")
+        for row in read_rows(Path(path), fix="merge only tables written by this version of fnl rehearse"):
+            key = row["config"]
+            if key not in configs:
+                foreign.add(key)
+            elif row["status"] in REUSED or best.get(key, {}).get("status") not in REUSED:
+                best[key] = row
+    if foreign:
+        log(f"--merge: left out {len(foreign)} configuration(s) not among the selected tables': {', '.join(sorted(foreign))}")
+    return [{**best[k], "cells": ";".join(r.cells)} for k, r in configs.items() if k in best]
 
 
 def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=print, on_row=None,
