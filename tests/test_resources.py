@@ -101,6 +101,26 @@ def test_site_cap_from_set_resources_and_bad_values():
         R.site_cap({"train": {"max_runtime": "two days"}})
 
 
+def test_a_fixed_runtime_for_every_train_job_counts_the_jobs_and_retries_in_it():
+    """`--set-resources train:runtime=...` replaces each run's prediction, so a run needs jobs of that length."""
+    assert R.site_cap({"train": {"runtime": 120}}) == R.SiteCap(None, 120)
+    assert R.site_cap({"train": {"runtime": "2h", "max_runtime": 600}}).max_runtime == 120
+    assert R.site_cap({"train": {"runtime": "90m"}}).max_runtime == 90
+    assert R.site_cap({"train": {"runtime": 2000, "max_runtime": 600}}).max_runtime == 600
+    for bad in ("soon", 0, "-5"):
+        with pytest.raises(ConfigError, match="train:runtime"):
+            R.site_cap({"train": {"runtime": bad}})
+    plan = _plan(["fedgr/3"])
+    costs = {step_shape(r, _options(plan, r)).key(): (0.1, 5e-4) for r in plan.runs()}
+
+    def retries(cap):
+        tr = R.TrainResources(plan, cap)
+        tr._by_run = {i: R.predict(r, costs, {}, cap, _options(plan, r)) for i, r in enumerate(plan.runs())}
+        return tr.retries
+
+    assert retries(R.site_cap({"train": {"runtime": 120}})) > retries(R.DEFAULT_CAP)
+
+
 # -- measurement files ------------------------------------------------------------------------
 
 

@@ -92,7 +92,29 @@ def site_cap(overwrite_resources: Mapping[str, Mapping[str, Any]] | None) -> Sit
                               f" ({'MB' if key == 'max_mem_mb' else 'minutes'})")
         return value
 
-    return SiteCap(positive("max_mem_mb", DEFAULT_CAP.max_mem_mb), positive("max_runtime", DEFAULT_CAP.max_runtime))
+    cap = SiteCap(positive("max_mem_mb", DEFAULT_CAP.max_mem_mb), positive("max_runtime", DEFAULT_CAP.max_runtime))
+    if "runtime" in train:
+        # a fixed job length replaces every run's prediction: count the jobs (the retries) in it
+        cap = SiteCap(cap.max_mem_mb, min(cap.max_runtime, _minutes(train["runtime"])))
+    return cap
+
+
+def _minutes(value) -> int:
+    """A Snakemake ``runtime`` (whole minutes, or a time span such as "90m" or "2h") in minutes."""
+    try:
+        minutes = int(value)
+    except (TypeError, ValueError):
+        try:
+            from humanfriendly import InvalidTimespan, parse_timespan  # Snakemake's own parser
+        except ImportError:  # pragma: no cover - Snakemake depends on it
+            InvalidTimespan, parse_timespan = ValueError, None
+        try:
+            minutes = math.ceil(parse_timespan(str(value)) / 60) if parse_timespan else 0
+        except InvalidTimespan:
+            minutes = 0
+    if minutes <= 0:
+        raise ConfigError(f"set-resources train:runtime={value!r}: give positive minutes or a time span such as 2h")
+    return minutes
 
 
 def _plain(mapping) -> dict[str, Any]:
