@@ -222,6 +222,10 @@ def _rehearse_arguments(rh) -> None:
     rh.add_argument("--steps", type=int, default=1, help="local steps of a client update (default 1)")
     rh.add_argument("--per-round", type=int, default=0,
                     help="train at most this many clients a round (default 0: the run's own count)")
+    rh.add_argument("--pass-clients", type=int, default=0,
+                    help="train at most this many clients a round of a pass over every client before the rounds "
+                         "(FedCorr's pre-processing, FedDiv's warm-up; each pass then in two groups), the rounds "
+                         "keeping every client (default 0: every client, one a round)")
     rh.add_argument("--rounds", type=int, default=4, help="rounds of each rehearsal, stage boundaries scaled along")
     rh.add_argument("--eval-samples", type=int, default=32, help="test samples scored a round")
     rh.add_argument("--threads", type=int, default=2, help="torch threads on a CPU")
@@ -248,6 +252,8 @@ def _rehearse(args) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.per_round < 0:
         raise ConfigError(f"--per-round must be >= 0 (0: every client of the round), got {args.per_round}")
+    if args.pass_clients < 0:
+        raise ConfigError(f"--pass-clients must be >= 0 (0: every client, one a round), got {args.pass_clients}")
     selected = args.tables or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
     plan = build_plan(validate_schema({"tables": selected, "scale": args.scale, "data_grid": []}))
     if args.list:
@@ -265,7 +271,8 @@ def _rehearse(args) -> int:
         failed = [r for r in rows if r["status"] != "pass"]
         print(f"{csv}, {md}: {len(rows)} of {total} configurations, {len(rows) - len(failed)} passed, {len(failed)} not")
         return 1 if failed else 0
-    opts = Options(steps=args.steps, per_round=args.per_round, rounds=args.rounds, eval_samples=args.eval_samples,
+    opts = Options(steps=args.steps, per_round=args.per_round, pass_clients=args.pass_clients, rounds=args.rounds,
+                   eval_samples=args.eval_samples,
                    device=args.device, threads=args.threads)
     t0 = time.monotonic()
     def partial(rows: list[dict]) -> None:

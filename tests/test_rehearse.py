@@ -79,6 +79,31 @@ def test_toy_rehearsal_is_killed_after_its_checkpoint_and_resumes(toy, tmp_path)
     assert not (tmp_path / "work").exists()  # checkpoints removed
 
 
+def test_pass_clients_cuts_fedcorrs_passes_and_keeps_every_client_of_the_rounds(tmp_path, monkeypatch):
+    """--pass-clients 1: FedCorr's pre-processing passes in two groups with one client trained in
+    each, its training rounds with all their clients; killed after the passes, resumed, finished."""
+    import fnlcore.app.rehearse as rh
+
+    plan = _plan(["feddiv/1"])
+    r = next(c for c in distinct_configs(plan).values() if c.config.method == "fedcorr")
+    run = dataclasses.replace(r.run, partition=dataclasses.replace(r.run.partition, num_clients=10),
+                              training=dataclasses.replace(r.run.training, client_fraction=0.5))
+    events = []
+    real_row = rh._row
+    monkeypatch.setattr(rh, "_row", lambda cfg, cells, opts, ev, *a: events.extend(ev) or real_row(cfg, cells, opts, ev, *a))
+    opts = Options(rounds=4, eval_samples=16, threads=1, pass_clients=1)
+    assert opts.label.endswith("pass_clients=1") and "pass_clients" not in Options().label
+    row = rehearse_one(dataclasses.replace(r, run=run), opts, tmp_path / "work", tmp_path)
+    assert row["status"] == "pass", row["error"]
+    done = next(e for e in events if e["event"] == "done")
+    assert set(done["stages"]) >= {"preprocess", "finetune", "usual"}
+    # 2 passes x 2 groups, then the 4 rounds (one pass of 10 clients, one a round, would be 10 rounds)
+    assert done["rounds"] == 2 * 2 + 4
+    first = next(e for e in events if e["event"] == "checkpoint")
+    assert (first["next_round"], first["client_updates"]) == (4, 4)  # after the passes: one client a group
+    assert (done["trained_rounds"], done["client_updates"]) == (4, 4 * 5)  # the resumed rounds: 5 clients each
+
+
 def test_a_configuration_that_breaks_fails_and_names_its_cells(toy, tmp_path):
     run = toy.run
     broken = dataclasses.replace(run, training=dataclasses.replace(run.training, lr=1e38))  # overflows the optimiser

@@ -114,6 +114,9 @@ class Options:
 
     steps: int = 1  # local steps of a client update
     per_round: int = 0  # most clients trained a round (0: the run's own)
+    # most clients trained a round of a pass over every client before the rounds (FedCorr's
+    # pre-processing, FedDiv's warm-up), each pass then in two groups; 0: every client, one a round
+    pass_clients: int = 0
     rounds: int = 4  # training.rounds of the rehearsal (stage boundaries scaled along)
     eval_samples: int = 32  # test samples scored a round
     device: str = "cpu"
@@ -124,7 +127,8 @@ class Options:
     def label(self) -> str:
         """What a row was measured with (``rehearsed_with``): rows of other options are not reused."""
         return (f"steps={self.steps} per_round={self.per_round or 'all'} rounds={self.rounds} "
-                f"eval_samples={self.eval_samples} device={self.device}")
+                f"eval_samples={self.eval_samples} device={self.device}"
+                + (f" pass_clients={self.pass_clients}" if self.pass_clients else ""))
 
 
 @dataclass

@@ -13,7 +13,10 @@ along (:func:`fnlcore.app.papers.rescale_rounds`, as the smoke scale does), pass
 client before the rounds (``param(..., passes=True)``) cut to :data:`MAX_PASSES`, one local epoch
 of ``steps`` batches a client, and a test set of ``eval_samples``. With ``per_round`` set,
 a round trains at most that many of its clients and a one-client-a-round pass over all
-clients (FedCorr's pre-processing, FedDiv's warm-up) runs in two groups.
+clients (FedCorr's pre-processing, FedDiv's warm-up) runs in two groups. With ``pass_clients``
+set, only such a pass is cut so (two groups, that many clients trained in each) and the
+rounds keep every client: what a pass holds is one client and the per-client state sized
+by all clients, so the rounds' peak is still measured, in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -91,8 +94,8 @@ def shortened(run, spec: dict):
     rounds = int(spec["rounds"])
     params = rescale_rounds(run.method, t.rounds, rounds)
     params = dataclasses.replace(params, **{f: min(getattr(params, f), MAX_PASSES) for f in pass_fields(type(params))})
-    if spec["per_round"] and "frac1" in {f.name for f in dataclasses.fields(params)}:
-        params = dataclasses.replace(params, frac1=0.5)
+    if (spec["per_round"] or spec.get("pass_clients")) and "frac1" in {f.name for f in dataclasses.fields(params)}:
+        params = dataclasses.replace(params, frac1=0.5)  # a pass in two groups, each capped
     settings = dataclasses.replace(t, rounds=rounds, local_epochs=1)
     total = sum(st.rounds for st in METHODS[params.name].cost_stages(params, settings, run.partition.num_clients))
     return dataclasses.replace(settings, checkpoint_every=max(1, total // 2)), params
@@ -148,7 +151,7 @@ def _rehearse(spec: dict, phase: int, events: Events) -> int:
     ctx = build_context(data, run.dataset, ds.image_size, ds.channels, settings, run.seed, device, log=log)
     method = METHODS[params.name](params, ctx)
     timing = {"client_s": 0.0, "client_updates": 0, "eval_s": 0.0, "trained_rounds": 0}
-    _time_rounds(method, int(spec["per_round"]), timing)
+    _time_rounds(method, int(spec["per_round"]), int(spec.get("pass_clients") or 0), settings.rounds, timing)
     evaluate = simulation_module.evaluate
 
     def timed_evaluate(*a, **kw):
@@ -161,7 +164,7 @@ def _rehearse(spec: dict, phase: int, events: Events) -> int:
     simulation_module.evaluate = timed_evaluate
     checkpoint = Path(spec["workdir"]) / "run.pt"
     sim = Simulation(method, ctx, checkpoint, progress=log)
-    _watch_checkpoints(sim, checkpoint, events, phase, device)
+    _watch_checkpoints(sim, checkpoint, events, phase, device, timing)
     rows = sim.run().to_dict("records")
     bad = [n for n, p in method.eval_model().named_parameters() if not torch.isfinite(p).all()]
     if bad:
@@ -172,14 +175,16 @@ def _rehearse(spec: dict, phase: int, events: Events) -> int:
     return 0
 
 
-def _time_rounds(method, per_round: int, timing: dict) -> None:
-    """Cap the clients of a round (``per_round`` > 0) and time the round's client work: the
-    engine consumes the round's updates inside ``aggregate``."""
+def _time_rounds(method, per_round: int, pass_clients: int, rounds: int, timing: dict) -> None:
+    """Cap the clients of a round (``per_round`` > 0; in a pass before the rounds ``pass_clients``
+    > 0) and time the round's client work: the engine consumes the round's updates inside ``aggregate``."""
     select, aggregate = method.select_clients, method.aggregate
+    passes = method.num_rounds() - rounds  # the rounds before training.rounds: passes over every client
 
     def select_clients(r):
         chosen = select(r)
-        return chosen[:per_round] if per_round else chosen
+        cap = pass_clients if pass_clients and r < passes else per_round
+        return chosen[:cap] if cap else chosen
 
     def timed_aggregate(r, updates):
         t0 = time.perf_counter()
@@ -203,7 +208,7 @@ def _device_peak_mb(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
-def _watch_checkpoints(sim, checkpoint: Path, events: Events, phase: int, device: torch.device) -> None:
+def _watch_checkpoints(sim, checkpoint: Path, events: Events, phase: int, device: torch.device, timing: dict) -> None:
     """Record each checkpoint's size and what it wrote; phase 1 waits after its first to be killed."""
     save = sim._save
     store_dir = Path(str(checkpoint) + ".clients")
@@ -215,7 +220,8 @@ def _watch_checkpoints(sim, checkpoint: Path, events: Events, phase: int, device
         main = checkpoint.stat().st_size if checkpoint.exists() else 0
         events.emit("checkpoint", next_round=next_round, checkpoint_bytes=main + folder_bytes(store_dir),
                     written_bytes=main + folder_bytes(store_dir, since=since), store_files=_count(store_dir),
-                    peak_rss_mb=peak_rss_mb(), peak_device_mb=_device_peak_mb(device))
+                    peak_rss_mb=peak_rss_mb(), peak_device_mb=_device_peak_mb(device),
+                    client_updates=timing["client_updates"])  # this process's so far
         if phase == 1:
             while True:  # the parent kills this process now (SIGKILL), as a pre-emption would
                 time.sleep(1)
