@@ -214,6 +214,36 @@ def test_prediction_from_measurements_and_the_defaults_without_them(tmp_path):
     assert capped.mem_mb == 1000 and capped.over_cap and "site cap" in capped.note
 
 
+def test_a_round_longer_than_a_job_marks_the_plan_and_stops_only_that_run(tmp_path):
+    """On a CPU's step costs a Clothing1M round outlasts a 4-hour job: `fnl plan` still prints (the
+    table marked), and the workflow refuses that run, naming it and the fix, not every run."""
+    plan = _plan(results=str(tmp_path))
+    _measurements(plan, tmp_path / "plan")
+    costs = json.loads((tmp_path / "plan" / "step_costs.json").read_text())
+    for key, c in costs["devices"][GPU].items():
+        if key.startswith("resnet50"):
+            c["train_s"] = 30.0  # a CPU's ResNet-50 step: a round of hours
+    (tmp_path / "plan" / "step_costs.json").write_text(json.dumps(costs))
+    cap = R.SiteCap(max_runtime=240)
+    cols = R.plan_columns(plan, cap=cap)
+    assert cols.columns[("fedgr", "3")].endswith("!") and not cols.columns[("fedncl", "I")].endswith("!")
+    assert any(n.startswith("! ") and "max_runtime" in n for n in cols.notes)
+
+    tr = R.TrainResources(plan, cap)
+    long_runs = [r for r in plan.runs() if tr.by_run[R._run_key(r.fields())].round_too_long]
+    short_runs = [r for r in plan.runs() if not tr.by_run[R._run_key(r.fields())].round_too_long]
+    assert long_runs and short_runs
+    assert all(training_config(r, _options(plan, r)).model == "resnet50" for r in long_runs)
+
+    class W(dict):  # Snakemake's wildcards
+        pass
+
+    with pytest.raises(ConfigError, match="training run clothing1m/.*max_runtime.*--device cuda"):
+        tr.mem_mb(W(long_runs[0].fields()))
+    assert tr.mem_mb(W(short_runs[0].fields())) > 0
+    assert tr.retries >= R.RETRY_MARGIN
+
+
 def test_runtime_counts_the_device_seconds_of_fnl_plans_cost_model():
     from fnlcore.app.cost import run_work
 

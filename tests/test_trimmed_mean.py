@@ -54,3 +54,23 @@ def test_short_run_and_keep_check():
     assert len(out) == 2 and out["acc"].notna().all()
     with pytest.raises(ConfigError, match="keep"):
         TrimmedMean(TrimmedMeanParams(clean_fraction=0.25), make_ctx(s, seed=0))  # int(1) - 1 = 0
+
+
+@pytest.mark.parametrize("rule", ["code_scalar", "per_coordinate"])
+@pytest.mark.parametrize("chunk", [3, 40, 2**22])
+def test_chunks_of_coordinates_give_the_whole_entrys_result_bit_for_bit(rule, chunk, monkeypatch):
+    """The server step takes an entry a chunk of coordinates at a time (memory); nothing changes."""
+    import fnlcore.methods.trimmed_mean as tm
+
+    g = torch.Generator().manual_seed(3)
+    states = []
+    for c in range(7):
+        w = torch.randn(9, 5, 3, generator=g)
+        states.append({"w": w.round() if c % 2 else w, "b": torch.randn(5, generator=g),
+                       "n": torch.tensor(c), "i": torch.randint(0, 5, (4,), generator=g)})
+    whole = {k: trimmed_entry(torch.stack([s[k].to(torch.float32) for s in states]), 3, rule).to(v.dtype)
+             for k, v in states[0].items()}
+    monkeypatch.setattr(tm, "CHUNK_VALUES", chunk)
+    out = trimmed_mean(states, 3, rule)
+    for k, v in whole.items():
+        assert out[k].dtype == v.dtype and out[k].shape == v.shape and torch.equal(out[k], v), k

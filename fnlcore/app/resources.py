@@ -135,6 +135,9 @@ class Resources:
     rehearsed: bool = False
     over_cap: bool = False  # needs more memory than the site's cap: asks for the cap, will likely fail
     note: str = ""
+    # a round longer than a job holds: no job advances the run; the workflow refuses to schedule it
+    # (:meth:`TrainResources.of`), `fnl plan` marks its table
+    round_too_long: str = ""
 
 
 # -- measurements -------------------------------------------------------------------------------
@@ -261,7 +264,11 @@ def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mappi
         runtime, jobs, seconds = cap.max_runtime, DEFAULT_JOBS, None
     else:
         seconds, longest = _round_seconds(run, dataset_options, *cost)
-        runtime, jobs = job_lengths(seconds, longest, cap.max_runtime)
+        try:
+            runtime, jobs = job_lengths(seconds, longest, cap.max_runtime)
+        except ConfigError as err:
+            return Resources(mem, disk, cap.max_runtime, 1, seconds, gpu_mem, m is not None, over,
+                             "; ".join(notes + [str(err)]), round_too_long=str(err))
         if jobs > 1:
             notes.append(f"{jobs} jobs of {runtime} min, each continuing from the checkpoint of the one before")
             one_round = longest * RUNTIME_HEADROOM / 60
@@ -330,10 +337,15 @@ class TrainResources:
         return self._by_run
 
     def of(self, wildcards) -> Resources:
-        found = self.by_run.get(_run_key(dict(wildcards.items())))
+        key = _run_key(dict(wildcards.items()))
+        found = self.by_run.get(key)
         if found is None:
             return Resources(min(DEFAULT_MEM_MB, self.cap.max_mem_mb or DEFAULT_MEM_MB), DEFAULT_DISK_MB,
                              self.cap.max_runtime, DEFAULT_JOBS, None, note="not in the plan: defaults")
+        if found.round_too_long:  # only a run that is to be trained stops the workflow
+            raise ConfigError(f"training run {'/'.join(key)}: {found.round_too_long} (the step costs of "
+                              f"{Path(self.results_dir) / 'plan' / 'step_costs.json'}; a GPU's, measured by "
+                              "`fnl plan --device cuda` on a GPU node, are far shorter than a CPU's)")
         return found
 
     def mem_mb(self, wildcards) -> int:
@@ -348,7 +360,7 @@ class TrainResources:
     @property
     def retries(self) -> int:
         """Attempts after the first: the most jobs a run of the plan needs, less one, plus the margin."""
-        return max((r.jobs for r in self.by_run.values()), default=1) - 1 + RETRY_MARGIN
+        return max((r.jobs for r in self.by_run.values() if not r.round_too_long), default=1) - 1 + RETRY_MARGIN
 
 
 def plan_resources(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True) -> dict[str, Resources]:
@@ -394,7 +406,8 @@ def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CA
         if not mine:
             columns[(t.paper, t.table)] = ""
             continue
-        default = "*" if any(not r.rehearsed or r.device_seconds is None for r in mine) else " "
+        default = ("!" if any(r.round_too_long for r in mine) else
+                   "*" if any(not r.rehearsed or r.device_seconds is None for r in mine) else " ")
         columns[(t.paper, t.table)] = (
             f"{max(r.mem_mb for r in mine) / 1000:7.1f} {max(r.disk_mb for r in mine) / 1000:8.1f} "
             f"{max(r.runtime for r in mine) / 60:6.1f} {max(r.jobs for r in mine):4d}{default}")
@@ -410,6 +423,11 @@ def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CA
     uncosted = sum(r.device_seconds is None for r in runs)
     if uncosted:
         notes.append(f"* {uncosted} of {len(runs)} runs without a step cost: the whole job length, {DEFAULT_JOBS} jobs")
+    too_long = [r for r in runs if r.round_too_long]
+    if too_long:
+        worst = max(too_long, key=lambda r: r.device_seconds or 0.0)
+        notes.append(f"! {len(too_long)} of {len(runs)} runs have a round longer than a job can hold "
+                     f"(the workflow refuses to train them), e.g. {worst.round_too_long}")
     over = sum(r.over_cap for r in runs)
     if over:
         notes.append(f"! {over} runs need more memory than the site cap (they ask for the cap and will likely fail)")
