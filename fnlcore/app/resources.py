@@ -135,8 +135,8 @@ class Resources:
     rehearsed: bool = False
     over_cap: bool = False  # needs more memory than the site's cap: asks for the cap, will likely fail
     note: str = ""
-    # a round longer than a job holds: no job advances the run; the workflow refuses to schedule it
-    # (:meth:`TrainResources.of`), `fnl plan` marks its table
+    # a round longer than a job holds: no job would advance the run; a workflow that would train it
+    # stops at once, naming it (:meth:`TrainResources.of`); `fnl plan` marks its table
     round_too_long: str = ""
 
 
@@ -342,7 +342,7 @@ class TrainResources:
         if found is None:
             return Resources(min(DEFAULT_MEM_MB, self.cap.max_mem_mb or DEFAULT_MEM_MB), DEFAULT_DISK_MB,
                              self.cap.max_runtime, DEFAULT_JOBS, None, note="not in the plan: defaults")
-        if found.round_too_long:  # only a run that is to be trained stops the workflow
+        if found.round_too_long:  # only a run that is to be trained: Snakemake asks when it builds the job
             raise ConfigError(f"training run {'/'.join(key)}: {found.round_too_long} (the step costs of "
                               f"{Path(self.results_dir) / 'plan' / 'step_costs.json'}; a GPU's, measured by "
                               "`fnl plan --device cuda` on a GPU node, are far shorter than a CPU's)")
@@ -427,7 +427,7 @@ def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CA
     if too_long:
         worst = max(too_long, key=lambda r: r.device_seconds or 0.0)
         notes.append(f"! {len(too_long)} of {len(runs)} runs have a round longer than a job can hold "
-                     f"(the workflow refuses to train them), e.g. {worst.round_too_long}")
+                     f"(a workflow that would train one stops, naming it), e.g. {worst.round_too_long}")
     over = sum(r.over_cap for r in runs)
     if over:
         notes.append(f"! {over} runs need more memory than the site cap (they ask for the cap and will likely fail)")
