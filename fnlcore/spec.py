@@ -59,14 +59,18 @@ def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=N
     return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, "")})
 
 
+def _flagged(cls: type, flag: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(flag) is True)
+
+
 def round_fields(cls: type) -> tuple[str, ...]:
     """Fields of a spec class that count rounds (``param(..., rounds=True)``)."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("rounds") is True)
+    return _flagged(cls, "rounds")
 
 
 def pass_fields(cls: type) -> tuple[str, ...]:
     """Fields of a spec class that count passes over every client (``param(..., passes=True)``)."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("passes") is True)
+    return _flagged(cls, "passes")
 
 
 # -- checks ---------------------------------------------------------------------------------

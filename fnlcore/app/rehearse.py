@@ -278,7 +278,9 @@ def format_markdown(rows: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-REUSED = ("pass", "no_weights")  # statuses a resumed rehearsal keeps; a failed row is rehearsed again
+# Statuses of a row that measured its configuration (no_weights: with random initialisation, the same
+# tensors): --resume and --merge keep them, the resource model reads them; a failed row is rehearsed again.
+MEASURED = ("pass", "no_weights")
 
 
 def read_rows(csv_path: Path, fix: str = "move it aside or rehearse without --resume") -> list[dict]:
@@ -301,7 +303,7 @@ def earlier_rows(csv_path: Path, opts: Options) -> dict[str, dict]:
     if not csv_path.exists():
         return {}
     rows = read_rows(csv_path)
-    return {r["config"]: r for r in rows if r["status"] in REUSED and r["rehearsed_with"] == opts.label}
+    return {r["config"]: r for r in rows if r["status"] in MEASURED and r["rehearsed_with"] == opts.label}
 
 
 def merge_tables(plan, paths: list[Path], log=print) -> list[dict]:
@@ -319,7 +321,7 @@ def merge_tables(plan, paths: list[Path], log=print) -> list[dict]:
             key = row["config"]
             if key not in configs:
                 foreign.add(key)
-            elif row["status"] in REUSED or best.get(key, {}).get("status") not in REUSED:
+            elif row["status"] in MEASURED or best.get(key, {}).get("status") not in MEASURED:
                 best[key] = row
     if foreign:
         log(f"--merge: left out {len(foreign)} configuration(s) not among the selected tables': {', '.join(sorted(foreign))}")

@@ -61,7 +61,6 @@ STOP_MARGIN_MIN = 5
 DEFAULT_MEM_MB = 16000  # no rehearsal of the run's configuration
 DEFAULT_DISK_MB = 10240
 DEFAULT_JOBS = 5  # no step cost: job lengths a run may take
-MEASURED = ("pass", "no_weights")  # rehearsal statuses whose measurements a prediction uses
 RETRY_MARGIN = 2  # attempts beyond the predicted jobs: pre-emption, a node that died
 
 
@@ -104,12 +103,10 @@ def _minutes(value) -> int:
     try:
         minutes = int(value)
     except (TypeError, ValueError):
+        from humanfriendly import InvalidTimespan, parse_timespan  # Snakemake's own parser (its dependency)
+
         try:
-            from humanfriendly import InvalidTimespan, parse_timespan  # Snakemake's own parser
-        except ImportError:  # pragma: no cover - Snakemake depends on it
-            InvalidTimespan, parse_timespan = ValueError, None
-        try:
-            minutes = math.ceil(parse_timespan(str(value)) / 60) if parse_timespan else 0
+            minutes = math.ceil(parse_timespan(str(value)) / 60)
         except InvalidTimespan:
             minutes = 0
     if minutes <= 0:
@@ -166,6 +163,8 @@ def _number(value) -> float | None:
 def load_rehearsal(path: str | os.PathLike, gpu: bool) -> dict[str, Measured]:
     """config key -> :class:`Measured`, from rows of status ``pass`` or ``no_weights`` (a failed row
     measured nothing); a GPU job prefers GPU rows."""
+    from .rehearse import MEASURED
+
     path = Path(path)
     if not path.exists():
         return {}
