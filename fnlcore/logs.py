@@ -13,10 +13,16 @@ LOG = logging.getLogger("fnl")
 
 
 @contextlib.contextmanager
-def job_log(path: str | Path | None, tag: str | None = None) -> Iterator[logging.Logger]:
+def job_log(path: str | Path | None, tag: str | None = None, journal: str | Path | None = None,
+            continued: bool = False) -> Iterator[logging.Logger]:
     """Send fnl's log records to ``path`` and stderr for the duration of a job.
 
-    The log file keeps every line. The console (Snakemake's output, where
+    The log file keeps every line. ``journal``: a file that outlives the job (beside a run's
+    checkpoint) and collects the lines of every job of one run. Snakemake deletes a job's log
+    before each attempt, so when ``continued`` (the run goes on from its checkpoint: a cluster's
+    time limit, a cancelled job, a rerun) the log starts with the journal's lines of the earlier
+    jobs and one run split over several jobs keeps one whole log; otherwise the journal starts
+    anew. The console (Snakemake's output, where
     parallel jobs interleave) gets each line prefixed with ``[tag]`` (the job's
     identity, e.g. :func:`fnlcore.progress.run_tag`) and at most about ten
     per-round lines per job (:func:`fnlcore.progress.round_on_console`).
@@ -32,7 +38,12 @@ def job_log(path: str | Path | None, tag: str | None = None) -> Iterator[logging
     handlers: list[logging.Handler] = [console]
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(path, mode="w"))
+        earlier = Path(journal).read_text() if continued and journal and Path(journal).is_file() else ""
+        Path(path).write_text(earlier)
+        handlers.append(logging.FileHandler(path, mode="a"))
+    if journal:
+        Path(journal).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(journal, mode="a" if continued else "w"))
     prefix = f"[{tag}] " if tag else ""
     console.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S"))
     for h in handlers[1:]:

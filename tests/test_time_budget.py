@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from fnlcore.app.failures import failure_marker
-from fnlcore.app.train import train_job, train_run
+from fnlcore.app.train import run_journal, train_job, train_run
 from fnlcore.datasets.base import DatasetInfo, write_prepared
 from fnlcore.errors import EXIT_CONTINUE, ConfigError, RunIncomplete, retry_cannot_fix
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.time_budget import TimeBudget
 from fnlcore.io import write_parquet
+from fnlcore.logs import job_log
 from fnlcore.methods import METHODS
 
 from .engine_helpers import digits_data
@@ -231,10 +232,25 @@ def test_a_job_out_of_time_exits_75_without_outputs_and_the_next_attempts_finish
 
     args, paths = _job_args(tmp_path, data_dir, noise, "jobs")
     log: list[str] = []
-    statuses = [train_job(*args, progress=log.append, attempt=attempt, time_budget_s=0.0) for attempt in (1, 2, 3)]
+    statuses = []
+    job_log_path, journal = tmp_path / "jobs.log", run_journal(paths["checkpoint"])
+    for attempt in (1, 2, 3):  # as the workflow's script calls it: Snakemake deletes the log before each attempt
+        job_log_path.unlink(missing_ok=True)
+        with job_log(job_log_path, journal=journal, continued=attempt > 1) as lg:
+            lg.info("attempt %d", attempt)
+            statuses.append(train_job(*args, progress=lambda line: (log.append(line), lg.info(line)),
+                                      attempt=attempt, time_budget_s=0.0))
     assert statuses == [EXIT_CONTINUE, EXIT_CONTINUE, 0]  # one round a job, then the outputs
-    assert sum(line.startswith("stopped after round") for line in log) == 2
+    stops = [line for line in log if line.startswith("stopped after round")]
+    assert len(stops) == 2
     assert not failure_marker(paths["checkpoint"]).exists()  # a stop is not a failure a retry cannot fix
+    # the last job's log holds the whole run: every job's lines, in order; the journal went with the checkpoint
+    lines = [ln.split(" INFO ", 1)[1] for ln in job_log_path.read_text().splitlines()]
+    assert [ln for ln in lines if ln.startswith("attempt ")] == ["attempt 1", "attempt 2", "attempt 3"]
+    assert [ln for ln in lines if ln.startswith(("attempt ", "stopped after round"))] == [
+        "attempt 1", stops[0], "attempt 2", stops[1], "attempt 3"]
+    assert [ln for ln in lines if not ln.startswith("attempt ")] == log
+    assert not journal.exists()
 
     got, expect = pd.read_parquet(paths["metrics"]), pd.read_parquet(expect_paths["metrics"])
     pd.testing.assert_frame_equal(got.drop(columns="seconds"), expect.drop(columns="seconds"), check_exact=True)

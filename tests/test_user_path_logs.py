@@ -58,6 +58,22 @@ def test_other_messages_always_reach_the_console(tmp_path, capfd):
     assert not LOG.handlers
 
 
+def test_a_continued_run_keeps_its_earlier_jobs_lines_and_a_fresh_run_starts_its_journal_anew(tmp_path):
+    log, journal = tmp_path / "run.log", tmp_path / "checkpoints" / "run.pt.log"
+
+    def job(line: str, continued: bool) -> list[str]:
+        log.unlink(missing_ok=True)  # Snakemake deletes a job's log before each attempt
+        with job_log(log, journal=journal, continued=continued) as lg:
+            lg.info(line)
+        return [ln.split(" INFO ", 1)[1] for ln in log.read_text().splitlines()]
+
+    assert job("round 0", continued=False) == ["round 0"]
+    assert job("round 1", continued=True) == ["round 0", "round 1"]
+    assert job("round 2", continued=True) == ["round 0", "round 1", "round 2"]
+    assert job("again round 0", continued=False) == ["again round 0"]  # a new run: the old lines are not its own
+    assert job("round 1", continued=True) == ["again round 0", "round 1"]
+
+
 def test_shorten_reason_cuts_long_file_lists_only():
     files = ", ".join(f"r{i}/metrics.parquet" for i in range(36))
     text = f"Missing output files: a.csv, a.md, a.html, a.png; Input files updated by another job: {files}"

@@ -12,6 +12,9 @@ writing no output; :func:`train_job` turns that into the exit status
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import torch
@@ -44,6 +47,12 @@ def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
 
 def auto_normalize(channels: int, pretrained: bool) -> str:
     return "imagenet" if channels == 3 else "data"
+
+
+def run_journal(checkpoint_path: str | os.PathLike) -> Path:
+    """The lines of every job of one run, beside its checkpoint (:func:`fnlcore.logs.job_log`):
+    a run continued over several jobs keeps one log. Removed with the checkpoint when the run ends."""
+    return Path(str(checkpoint_path) + ".log")
 
 
 def load_federated_data(
@@ -190,4 +199,5 @@ def _train(data_dir, noise_parquet, num_clients, settings, method_params, seed, 
     with atomic_path(model_path, suffix=".pt") as tmp:
         torch.save({"state_dict": method.eval_model().state_dict(), "model": ctx.model_name, "method": method_params.to_dict()}, tmp)
     sim.remove_checkpoint()  # outputs are complete; the checkpoint is no longer needed
+    run_journal(checkpoint_path).unlink(missing_ok=True)  # its lines are in this job's log
     return metrics
