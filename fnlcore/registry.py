@@ -168,9 +168,10 @@ def spec_from_dict(kind: str, registry: Mapping[str, type], d: Any) -> Any:
 
 
 def param_text(f: dataclasses.Field) -> str:
-    """`key=default` or `key` (required); ``(rounds)`` marks a round count that scales rescale."""
+    """`key=default` or `key` (required); ``(rounds)`` marks a round count that scales rescale,
+    ``(passes)`` a count of passes over every client that a rehearsal cuts (fnlcore.spec.param)."""
     text = f"`{f.name}` (required)" if f.default is dataclasses.MISSING else f"`{f.name}={f.default!r}`"
-    return text + (" (rounds)" if f.metadata.get("rounds") is True else "")
+    return text + "".join(f" ({flag})" for flag in ("rounds", "passes") if f.metadata.get(flag) is True)
 
 
 def markdown_table(header: tuple[str, str, str, str], rows: list[tuple[str, type, str, Mapping[str, str]]]) -> str:

@@ -39,7 +39,7 @@ def test_passes_over_every_client_are_cut_and_round_values_follow_the_rounds():
     """FedCorr's 5 pre-processing passes over 100 clients become 2; FedDiv's warm-up likewise; a
     pass count already under the cap, and none, stay."""
     from fnlcore.app.rehearse_job import MAX_PASSES, shortened
-    from fnlcore.registry import pass_fields
+    from fnlcore.registry import param_text, pass_fields
 
     plan = _plan(["feddiv/1"], scale="paper")
     runs = {r.method.name: r for r in plan.runs()}
@@ -47,6 +47,8 @@ def test_passes_over_every_client_are_cut_and_round_values_follow_the_rounds():
     fedcorr, feddiv = runs["fedcorr"], runs["feddiv"]
     assert pass_fields(type(fedcorr.method)) == ("iterations1",)
     assert pass_fields(type(feddiv.method)) == ("warmup_iterations",)
+    docs = {f.name: param_text(f) for f in dataclasses.fields(type(fedcorr.method))}  # README's method table
+    assert docs["iterations1"] == "`iterations1=5` (passes)" and docs["rounds1"] == "`rounds1=500` (rounds)"
     assert fedcorr.method.iterations1 > MAX_PASSES and feddiv.method.warmup_iterations > MAX_PASSES
     settings, params = shortened(fedcorr, spec)
     assert params.iterations1 == MAX_PASSES and settings.rounds == 4
