@@ -371,14 +371,18 @@ def test_killed_run_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run
         kill_group(killed)
         kill_group(reference)
 
-    (log,) = (killed_dir / plan.results_dir / "logs" / "runs").rglob("*.log")  # rewritten by the rerun job
+    # Snakemake deleted the log before the rerun job; the rerun's log starts with the killed job's lines
+    (log,) = (killed_dir / plan.results_dir / "logs" / "runs").rglob("*.log")
     text = log.read_text()
     m = re.search(r"resumed from (\S+) at round (\d+)", text)
     assert m, text
     assert m.group(1) == run.checkpoint(plan.results_dir)
     start = int(m.group(2))
     assert KILL_AFTER_ROUND <= start < 16
-    done = [int(x) for x in re.findall(r"round (\d+)/15", text)]  # rounds count from 0
+    killed_part, rerun_part = text[:m.start()], text[m.end():]
+    before = [int(x) for x in re.findall(r"round (\d+)/15", killed_part)]  # rounds count from 0
+    assert before[:start] == list(range(start)), text  # the killed job's rounds, up to its checkpoint at least
+    done = [int(x) for x in re.findall(r"round (\d+)/15", rerun_part)]
     assert done == list(range(start, 16))  # no round trained twice in the rerun
     assert not checkpoint.exists()  # removed once the outputs are complete
 
