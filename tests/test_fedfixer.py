@@ -76,11 +76,12 @@ def test_twin_step_and_move_by_hand():
 def test_server_mixing_by_hand():
     old = {"w": B([1.0]), "n": B(0)}
     states = [{"w": B([0.0]), "n": B(3)}, {"w": B([4.0]), "n": B(5)}]
-    assert mix_aggregate(old, states, [10.0, 30.0], 1.0)["w"].item() == pytest.approx(3.0)
-    assert mix_aggregate(old, states, [10.0, 30.0], 0.0)["w"].item() == 1.0  # old global unchanged
-    assert mix_aggregate(old, states, [10.0, 30.0], 0.5)["w"].item() == pytest.approx(2.0)
-    assert int(mix_aggregate(old, states, [10.0, 30.0], 1.0)["n"]) == 3
-    assert mix_aggregate(old, states, [0.0, 0.0], 0.25)["w"].item() == pytest.approx(0.75)  # Σ n̄ = 0: (1 − γ) old
+    assert mix_aggregate(old, zip(states, [10.0, 30.0]), 1.0)["w"].item() == pytest.approx(3.0)
+    assert mix_aggregate(old, zip(states, [10.0, 30.0]), 0.0)["w"].item() == 1.0  # old global unchanged
+    assert mix_aggregate(old, zip(states, [10.0, 30.0]), 0.5)["w"].item() == pytest.approx(2.0)
+    assert int(mix_aggregate(old, zip(states, [10.0, 30.0]), 1.0)["n"]) == 3
+    assert mix_aggregate(old, zip(states, [0.0, 0.0]), 0.25)["w"].item() == pytest.approx(0.75)  # Σ n̄ = 0: (1 − γ) old
+    assert int(mix_aggregate(old, iter(()), 1.0)["n"]) == 0  # no client: the old integers
 
 
 def _run(params: FedFixerParams, rounds: int = 3):
