@@ -15,13 +15,12 @@ import pytest
 import torch
 
 from fnlcore.app.failures import failure_marker
-from fnlcore.app.train import run_journal, train_job, train_run
+from fnlcore.app.train import run_journal, train_job, train_job_log, train_run
 from fnlcore.datasets.base import DatasetInfo, write_prepared
 from fnlcore.errors import EXIT_CONTINUE, ConfigError, RunIncomplete, retry_cannot_fix
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.time_budget import TimeBudget
 from fnlcore.io import write_parquet
-from fnlcore.logs import job_log
 from fnlcore.methods import METHODS
 
 from .engine_helpers import digits_data
@@ -236,7 +235,7 @@ def test_a_job_out_of_time_exits_75_without_outputs_and_the_next_attempts_finish
     job_log_path, journal = tmp_path / "jobs.log", run_journal(paths["checkpoint"])
     for attempt in (1, 2, 3):  # as the workflow's script calls it: Snakemake deletes the log before each attempt
         job_log_path.unlink(missing_ok=True)
-        with job_log(job_log_path, journal=journal, continued=attempt > 1) as lg:
+        with train_job_log(job_log_path, paths["checkpoint"], attempt) as lg:
             lg.info("attempt %d", attempt)
             statuses.append(train_job(*args, progress=lambda line: (log.append(line), lg.info(line)),
                                       attempt=attempt, time_budget_s=0.0))

@@ -10,17 +10,15 @@ sm = snakemake  # noqa: F821 (injected by Snakemake)
 sys.path.insert(0, str(Path(sm.scriptdir).parent))  # this checkout's fnlcore, also inside a conda env (envs/)
 
 from fnlcore.app.resources import time_budget_s  # noqa: E402 (after the path is set)
-from fnlcore.app.train import run_journal, train_job  # noqa: E402 (after the path is set)
-from fnlcore.logs import job_log  # noqa: E402 (after the path is set)
+from fnlcore.app.train import train_job, train_job_log  # noqa: E402 (after the path is set)
 from fnlcore.progress import round_reporter, run_tag  # noqa: E402 (after the path is set)
 
 w = sm.wildcards
 budget = time_budget_s(sm.resources.runtime) if os.environ.get("SLURM_JOB_ID") else None
 attempt = int(sm.resources.get("attempt", 1))
 # Each console line names its run: parallel jobs' lines interleave there (fnlcore.progress).
-# A run continued from its checkpoint, or a retry, keeps its earlier jobs' lines in the log (the journal).
-with job_log(sm.log[0], tag=run_tag(w.method, w.noise, w.seed), journal=run_journal(sm.params.checkpoint),
-             continued=attempt > 1 or Path(sm.params.checkpoint).exists()) as log:
+# A run continued from its checkpoint, or a retry, keeps its earlier jobs' lines in the log.
+with train_job_log(sm.log[0], sm.params.checkpoint, attempt, tag=run_tag(w.method, w.noise, w.seed)) as log:
     log.info("run %s, attempt %d", sm.output.metrics.rsplit("/", 1)[0], attempt)
     status = train_job(
         sm.params.data_dir, sm.input.noise, sm.params.num_clients, sm.params.settings, sm.params.method,

@@ -55,6 +55,16 @@ def run_journal(checkpoint_path: str | os.PathLike) -> Path:
     return Path(str(checkpoint_path) + ".log")
 
 
+def train_job_log(log_path: str | os.PathLike, checkpoint_path: str | os.PathLike, attempt: int,
+                  tag: str | None = None):
+    """:func:`fnlcore.logs.job_log` of one training job: the run continues (its log starts with the
+    earlier jobs' lines) when this is a retry (``attempt`` > 1) or a checkpoint is there to resume."""
+    from ..logs import job_log
+
+    return job_log(log_path, tag=tag, journal=run_journal(checkpoint_path),
+                   continued=attempt > 1 or Path(checkpoint_path).exists())
+
+
 def load_federated_data(
     data_dir: str, noise_parquet: str, num_clients: int, device: torch.device, workers: int = 4,
     image_transform: str = "resize",
