@@ -13,7 +13,10 @@ Record (only when a change is MEANT to alter results, and say so in the commit):
     .venv/bin/python -m tests.golden            # every method
     .venv/bin/python -m tests.golden fedgr      # some methods; the others keep their record
 
-Runs use one torch thread so the record does not depend on the machine's core count.
+Records are made and compared under portable numerics (tests/portable.py): one code path in
+every float library and one thread, so that the bits do not depend on the machine's CPU or
+core count. ``python -m tests.golden`` re-executes itself under them; tests/test_golden.py runs
+its cases in a child process started with them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ import json
 import math
 import sys
 from pathlib import Path
+
+if __name__ == "__main__":  # the variables must be set before torch and numpy load
+    from tests.portable import reexec_portable
+
+    reexec_portable("tests.golden")
 
 import numpy as np
 import pandas as pd
@@ -145,6 +153,10 @@ def load_golden() -> dict:
 
 
 def record(names: list[str] | None = None) -> None:
+    from .portable import is_portable
+
+    if not is_portable():
+        raise RuntimeError("record under portable numerics: run `python -m tests.golden`")
     golden = load_golden() if GOLDEN_FILE.exists() else {}
     for name, multi, variant in golden_cases():
         if names and name not in names:
@@ -159,7 +171,4 @@ def record(names: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    import os
-
-    os.environ.setdefault("FNL_PLUGINS", "tests.support.plugins")
     record(sys.argv[1:] or None)
