@@ -417,7 +417,7 @@ def test_published_mnist_checksums_are_torchvisions():
     assert mnist.REMOTES["mnist"]["train_images"].md5 == "f68b3c2dcbeaaa9fbdd348bbdeb94873"
     assert mnist.REMOTES["mnist"]["test_labels"].urls == (
         "https://ossci-datasets.s3.amazonaws.com/mnist/t10k-labels-idx1-ubyte.gz",
-        "http://yann.lecun.com/exdb/mnist/t10k-labels-idx1-ubyte.gz",
+        "https://storage.googleapis.com/cvdf-datasets/mnist/t10k-labels-idx1-ubyte.gz",
     )
     assert mnist.REMOTES["fmnist"]["test_images"].md5 == "bef4ecab320f06d8554ea6380940ec79"
     assert cifar.REMOTES["cifar10"].md5 == "c58f30108f718f92721af3b95e74349a"

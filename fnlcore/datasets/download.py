@@ -9,10 +9,25 @@ Sources are tried in order: the configured mirrors (``mirror/<filename>``;
 a mirror may also be a local folder or a ``file://`` URL), then the official
 URLs. Only the standard library is used (``urllib``), so it works on cluster
 nodes without extra packages.
+
+What counts as complete: a file with a published size or checksum is checked
+against it. A file with neither (ISIC 2019's files, NIH's ``Data_Entry`` CSV)
+is accepted only when the transfer itself proves it ended: the body matched the
+server's ``Content-Length``, or a chunked body ended with its final empty chunk
+(``http.client`` raises ``IncompleteRead`` otherwise), or a resumed body reached
+the total its ``Content-Range`` gives. A body delimited only by the server
+closing the connection cannot be told from a cut one, so it is refused.
+
+A redirect from ``https`` to anything else is refused (a man in the middle
+could otherwise downgrade the transfer); ``http`` to ``http`` or ``https`` is
+followed. A full disk (ENOSPC/EDQUOT) while writing stops at once with a
+:class:`~fnlcore.errors.StorageError` naming the folder, the bytes needed and
+free; the ``.part`` is kept for a resume.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import os
@@ -26,7 +41,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
-from ..errors import ChecksumError, ConfigError, DataError
+from ..errors import ChecksumError, ConfigError, DataError, StorageError
 
 __all__ = ["RemoteFile", "fetch", "verify_file", "file_digests", "candidate_urls", "remote_with"]
 
@@ -34,6 +49,24 @@ _CHUNK = 1 << 20
 _USER_AGENT = "fnlcore-downloader/0.1 (+FNL-Repro)"
 _HEX = re.compile(r"^[0-9a-f]+$")
 _CONTENT_RANGE = re.compile(r"^bytes\s+(\d+)-(\d+)/(\d+|\*)$")
+_UNSATISFIED_RANGE = re.compile(r"^bytes\s+\*/(\d+)$")
+#: errno values of a full disk or an exhausted quota (EDQUOT is missing on some platforms).
+DISK_FULL_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if e is not None)
+
+
+def format_bytes(n: int) -> str:
+    """``"12,345,678 bytes (11.8 MiB)"``: exact for the record, rounded for the reader."""
+    size, unit = float(n), "bytes"
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{n:,} bytes" if unit == "bytes" else f"{n:,} bytes ({size:.1f} {unit})"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for the OSError of a full disk or an exhausted quota."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 
 @dataclass(frozen=True)
@@ -66,6 +99,10 @@ class RemoteFile:
                 object.__setattr__(self, algo, value)
         if self.size is not None and self.size < 0:
             raise ConfigError(f"RemoteFile({self.filename!r}).size must be >= 0, got {self.size}")
+
+    def checkable(self) -> bool:
+        """Whether a download can be checked against a published size or checksum."""
+        return self.size is not None or bool(self.md5 or self.sha256)
 
     def checksum_label(self) -> str:
         """``"md5:<hex>"`` or ``"sha256:<hex>"`` (what meta.json records); ``""`` when none is known."""
@@ -144,9 +181,12 @@ def fetch(
 
     Errors: a checksum mismatch deletes the ``.part`` and, once no other URL
     gives a good copy, raises ``ChecksumError``; a truncated transfer keeps the
-    ``.part`` for a later resume; if no URL yields a verified file,
-    ``DataError`` lists every URL with its error and says how to configure a
-    mirror or where to place the file by hand.
+    ``.part`` for a later resume, and so does a transfer whose end cannot be
+    proven (no Content-Length, not chunked) for a file with no published size
+    or checksum; if no URL yields a verified file, ``DataError`` lists every
+    URL with its error and says how to configure a mirror or where to place
+    the file by hand. A full disk raises ``StorageError`` at once (every other
+    URL would fill the same disk).
     """
     if isinstance(mirrors, str):
         raise ConfigError(f"mirrors must be a list of base URLs, got the string {mirrors!r}")
@@ -207,11 +247,28 @@ def _mirror_url(mirror: str, filename: str) -> str:
     return mirror.rstrip("/") + "/" + filename
 
 
+def redirect_allowed(from_url: str, to_url: str) -> bool:
+    """Whether a redirect may be followed: never from ``https`` to another scheme (a downgrade)."""
+    return urlsplit(from_url).scheme.lower() != "https" or urlsplit(to_url).scheme.lower() == "https"
+
+
+class _NoDowngradeRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib's redirect handling, refusing https -> http (the refusal is an HTTPError naming both URLs)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+        if not redirect_allowed(req.full_url, newurl):
+            raise urllib.error.HTTPError(
+                req.full_url, code, f"{msg}; redirect to {newurl} refused: it would leave https", headers, fp
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def _opener_for(url: str) -> urllib.request.OpenerDirector:
-    """The default opener, except that loopback hosts never go through an HTTP proxy."""
+    """The default opener with the no-downgrade redirect rule; loopback hosts never go through a proxy."""
+    handlers: list[urllib.request.BaseHandler] = [_NoDowngradeRedirect()]
     if urlsplit(url).hostname in {"127.0.0.1", "localhost", "::1"}:
-        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    return urllib.request.build_opener()
+        handlers.append(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(*handlers)
 
 
 def _download(url: str, part: Path, remote: RemoteFile, *, timeout: float, progress: bool) -> None:
@@ -226,9 +283,21 @@ def _download(url: str, part: Path, remote: RemoteFile, *, timeout: float, progr
     try:
         response = _opener_for(url).open(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
+        content_range = exc.headers.get("Content-Range", "") if exc.headers is not None else ""
+        unsatisfied = _UNSATISFIED_RANGE.match(content_range.strip())
         exc.close()
         if exc.code == 416 and offset:
-            # Nothing left to send: the .part may already be the whole file.
+            # Nothing left to send: the .part may already be the whole file; "bytes */N" says how long it is.
+            total = int(unsatisfied.group(1)) if unsatisfied else None
+            if total is not None and total != offset:
+                part.unlink()
+                raise _TransferError(
+                    f"the partial file {part} ({offset} bytes) is longer than the file on the server "
+                    f"({total} bytes); it was deleted and the next try starts afresh"
+                ) from None
+            if total is None and not remote.checkable():
+                reason = _unprovable(url, part, "answered the resume with 416 but no total length")
+                raise _TransferError(reason) from None
             _verify_part(url, part, remote)
             return
         raise _TransferError(f"HTTP {exc.code} {exc.reason}") from None
@@ -239,6 +308,7 @@ def _download(url: str, part: Path, remote: RemoteFile, *, timeout: float, progr
     with response:
         status = getattr(response, "status", None) or 200
         mode = "wb"
+        range_total = None
         if offset and status == 206:
             m = _CONTENT_RANGE.match(response.headers.get("Content-Range", "").strip())
             if m is None or int(m.group(1)) != offset:
@@ -247,10 +317,14 @@ def _download(url: str, part: Path, remote: RemoteFile, *, timeout: float, progr
                     f"{response.headers.get('Content-Range')!r}; cannot resume safely"
                 )
             mode = "ab"
+            range_total = int(m.group(3)) if m.group(3) != "*" else None
         elif offset:
             offset = 0  # server ignored Range and sends the whole file: restart cleanly
         length = response.headers.get("Content-Length")
         expected_body = int(length) if length is not None and length.isdigit() else None
+        # http.client raises IncompleteRead when a chunked body stops before its last (empty) chunk,
+        # so a chunked body that reads to its end is complete.
+        chunked = bool(getattr(response, "chunked", False))
         received = 0
         reporter = _Progress(remote.filename, offset, remote.size, expected_body) if progress else None
         try:
@@ -260,7 +334,21 @@ def _download(url: str, part: Path, remote: RemoteFile, *, timeout: float, progr
                     received += len(chunk)
                     if reporter:
                         reporter.update(received)
-        except (OSError, http.client.HTTPException) as exc:  # connection reset, timeout mid-body
+        except (OSError, http.client.HTTPException) as exc:  # connection reset, timeout mid-body, full disk
+            if is_disk_full(exc):
+                # Not a transfer problem: another URL would fail the same way, so stop here.
+                needed = remote.size if remote.size is not None else (
+                    offset + expected_body if expected_body is not None else None
+                )
+                raise StorageError(
+                    f"the disk holding {part.parent} is full (or over quota) while downloading {remote.filename} "
+                    f"from {url}: "
+                    + (f"the file needs {format_bytes(needed)}, " if needed is not None else "")
+                    + f"{_free(part.parent)} are free; the partial file {part} "
+                    f"({format_bytes(offset + received)}) is kept and the next run resumes it. Fix: free space "
+                    "there, or move the raw folder to a larger disk and point data.raw_dir "
+                    "(or data.datasets.<dataset>.raw_dir) at it"
+                ) from None
             raise _TransferError(
                 f"transfer interrupted after {offset + received} bytes ({type(exc).__name__}: {exc}); "
                 f"the partial file {part} is kept and the next run resumes it"
@@ -270,7 +358,32 @@ def _download(url: str, part: Path, remote: RemoteFile, *, timeout: float, progr
             f"truncated transfer: received {received} of {expected_body} bytes announced by the server; "
             f"the partial file {part} ({offset + received} bytes) is kept and the next run resumes it"
         )
+    if range_total is not None and offset + received < range_total:
+        raise _TransferError(
+            f"truncated transfer: have {offset + received} of the {range_total} bytes the server's Content-Range "
+            f"gives; the partial file {part} is kept and the next run resumes it"
+        )
+    ended_provably = expected_body is not None or chunked or range_total is not None
+    if not ended_provably and not remote.checkable():
+        raise _TransferError(_unprovable(url, part, "sent no Content-Length and no chunked encoding"))
     _verify_part(url, part, remote)
+
+
+def _unprovable(url: str, part: Path, what: str) -> str:
+    """Why a download of a file without published size or checksum cannot be accepted."""
+    return (
+        f"the server {what}, so a connection closed early cannot be told from the end of the file, and "
+        f"{part.name[: -len('.part')]} has no published size or checksum to check it against; it was not "
+        f"accepted (the partial file {part} is kept: a later resume that gets a length can finish it)"
+    )
+
+
+def _free(folder: Path) -> str:
+    """The free space of ``folder``'s filesystem, for a message."""
+    try:
+        return format_bytes(shutil.disk_usage(folder).free)
+    except OSError:
+        return "an unknown number of bytes"
 
 
 def _verify_part(url: str, part: Path, remote: RemoteFile) -> None:

@@ -1,7 +1,15 @@
 """MNIST and Fashion-MNIST from their four gzipped idx files (Fed-NCL, 001).
 
-Files, URLs and md5 checksums are those torchvision publishes
-(``torchvision/datasets/mnist.py``). The idx format: a big-endian header
+Files and md5 checksums are those torchvision publishes
+(``torchvision/datasets/mnist.py``); the URLs are https copies of the same
+bytes (the md5 checks that): torchvision's own MNIST mirror and the CVDF
+mirror TensorFlow used, and for Fashion-MNIST the publisher's S3 bucket through
+its https REST endpoint (the ``s3-website`` address torchvision lists is http
+only) and the files committed to zalandoresearch/fashion-mnist. No http URL is
+left: a plain-http transfer can be swapped on the way (Fashion-MNIST issue
+#107: a cache on the path served MNIST's file; only the md5 caught it), and
+http://yann.lecun.com has been reported answering 403 to downloads since 2024.
+The idx format: a big-endian header
 ``00 00 08 ndim`` (0x08 = unsigned byte; magic 0x00000803 for images,
 0x00000801 for labels), ``ndim`` big-endian uint32 dimensions, then the bytes
 row-major. Sample order is the file order (as in torchvision).
@@ -25,8 +33,11 @@ from ..errors import DataError
 from .base import DatasetInfo, PrepareContext, register, validate_options, write_prepared
 from .download import RemoteFile
 
-MNIST_URLS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/")
-FMNIST_URLS = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",)
+MNIST_URLS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")
+FMNIST_URLS = (
+    "https://fashion-mnist.s3.eu-central-1.amazonaws.com/",
+    "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+)
 
 #: role -> file name, identical for both datasets.
 FILES = {

@@ -7,6 +7,7 @@ licence step, safe archive extraction with a completion marker, option parsing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,10 +23,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError, DataError, MissingManualDataError
-from ..io import atomic_path
+from ..errors import ConfigError, DataError, MissingManualDataError, StorageError
+from ..io import atomic_path, free_bytes
 from .base import validate_options
-from .download import file_digests
+from .download import file_digests, format_bytes, is_disk_full
+
+#: Extraction bound: the files of an archive may add up to at most EXTRACT_MAX_RATIO times the
+#: archive's own size, and never less than EXTRACT_MIN_LIMIT (tiny archives of tiny files expand
+#: more through tar's 512-byte padding). The archives extracted here (NIH's images_*.tar.gz, ISIC's
+#: zip) hold PNG/JPEG images, which do not compress further, so they expand by about 1x: 10x is
+#: ample, while a decompression bomb expands by ~1000x. A caller that knows better passes max_bytes.
+EXTRACT_MAX_RATIO = 10
+EXTRACT_MIN_LIMIT = 16 << 20
+_CHUNK = 1 << 20
+# What reading a broken archive raises (gzip's BadGzipFile is an OSError).
+_READ_ERRORS = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError)
 
 
 
@@ -118,11 +130,18 @@ def read_extraction_marker(raw_dir: str | os.PathLike, archive_name: str) -> dic
         return None
 
 
+def extraction_limit(archive_size: int) -> int:
+    """The most bytes an archive of ``archive_size`` bytes may extract to (see EXTRACT_MAX_RATIO)."""
+    return max(EXTRACT_MAX_RATIO * archive_size, EXTRACT_MIN_LIMIT)
+
+
 def extract_archive(
     archive: str | os.PathLike,
     raw_dir: str | os.PathLike,
     prefix: str,
     record: Mapping[str, Any] | None = None,
+    *,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Extract the members of a .zip/.tar(.gz) under ``prefix`` into ``raw_dir``, once.
 
@@ -131,52 +150,52 @@ def extract_archive(
     extracted to a temporary folder and moved into place, then a marker
     (:func:`extraction_marker`) is written atomically: an archive counts as
     extracted only when its marker exists, so an interrupted run re-extracts it.
-    A corrupt archive raises DataError, is moved aside to ``<name>.corrupt`` (so
-    the next run downloads it again) and leaves no marker. ``record`` is stored
-    in the marker (e.g. the archive's checksum). Returns the marker's record.
+    ``record`` is stored in the marker (e.g. the archive's checksum). Returns the
+    marker's record.
+
+    Bounds: the archive's members must add up to at most ``max_bytes`` (default
+    :func:`extraction_limit` of its size), checked on the sizes the archive
+    declares before anything is written and again on the bytes actually written
+    (a member yielding more than it declares is refused). Before writing, the
+    sizes of the members to extract are compared with the free space of
+    ``raw_dir``. Failures: a corrupt archive raises DataError and is moved aside
+    to ``<name>.corrupt`` (so the next run downloads it again); an archive over
+    the bound raises DataError and stays in place; a full disk (ENOSPC/EDQUOT, or
+    too little free space up front) raises StorageError naming the folder, the
+    bytes needed and free, and keeps the archive. No failure leaves a marker or
+    a half-extracted file.
     """
     archive, raw = Path(archive), Path(raw_dir)
     done = read_extraction_marker(raw, archive.name)
     if done is not None:
         return done
-    tmp = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".extracting", dir=raw))
     want = prefix.strip("/") + "/"
-    count = 0
+    members: list[tuple[str, int, Any]] = []
+    needed = 0
+    tmp: Path | None = None
     try:
         try:
-            if zipfile.is_zipfile(archive):
-                with zipfile.ZipFile(archive) as zf:
-                    for info in zf.infolist():
-                        rel = _safe_member(info.filename)
-                        if rel is None:
-                            raise DataError(f"{archive}: member {info.filename!r} points outside the folder; refused")
-                        if info.is_dir() or not rel.startswith(want):
-                            continue
-                        if (info.external_attr >> 16) & 0o170000 == 0o120000:
-                            raise DataError(f"{archive}: member {info.filename!r} is a symbolic link; refused")
-                        dest = tmp / rel
-                        dest.parent.mkdir(parents=True, exist_ok=True)
-                        with zf.open(info) as src, open(dest, "wb") as out:
-                            shutil.copyfileobj(src, out, 1 << 20)
-                        count += 1
-            else:
-                with tarfile.open(archive, "r:*") as tf:
-                    for member in tf:
-                        rel = _safe_member(member.name)
-                        if rel is None:
-                            raise DataError(f"{archive}: member {member.name!r} points outside the folder; refused")
-                        if member.isdir() or not rel.startswith(want):
-                            continue
-                        if not member.isfile():
-                            raise DataError(f"{archive}: member {member.name!r} is not a regular file; refused")
-                        dest = tmp / rel
-                        dest.parent.mkdir(parents=True, exist_ok=True)
-                        src = tf.extractfile(member)
-                        assert src is not None
-                        with src, open(dest, "wb") as out:
-                            shutil.copyfileobj(src, out, 1 << 20)
-                        count += 1
-        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+            limit = max_bytes if max_bytes is not None else extraction_limit(archive.stat().st_size)
+            with contextlib.ExitStack() as stack:
+                members = _list_members(archive, want, limit, stack)
+                if not members:
+                    raise DataError(f"{archive}: no files under {want!r} in the archive; is this the right file?")
+                needed = sum(size for _, size, _ in members)
+                _check_room(archive, raw, needed)
+                try:
+                    tmp = Path(tempfile.mkdtemp(prefix=f".{archive.name}.", suffix=".extracting", dir=raw))
+                except OSError as exc:
+                    raise _OutputError(exc) from exc
+                written = 0
+                for rel, size, open_member in members:
+                    with open_member() as src:
+                        written = _write_member(src, tmp / rel, size, written, archive, rel, limit)
+        except _OutputError as exc:
+            if tmp is not None:  # first, so the free space reported counts it back
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp = None
+            raise _write_failure(archive, raw, needed, exc.error) from None
+        except _READ_ERRORS as exc:
             bad = archive.with_name(archive.name + ".corrupt")
             if archive.exists():
                 os.replace(archive, bad)
@@ -185,16 +204,158 @@ def extract_archive(
                 f"it was moved aside to {bad}. Fix: run again to download it afresh "
                 "(or place a good copy there by hand)."
             ) from None
-        if count == 0:
-            raise DataError(f"{archive}: no files under {want!r} in the archive; is this the right file?")
         _move_tree(tmp / want.rstrip("/"), raw / want.rstrip("/"))
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    rec = {"archive": archive.name, "prefix": want.rstrip("/"), "members": count, **dict(record or {})}
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    rec = {"archive": archive.name, "prefix": want.rstrip("/"), "members": len(members), **dict(record or {})}
     marker = extraction_marker(raw, archive.name)
     with atomic_path(marker) as t:
         t.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
     return rec
+
+
+class _OutputError(Exception):
+    """Writing the extracted files failed (as opposed to reading the archive): never 'corrupt archive'."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _list_members(archive: Path, want: str, limit: int, stack: contextlib.ExitStack) -> list[tuple[str, int, Any]]:
+    """(relative path, declared size, opener) of each file to extract, after the safety and size checks.
+
+    The declared sizes of all file members (inside ``prefix`` or not) count toward ``limit``; a tar is
+    checked member by member as its headers are read, so a bomb stops before its data is decompressed.
+    Listing a .tar.gz costs one decompression pass more than extracting it: the price of knowing the
+    total before writing anything.
+    """
+    members: list[tuple[str, int, Any]] = []
+    total = 0
+    if zipfile.is_zipfile(archive):
+        zf = stack.enter_context(zipfile.ZipFile(archive))
+        for info in zf.infolist():
+            rel = _safe_member(info.filename)
+            if rel is None:
+                raise DataError(f"{archive}: member {info.filename!r} points outside the folder; refused")
+            if info.is_dir():
+                continue
+            total = _count_toward_limit(archive, total, info.file_size, limit)
+            if not rel.startswith(want):
+                continue
+            if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                raise DataError(f"{archive}: member {info.filename!r} is a symbolic link; refused")
+            members.append((rel, info.file_size, lambda info=info: zf.open(info)))
+        return members
+    tf = stack.enter_context(tarfile.open(archive, "r:*"))
+    for member in tf:
+        rel = _safe_member(member.name)
+        if rel is None:
+            raise DataError(f"{archive}: member {member.name!r} points outside the folder; refused")
+        if member.isdir():
+            continue
+        if member.isfile():
+            total = _count_toward_limit(archive, total, member.size, limit)
+        if not rel.startswith(want):
+            continue
+        if not member.isfile():
+            raise DataError(f"{archive}: member {member.name!r} is not a regular file; refused")
+        members.append((rel, member.size, lambda member=member: tf.extractfile(member)))
+    return members
+
+
+def _count_toward_limit(archive: Path, total: int, size: int, limit: int) -> int:
+    total += size
+    if total > limit:
+        raise DataError(
+            f"{archive}: refused to extract: its files add up to more than its limit of {format_bytes(limit)} "
+            f"(the archive has {format_bytes(archive.stat().st_size)}; the default limit is {EXTRACT_MAX_RATIO}x "
+            f"that, at least {format_bytes(EXTRACT_MIN_LIMIT)}). Image archives do not expand like that: this is "
+            "a decompression bomb or the wrong file. Nothing was extracted and the archive is left in place. "
+            f"Fix: delete {archive} and download it again from a trusted source (a mirror: "
+            "data.datasets.<dataset>.mirrors), or, if you trust it, extract it yourself into "
+            f"{archive.parent} (files already in place are used as they are)."
+        )
+    return total
+
+
+def _write_member(src: Any, dest: Path, size: int, written: int, archive: Path, rel: str, limit: int) -> int:
+    """Copy one member to ``dest``, enforcing its declared size and the archive's limit; the new total.
+
+    Errors of the output side (mkdir, open, write, close) become _OutputError; errors reading
+    ``src`` propagate as they are (a corrupt archive).
+    """
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        out = open(dest, "wb")
+    except OSError as exc:
+        raise _OutputError(exc) from exc
+    try:
+        copied = 0
+        while chunk := src.read(_CHUNK):
+            copied += len(chunk)
+            written += len(chunk)
+            # Guards against an archive whose data does not match its headers (the listing trusted them).
+            if copied > size or written > limit:
+                raise DataError(
+                    f"{archive}: member {rel!r} yields more than the {format_bytes(size)} it declares"
+                    + (f" and the archive more than its limit of {format_bytes(limit)}" if written > limit else "")
+                    + "; refused (a malformed archive or a decompression bomb). The partial output was removed "
+                    f"and the archive is left in place. Fix: delete {archive} and download it again from a "
+                    "trusted source."
+                )
+            try:
+                out.write(chunk)
+            except OSError as exc:
+                raise _OutputError(exc) from exc
+    finally:
+        try:
+            out.close()  # a buffered or NFS write may only fail here
+        except OSError as exc:
+            raise _OutputError(exc) from exc
+    return written
+
+
+def _free(folder: Path) -> int | None:
+    try:
+        return free_bytes(folder)
+    except OSError:
+        return None
+
+
+def _check_room(archive: Path, raw: Path, needed: int) -> None:
+    """StorageError before writing anything when the files to extract cannot fit in ``raw``."""
+    free = _free(raw)
+    if free is not None and needed > free:
+        raise StorageError(
+            f"{raw}: not enough free space to extract {archive.name}: its files need {format_bytes(needed)}, "
+            f"{format_bytes(free)} are free. Nothing was extracted and the archive {archive} is kept. "
+            f"{_ROOM_FIX}"
+        )
+
+
+_ROOM_FIX = (
+    "Fix: free space on that disk (or move the raw folder to a larger disk and point data.raw_dir, or "
+    "data.datasets.<dataset>.raw_dir, at it) and run again; the archive is not downloaded again."
+)
+
+
+def _write_failure(archive: Path, raw: Path, needed: int, error: OSError) -> Exception:
+    """The error for a failed write while extracting: a full disk is a StorageError, anything else a DataError."""
+    if is_disk_full(error):
+        free = _free(raw)
+        return StorageError(
+            f"{raw}: the disk filled up (or the quota ran out) while extracting {archive.name} ({error.strerror}): "
+            f"its files need {format_bytes(needed)}, "
+            + (f"{format_bytes(free)} are free now" if free is not None else "the free space is unknown")
+            + f". The partial output was removed; the archive {archive} is kept (it is not corrupt). {_ROOM_FIX}"
+        )
+    return DataError(
+        f"{raw}: cannot write the files of {archive.name} ({type(error).__name__}: {error}); the partial output "
+        f"was removed and the archive {archive} is kept. Fix: make {raw} writable (or point data.raw_dir at a "
+        "writable folder) and run again."
+    )
 
 
 def _move_tree(src: Path, dest: Path) -> None:
