@@ -28,6 +28,7 @@ from fnlcore.app.runs import REPORTED_DIR
 from fnlcore.datasets.decoded_cache import planned_cache_files
 from fnlcore.methods import METHODS
 from fnlcore.tables import load_reported, place_reported, render
+from tests.spec_data import shared_dir
 
 TABLES = ("1", "2", "3", "4")
 BACC_TABLES = ("1", "2", "4")  # Table 3 reports detection rates (test_fednoro_detection.py)
@@ -90,10 +91,13 @@ def test_tables_1_2_4_are_declared(paper_tables):
 
 
 @pytest.mark.parametrize("table", TABLES)
-def test_reported_csv_is_the_spec_copy(table, spec_data_dir):
+def test_reported_csv_is_the_spec_copy(table):
     """The carried reported numbers are byte copies of the spec's tables."""
+    spec_tables = shared_dir() / "spec" / "tables"
+    if not spec_tables.is_dir():  # transcriptions kept in the shared folder only, not published anywhere
+        pytest.skip(f"no spec tables to compare with: {spec_tables} is missing (set FNL_SHARED_DIR)")
     name = REPORTED_FILES[table]
-    assert (REPORTED_DIR / name).read_bytes() == (spec_data_dir.parent / "tables" / name).read_bytes()
+    assert (REPORTED_DIR / name).read_bytes() == (spec_tables / name).read_bytes()
 
 
 @pytest.mark.parametrize("table", TABLES)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fnlcore.app.runs import REPORTED_DIR
 from fnlcore.errors import ConfigError, DataError
 from fnlcore.tables import (
     ColumnSpec,
@@ -387,10 +388,12 @@ def test_writers_are_deterministic_and_complete(rendered, spec, reported_csv, tm
 
 
 # --------------------------------------------------------------------------- real reported tables
+# The project's own copies of the spec tables (config/papers/reported, byte copies of
+# spec/tables), so these run on clones without ../shared.
 
 
-def test_real_spec_table_loads_with_unique_keys(spec_data_dir):
-    rep = load_reported(spec_data_dir.parent / "tables" / "fednoro_table1_ich.csv")
+def test_real_spec_table_loads_with_unique_keys():
+    rep = load_reported(REPORTED_DIR / "fednoro_table1_ich.csv")
     assert len(rep) == 162
     spec = TableSpec.from_reported(rep, ("method",), ("noise_setting",), title="FedNoRo Table 1")
     assert len(spec.rows) == 9 and len(spec.columns) == 9
@@ -414,8 +417,8 @@ def test_real_spec_table_loads_with_unique_keys(spec_data_dir):
         ("fedncl_tableI.csv", ("method",)),
     ],
 )
-def test_other_spec_tables_place_uniquely(spec_data_dir, name, row_fields):
-    rep = load_reported(spec_data_dir.parent / "tables" / name)
+def test_other_spec_tables_place_uniquely(name, row_fields):
+    rep = load_reported(REPORTED_DIR / name)
     spec = TableSpec.from_reported(rep, row_fields, ("dataset", "partition", "noise_setting"))
     cells, unmatched = place_reported(spec, rep)
     assert len(cells) == len(rep) and unmatched.empty
