@@ -50,3 +50,35 @@ def test_pretrained_weights_are_read_from_the_hub_cache(tmp_path):
         torch.hub.set_dir(old_dir)
     assert math.isclose(float(state["fc.bias"][0]), 0.5)
     assert torch.equal(model.backbone.conv1.weight, src.conv1.weight)
+
+
+class _Payload:
+    """Unpickling this touches a marker file: what a crafted cache file could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def test_a_crafted_file_in_the_hub_cache_is_refused_and_runs_nothing(tmp_path):
+    """The hash is checked only when torchvision downloads: a file placed in a shared cache is not."""
+    from fnlcore.models.builder import imagenet_state_dict
+    from fnlcore.tv_compat import import_torchvision
+
+    tv = import_torchvision()
+    weights = tv.models.ResNet18_Weights.IMAGENET1K_V1
+    marker = tmp_path / "ran"
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"fc.bias": _Payload(marker)}, tmp_path / "checkpoints" / weights.url.rsplit("/", 1)[1])
+    old_dir = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path))
+    try:
+        with pytest.raises(ConfigError, match="holds more than tensors"):
+            imagenet_state_dict(weights)
+    finally:
+        torch.hub.set_dir(old_dir)
+    assert not marker.exists()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import shutil
 import signal
@@ -195,12 +194,11 @@ def rehearse_one(r: Rehearsed, opts: Options, workdir: Path, logdir: Path) -> di
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     spec = {"run": r.run, "dataset_options": dict(r.dataset_options), "workdir": str(workdir), **asdict(opts)}
-    with open(workdir / "spec.pkl", "wb") as f:
-        pickle.dump(spec, f)
+    spec_path = write_spec(workdir / "spec.json", spec)
     log = logdir / f"{cfg.key}.log"
     log.unlink(missing_ok=True)
     events_path = workdir / "events.jsonl"
-    cmd = [sys.executable, "-m", "fnlcore.app.rehearse_job", str(workdir / "spec.pkl")]
+    cmd = [sys.executable, "-m", "fnlcore.app.rehearse_job", str(spec_path)]
     ended1, rss1 = _phase(cmd + ["1"], log, events_path, 1, opts.timeout_s)
     ended2, rss2 = ("not run", 0.0)
     if ended1 == "killed":
@@ -209,6 +207,69 @@ def rehearse_one(r: Rehearsed, opts: Options, workdir: Path, logdir: Path) -> di
     row = _row(cfg, r.cells, opts, ev, ended1, ended2, max(rss1, rss2))
     shutil.rmtree(workdir, ignore_errors=True)  # checkpoints of paper-scale models: gigabytes
     return row
+
+
+# -- the job's spec: JSON, rebuilt through the config's own constructors (nothing in it can run code) ----
+
+_RUN_FIELDS = ("dataset", "partition", "partition_seed", "noise", "noise_seed", "training", "method", "seed")
+
+
+def run_to_dict(run) -> dict:
+    """A :class:`~fnlcore.app.runs.RunSpec` as JSON-able config entries (:func:`run_from_dict` rebuilds it)."""
+    return {"dataset": run.dataset, "partition": run.partition.to_dict(), "partition_seed": run.partition_seed,
+            "noise": run.noise.to_dict(), "noise_seed": run.noise_seed, "training": asdict(run.training),
+            "method": run.method.to_dict(), "seed": run.seed}
+
+
+def run_from_dict(d: Mapping[str, Any]):
+    """The RunSpec of :func:`run_to_dict`'s entries, through the validating spec constructors."""
+    from ..fl.settings import TrainSettings
+    from ..methods import method_from_dict
+    from ..noise import noise_spec_from_dict
+    from ..partition import partition_spec_from_dict
+    from .runs import RunSpec
+
+    if not isinstance(d, Mapping) or sorted(d) != sorted(_RUN_FIELDS):
+        raise ConfigError(f"a run needs exactly the keys {list(_RUN_FIELDS)}")
+    for k in ("partition_seed", "noise_seed", "seed"):
+        if type(d[k]) is not int:
+            raise ConfigError(f"run: {k}={d[k]!r} is not an integer")
+    if not isinstance(d["dataset"], str) or not isinstance(d["training"], Mapping):
+        raise ConfigError("run: dataset must be a name and training a mapping")
+    return RunSpec(dataset=d["dataset"], partition=partition_spec_from_dict(d["partition"]),
+                   partition_seed=d["partition_seed"], noise=noise_spec_from_dict(d["noise"]),
+                   noise_seed=d["noise_seed"], training=TrainSettings.from_dict(dict(d["training"])),
+                   method=method_from_dict(d["method"]), seed=d["seed"])
+
+
+def write_spec(path: Path, spec: Mapping[str, Any]) -> Path:
+    """The job's spec as JSON: ``run`` as its config entries, the rest (options, folders) as they are."""
+    text = json.dumps({**spec, "run": run_to_dict(spec["run"])}, indent=1)
+    path.write_text(text + "\n")
+    return path
+
+
+def read_spec(path: Path) -> dict:
+    """What :func:`write_spec` wrote, its run rebuilt; a file that is not such JSON is a ConfigError
+    (read as text and parsed as JSON: no pickle, no code is ever loaded from it)."""
+    try:
+        spec = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(spec, dict):
+            raise ValueError(f"a JSON {type(spec).__name__}, not an object")
+        want = {"run", "dataset_options", "workdir", *Options.__dataclass_fields__}
+        if set(spec) != want:
+            raise ValueError(f"keys {sorted(spec)}, expected {sorted(want)}")
+        if not isinstance(spec["dataset_options"], dict) or not isinstance(spec["workdir"], str):
+            raise ValueError("dataset_options must be an object and workdir a string")
+        for f in Options.__dataclass_fields__.values():  # each option of its default's type (an int for a float)
+            kinds = (int, float) if isinstance(f.default, float) else (type(f.default),)
+            if type(spec[f.name]) not in kinds:
+                raise ValueError(f"{f.name}={spec[f.name]!r} is not a {kinds[0].__name__}")
+        spec["run"] = run_from_dict(spec["run"])
+    except (UnicodeDecodeError, ValueError, TypeError, ConfigError) as err:
+        raise ConfigError(f"{path}: not a rehearsal spec written by fnl rehearse ({err}); refused, "
+                          "nothing in it was run") from None
+    return spec
 
 
 def _row(cfg: TrainingConfig, cells: list, opts: Options, ev: list[dict], ended1: str, ended2: str,

@@ -1,6 +1,8 @@
 """One rehearsal job: a configuration trained on its stand-in in this process (``fnl rehearse`` starts it).
 
-    python -m fnlcore.app.rehearse_job SPEC.pkl PHASE
+    python -m fnlcore.app.rehearse_job SPEC.json PHASE
+
+The spec is JSON (:func:`fnlcore.app.rehearse.read_spec`), never a pickle: reading it runs no code.
 
 Phase 1 trains up to the first checkpoint and waits there to be killed (SIGKILL, by the
 parent); phase 2 resumes from that checkpoint and finishes. Each phase appends its
@@ -24,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -102,12 +103,13 @@ def shortened(run, spec: dict):
 
 
 def main(argv: list[str]) -> int:
+    from .rehearse import read_spec
+
     spec_path, phase = Path(argv[0]), int(argv[1])
-    with open(spec_path, "rb") as f:
-        spec = pickle.load(f)  # written by the parent (fnlcore.app.rehearse), never by a user
     events = Events(spec_path.parent / "events.jsonl", phase)
     try:
-        return _rehearse(spec, phase, events)
+        # JSON rebuilt through the config's constructors: a crafted file is refused, not run
+        return _rehearse(read_spec(spec_path), phase, events)
     except BaseException as err:  # every failure becomes one line of the table
         kind = type(err).__name__
         msg = " ".join(str(err).split()) or kind

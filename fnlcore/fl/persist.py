@@ -13,13 +13,23 @@ Tensors keep where they live: a tensor on the run's device is restored to the ru
 Per-client models (FedGR's EMA models, FedFixer's personalised ones, FedIRM's teachers) live in
 a :class:`ClientStore`: in memory only while the round that uses them runs, on disk otherwise,
 and a checkpoint writes only the entries that changed since the previous one.
+
+Reading a checkpoint never runs code. Every file is read with ``torch.load(weights_only=True)``,
+whose unpickler builds only tensors and plain data (dicts, lists, tuples, sets, str, numbers,
+None): a crafted file is refused, not executed. :func:`to_safe_form` turns what else a state holds
+(numpy arrays and scalars, frozensets, dicts with other keys, the run's-device marker) into
+tagged plain data and :func:`from_safe_form` rebuilds it exactly, so no global is allow-listed.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import pickle
+import re
 import shutil
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +77,108 @@ def _unpack(saved: Any, device: torch.device) -> Any:
     if isinstance(saved, (list, tuple)):
         return type(saved)(_unpack(x, device) for x in saved)
     return saved
+
+
+# -- the safe form: what torch.load(weights_only=True) reads without allow-listing anything ------------
+
+# The tag key of a rebuilt value's dict; a real dict holding this key is stored as a list of pairs.
+_TAG = "\x00fnl"
+_PLAIN_KEYS = (str, int, float, bool, type(None))
+_PASS = (str, int, float, bool, complex, bytes, type(None))
+
+
+def to_safe_form(v: Any, where: str = "state") -> Any:
+    """``v`` as tensors and plain data only (for ``torch.save``); :func:`from_safe_form` rebuilds it.
+
+    A type that cannot be stored so is a TypeError naming where it sits: such a checkpoint
+    could not be read back without unpickling arbitrary objects, so it is not written."""
+    if type(v) in _PASS:  # exact types: np.float64 and np.str_ subclass float and str but pickle as numpy
+        return v
+    if isinstance(v, torch.Tensor):
+        if type(v) not in (torch.Tensor, torch.nn.Parameter):
+            raise TypeError(f"{where}: a {type(v).__name__} (a tensor subclass) cannot be checkpointed safely")
+        return v
+    if isinstance(v, _OnDevice):
+        return {_TAG: "on_device", "t": to_safe_form(v.t, where)}
+    if isinstance(v, np.ndarray):
+        return _array_form(v, "ndarray", where)
+    if isinstance(v, np.generic):
+        return _array_form(np.asarray(v), "npscalar", where)
+    if isinstance(v, (set, frozenset)):
+        return {_TAG: type(v).__name__, "items": [to_safe_form(x, f"{where} item") for x in v]}
+    if type(v) in (dict, OrderedDict):
+        if all(type(k) in _PLAIN_KEYS for k in v) and _TAG not in v:
+            return type(v)((k, to_safe_form(x, f"{where}[{k!r}]")) for k, x in v.items())
+        return {_TAG: "dict", "items": [[to_safe_form(k, f"{where} key"), to_safe_form(x, f"{where}[{k!r}]")]
+                                        for k, x in v.items()]}
+    if type(v) in (list, tuple):
+        return type(v)(to_safe_form(x, f"{where}[{i}]") for i, x in enumerate(v))
+    raise TypeError(f"{where}: a {type(v).__module__}.{type(v).__qualname__} cannot be checkpointed safely "
+                    "(tensors, numpy arrays and scalars, numbers, strings and containers of these can)")
+
+
+def _array_form(a: np.ndarray, tag: str, where: str) -> dict:
+    if a.dtype.hasobject:
+        raise TypeError(f"{where}: a numpy array of Python objects cannot be checkpointed safely")
+    # the bytes of the array in its memory order (C, or Fortran as numpy's pickle keeps it)
+    fortran = a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous
+    flat = np.ascontiguousarray(a.T if fortran else a).reshape(-1).view(np.uint8)
+    return {_TAG: tag, "dtype": a.dtype.str, "shape": list(a.shape), "fortran": fortran,
+            "data": torch.from_numpy(flat.copy())}
+
+
+def from_safe_form(v: Any) -> Any:
+    """The value :func:`to_safe_form` stored; a ValueError when ``v`` is not such a form."""
+    if isinstance(v, list):
+        return [from_safe_form(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(from_safe_form(x) for x in v)
+    if not isinstance(v, dict):
+        return v
+    if _TAG not in v:
+        return type(v)((k, from_safe_form(x)) for k, x in v.items())
+    tag = v[_TAG]
+    if tag == "on_device" and isinstance(v.get("t"), torch.Tensor):
+        return _OnDevice(v["t"])
+    if tag in ("ndarray", "npscalar"):
+        a = _array_of(v)
+        return a if tag == "ndarray" else a[()]
+    if tag in ("set", "frozenset") and isinstance(v.get("items"), list):
+        return (set if tag == "set" else frozenset)(from_safe_form(x) for x in v["items"])
+    if tag == "dict" and isinstance(v.get("items"), list) and all(isinstance(p, list) and len(p) == 2
+                                                                   for p in v["items"]):
+        return {from_safe_form(k): from_safe_form(x) for k, x in v["items"]}
+    raise ValueError(f"not a stored value: tag {tag!r} with keys {sorted(map(str, v))}")
+
+
+def _array_of(v: dict) -> np.ndarray:
+    data, shape = v.get("data"), v.get("shape")
+    if not (isinstance(data, torch.Tensor) and data.dtype == torch.uint8 and data.ndim == 1 and isinstance(shape, list)
+            and all(type(n) is int and n >= 0 for n in shape) and isinstance(v.get("dtype"), str)):
+        raise ValueError("not a stored numpy array")
+    dtype = np.dtype(v["dtype"])  # a type string such as '<f8'; numpy parses it, nothing is imported
+    if dtype.hasobject or dtype.itemsize * math.prod(shape) != data.numel():
+        raise ValueError(f"a stored numpy array of dtype {dtype} and shape {shape} cannot hold {data.numel()} bytes")
+    flat = data.numpy().view(dtype)
+    return flat.reshape(shape[::-1]).T if v.get("fortran") else flat.reshape(shape)
+
+
+def load_safely(path: str | Path) -> Any:
+    """A file written with ``torch.save(to_safe_form(...))``, read without running code: a crafted or
+    older-format file raises ``pickle.UnpicklingError`` (:func:`refusal` says why in one line)."""
+    return from_safe_form(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def refusal(err: BaseException) -> str:
+    """One line for a refused load: which global the file asked for (torch's message is a page long)."""
+    text = str(err)
+    _, marker, rest = text.partition("WeightsUnpickler error:")
+    if isinstance(err, pickle.UnpicklingError) and marker:
+        what = (rest.strip().splitlines() or ["?"])[0].split(" Please use")[0].strip().rstrip(".")
+        return (f"refused, nothing in it was run: it holds more than tensors and plain data ({what}); "
+                "a checkpoint of an older fnlcore version or a crafted file")
+    lines = text.strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
 def persistent_names(cls) -> tuple[str, ...]:
@@ -191,11 +303,11 @@ class ClientStore:
             return self._mem[k]
         if k in self._files:
             path = self.folder / self._files[k]
-            try:
+            try:  # tensors only: a crafted file is refused, not run
                 return torch.load(path, map_location="cpu", weights_only=True)
-            except (RuntimeError, EOFError, ValueError) as err:  # truncated or corrupt
+            except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:  # truncated, corrupt, crafted
                 raise DataError(
-                    f"{path}: client {k}'s saved {self.name} state is unreadable ({str(err).splitlines()[0]}); "
+                    f"{path}: client {k}'s saved {self.name} state is unreadable ({refusal(err)}); "
                     f"move {self.folder.parent} and the checkpoint beside it aside to restart the run"
                 ) from None
         return None
@@ -252,13 +364,14 @@ class ClientStore:
                 f"the checkpoint names per-client state files that are gone from {self.folder}: {missing[:3]}; "
                 "move the checkpoint aside to restart the run"
             )
-        self._files = {int(k): f for k, f in saved["files"].items()}
+        self._files = {int(k): _store_file(f) for k, f in saved["files"].items()}
         self._named = set(self._files.values())
         self._mem = {}
 
     def missing(self, saved: dict) -> list[str]:
-        """Files a checkpoint's ``saved`` entry names that are not in this store's folder."""
-        return [f for f in saved.get("files", {}).values() if not (self.folder / f).is_file()]
+        """Files a checkpoint's ``saved`` entry names that are not in this store's folder (a ValueError
+        for a name that is not one of this store's files)."""
+        return [f for f in map(_store_file, saved.get("files", {}).values()) if not (self.folder / f).is_file()]
 
     def reset(self) -> None:
         """Forget every entry and remove the files on disk (a run restarting from round 0)."""
@@ -270,6 +383,17 @@ class ClientStore:
     def clear(self) -> None:
         if self._folder is not None and self._tmp is None:
             shutil.rmtree(self._folder, ignore_errors=True)
+
+
+_STORE_FILE = re.compile(r"client\d+\.r\d+\.pt")
+
+
+def _store_file(name: Any) -> str:
+    """``name`` if it is a per-client file name as :meth:`ClientStore.end_round` writes them: a checkpoint
+    naming another path (``../x``) would have the store read, and later remove, a file outside its folder."""
+    if not (isinstance(name, str) and _STORE_FILE.fullmatch(name)):
+        raise ValueError(f"{name!r} is not a per-client state file name (client<k>.r<round>.pt)")
+    return name
 
 
 def _remove(p: Path) -> None:

@@ -9,9 +9,12 @@ kernels may not be bit-deterministic on a GPU).
 
 A checkpoint records what made it (:class:`~fnlcore.provenance.Provenance`: the code's
 version and a digest of the run's settings). A checkpoint of other code or other settings
-is never resumed: the run restarts from round 0 and the log says so, naming both. An
-unreadable checkpoint (truncated by a full disk or a kill during a copy) is moved aside to
-``<checkpoint>.corrupt`` and the run restarts, saying so. Before each checkpoint the free
+is never resumed: the run restarts from round 0 and the log says so, naming both. Reading a
+checkpoint never runs code (``torch.load(weights_only=True)`` of tensors and plain data, see
+:mod:`~fnlcore.fl.persist`). An unreadable checkpoint (truncated by a full disk or a kill during a
+copy, written by an older version in the pickle format, crafted, or not of a checkpoint's shape) is
+moved aside to ``<checkpoint>.corrupt`` (``.corrupt.1``, ... when that exists: nothing is overwritten)
+and the run restarts, saying so. Before each checkpoint the free
 space is checked against the state's size, so a full disk stops the run with the folder,
 the needed and the free bytes instead of a library message.
 
@@ -42,12 +45,13 @@ from ..io import atomic_path, ensure_free_space
 from ..provenance import Provenance, plugin_digest
 from .context import RunContext
 from .local import evaluate
-from .persist import load_method_state, method_state, missing_store_files
+from .persist import load_method_state, load_safely, method_state, missing_store_files, refusal, to_safe_form
 from .rounds import RoundEngine
 from .time_budget import TimeBudget
 
-# 2: the relabel log; 3: declared method state, per-client stores on disk; 4: what made it (code, settings)
-CHECKPOINT_VERSION = 4
+# 2: the relabel log; 3: declared method state, per-client stores on disk; 4: what made it (code, settings);
+# 5: tensors and plain data only, read with weights_only=True (persist.to_safe_form)
+CHECKPOINT_VERSION = 5
 
 # Training settings that never change a run's numbers (kept out of its identity, as out of its path).
 _NOT_IDENTITY = ("checkpoint_every",)
@@ -113,8 +117,9 @@ class Simulation:
             "rows": self.rows,
         }
         ensure_free_space(self.checkpoint_path.parent, estimated_size(payload), f"checkpoint {self.checkpoint_path.name}")
+        safe = to_safe_form(payload, "checkpoint")  # before the write: a type it cannot hold fails here, naming it
         with atomic_path(self.checkpoint_path, suffix=".pt") as tmp:
-            torch.save(payload, tmp)
+            torch.save(safe, tmp)
         for st in self.stores:
             st.committed()
         if self.time_budget is not None:
@@ -126,18 +131,23 @@ class Simulation:
             return 0
         started = self.time_budget.clock() if self.time_budget is not None else 0.0
         try:
-            payload = torch.load(path, map_location="cpu", weights_only=False)
+            payload = load_safely(path)  # never weights_only=False: the folder may be writable by others
         except PermissionError as err:
             raise DataError(f"{path}: cannot read the run's checkpoint ({err}); make it readable and rerun") from None
-        except Exception as err:  # truncated or corrupt: zip, pickle and EOF errors
-            return self._restart(f"checkpoint {path} is unreadable ({_first_line(err)})", aside=True)
-        made_by = Provenance.from_dict(payload.get("made_by")) if isinstance(payload, dict) else None
-        if not isinstance(payload, dict) or payload.get("version") != CHECKPOINT_VERSION or not self.provenance.same_as(made_by):
+        except Exception as err:  # truncated or corrupt (zip, EOF errors), older format or crafted (refused)
+            return self._restart(f"checkpoint {path} is unreadable ({refusal(err)})", aside=True)
+        if not isinstance(payload, dict) or not isinstance(payload.get("version"), int):
+            return self._restart(f"checkpoint {path} is unreadable (not a checkpoint: no format version)", aside=True)
+        made_by = Provenance.from_dict(payload.get("made_by"))
+        if payload.get("version") != CHECKPOINT_VERSION or not self.provenance.same_as(made_by):
             old = made_by.describe() if made_by is not None else (
-                f"checkpoint format {payload.get('version') if isinstance(payload, dict) else None!r}, "
-                "which does not record its code and settings")
+                f"checkpoint format {payload.get('version')!r}, which does not record its code and settings")
             return self._restart(f"checkpoint {path} was written by {old}; this run is {self.provenance.describe()}")
-        missing = missing_store_files(self.method, payload["method"])
+        try:
+            _check_payload(payload, self.ctx, self.method)
+            missing = missing_store_files(self.method, payload["method"])
+        except (TypeError, ValueError, KeyError, AttributeError) as err:  # before anything is loaded into the run
+            return self._restart(f"checkpoint {path} is unreadable (not a checkpoint of this run: {err})", aside=True)
         if missing:
             return self._restart(f"checkpoint {path} names per-client files that are gone ({', '.join(missing[:3])})",
                                  aside=True)
@@ -152,12 +162,13 @@ class Simulation:
         return int(payload["next_round"])
 
     def _restart(self, why: str, aside: bool = False) -> int:
-        """Start from round 0: the checkpoint is moved to ``<checkpoint>.corrupt`` (``aside``) or removed,
-        its per-client files go, and the log says why."""
+        """Start from round 0: the checkpoint is moved to ``<checkpoint>.corrupt`` (``aside``: one that does
+        not load, kept for a look) or removed (a readable one of other code or settings), its per-client
+        files go, and the log says why."""
         assert self.checkpoint_path is not None
         if aside:
-            kept = Path(str(self.checkpoint_path) + ".corrupt")
-            os.replace(self.checkpoint_path, kept)
+            kept = _free_name(Path(str(self.checkpoint_path) + ".corrupt"))
+            os.rename(self.checkpoint_path, kept)
             done = f"moved it to {kept}"
         else:
             os.remove(self.checkpoint_path)
@@ -246,6 +257,36 @@ def _nbytes(obj: Any) -> int:
     return _nbytes(inner) if isinstance(inner, torch.Tensor) else 64
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``, ... the first that does not exist (a file moved aside earlier stays)."""
+    n, out = 0, path
+    while out.exists():
+        n += 1
+        out = Path(f"{path}.{n}")
+    return out
+
+
+def _check_payload(p: dict, ctx: RunContext, method) -> None:
+    """Raise (TypeError, ValueError, KeyError) when a checkpoint's payload is not shaped as this run's,
+    before any of it is loaded: a wrong one is moved aside instead of half-loaded."""
+    for key, kind in (("next_round", int), ("method", dict), ("given", torch.Tensor), ("relabels", list),
+                      ("rng", dict), ("rows", list)):
+        if not isinstance(p.get(key), kind):
+            raise TypeError(f"{key!r} is a {type(p.get(key)).__name__}, not a {kind.__name__}")
+    given = ctx.data.given
+    if p["given"].shape != given.shape or p["given"].dtype != given.dtype:
+        raise ValueError(f"labels {tuple(p['given'].shape)} {p['given'].dtype}, "
+                         f"the run's {tuple(given.shape)} {given.dtype}")
+    if not 0 <= p["next_round"] <= method.num_rounds():
+        raise ValueError(f"next round {p['next_round']} of 0..{method.num_rounds()}")
+    if not all(isinstance(r, dict) for r in p["rows"]) or not all(isinstance(c, dict) for c in p["relabels"]):
+        raise TypeError("rows or relabels are not records")
+    saved = p["method"].get("globals")
+    if not isinstance(saved, dict) or set(saved) != set(method.globals):
+        raise ValueError(f"networks {sorted(map(str, saved or {}))}, the run's {sorted(method.globals)}")
+    for name, net in method.globals.items():
+        want = net.state_dict()
+        st = saved[name]
+        if not isinstance(st, dict) or set(st) != set(want) or any(
+                not isinstance(st[k], torch.Tensor) or st[k].shape != v.shape for k, v in want.items()):
+            raise ValueError(f"network {name!r} does not have the run's parameters")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlparse
@@ -93,7 +94,13 @@ def imagenet_state_dict(weights) -> dict:
     filename = os.path.basename(urlparse(weights.url).path)
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
     try:
-        return weights.get_state_dict(progress=False, check_hash=True)
+        # weights_only: the cached file may sit in a shared TORCH_HOME; loading never runs code
+        return weights.get_state_dict(progress=False, check_hash=True, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConfigError(
+            f"pretrained weights: {os.path.join(folder, filename)} holds more than tensors ({e}) and was "
+            f"not loaded; delete it and download {filename} again from {weights.url}"
+        ) from None
     except OSError as e:  # URLError, HTTPError, socket errors, unwritable cache
         raise ConfigError(
             f"pretrained weights: cannot download {weights.url} ({e}); copy the file {filename} "
