@@ -142,9 +142,16 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
         if isinstance(err, FileNotFoundError):
             raise
         raise DataError(
-            f"{path}: not a readable parquet file ({err}); it is truncated or corrupt: delete it and rerun, "
-            "so the workflow builds it again"
+            f"{path}: not a readable parquet file ({err}); it is truncated or corrupt: {rebuild_advice(path)}"
         ) from None
+
+
+def rebuild_advice(path: str | os.PathLike) -> str:
+    """The fix for a broken workflow artifact. A plain rerun rebuilds a deleted file only where a
+    job that needs it must run anyway: a partition whose noisy labels are present is not rebuilt
+    ("Nothing to be done"). ``--forcerun`` names the file: its job runs, then what was made from it."""
+    return (f"delete it and rerun with `--forcerun {os.fspath(path)}` added to the snakemake command, "
+            "so the workflow builds it again (and what was made from it)")
 
 
 def write_csv(df: pd.DataFrame, path: str | os.PathLike, **kwargs: Any) -> None:

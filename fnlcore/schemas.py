@@ -6,7 +6,9 @@ the schema knows them, e.g.::
 
     config/papers/fednoro.yaml: tables[0].rows[2]: unknown key 'methd'; valid keys: key, label, method, note, status, training
 
-never the schema itself.
+never the schema itself. Where a value is wrong the message says what it must be
+(``must be an integer``, ``must be >= 0``); a schema may add the fix in words with the
+extension keyword ``x-fix`` (ignored by JSON Schema), which ends the message.
 """
 
 from __future__ import annotations
@@ -60,12 +62,25 @@ def check(doc: Any, schema_name: str, where: str, set_defaults: bool = False) ->
     cls = jsonschema.validators.validator_for(schema)
     if set_defaults:
         cls = _with_defaults(cls)
-    errors = sorted(cls(schema).iter_errors(doc), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    validator = cls(schema, registry=_registry())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         first = _describe(errors[0])
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
         raise ConfigError(f"{where}: {first}{more}")
     return doc
+
+
+@lru_cache(maxsize=None)
+def _registry():
+    """Every schema of SCHEMA_DIR under its ``$id``: one file's ``$ref: "training.schema.yaml"``
+    resolves to another's (the training block is declared once for papers and scales)."""
+    from referencing import Registry, Resource
+
+    names = sorted(p.name[: -len(".schema.yaml")] for p in SCHEMA_DIR.glob("*.schema.yaml"))
+    return Registry().with_resources(
+        (load_schema(n)["$id"], Resource.from_contents(load_schema(n))) for n in names
+    )
 
 
 def coerce_cli_strings(config: dict, schema_name: str = "config") -> dict:
@@ -105,7 +120,19 @@ def _location(path) -> str:
     return out
 
 
+_TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+               "array": "a list", "object": "a mapping", "null": "null"}
+_BOUND_OPS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+
+
 def _describe(e) -> str:
+    """One line: the key, what is wrong, and the fix (a schema's ``x-fix`` where it has one)."""
+    text = _problem(e)
+    fix = e.schema.get("x-fix") if isinstance(e.schema, dict) else None
+    return f"{text}; {fix}" if fix else text
+
+
+def _problem(e) -> str:
     loc = _location(e.absolute_path)
     prefix = f"{loc}: " if loc else ""
     v = e.validator
@@ -119,9 +146,13 @@ def _describe(e) -> str:
     if v == "enum":
         return f"{prefix}{e.instance!r} is not valid; valid: {', '.join(map(repr, e.validator_value))}"
     if v == "type":
-        want = e.validator_value if isinstance(e.validator_value, str) else " or ".join(e.validator_value)
-        return f"{prefix}{e.instance!r} should be of type {want}"
+        wanted = [e.validator_value] if isinstance(e.validator_value, str) else list(e.validator_value)
+        return f"{prefix}{e.instance!r} must be {' or '.join(_TYPE_NAMES.get(t, t) for t in wanted)}"
+    if v in _BOUND_OPS:
+        return f"{prefix}{e.instance!r} must be {_BOUND_OPS[v]} {e.validator_value!r}"
     if v in ("oneOf", "anyOf"):
+        if "x-fix" in e.schema:
+            return f"{prefix}{e.instance!r} is not valid here"
         return f"{prefix}{e.instance!r} is not valid here" + _schema_hint(e.schema)
     msg = e.message if len(e.message) <= 160 else e.message[:157] + "..."
     return f"{prefix}{msg}"

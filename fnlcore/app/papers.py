@@ -43,6 +43,8 @@ class TableRun:
     row: str
     column: str
     run: RunSpec
+    # where num_clients of this run's partition is set (file: key), for errors found later
+    partition_key: str = ""
 
 
 @dataclass
@@ -56,6 +58,7 @@ class PaperTable:
     scale: str
     compare: list[dict] = field(default_factory=list)
     dataset_options: dict[str, dict] = field(default_factory=dict)  # dataset -> options the table sets
+    source: str = ""  # the table in its file, "config/papers/<paper>.yaml: tables[i] (<id>)", for errors
 
     @property
     def name(self) -> str:
@@ -100,6 +103,7 @@ class Scale:
     partitions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-partitioner overrides
     seeds: tuple[int, ...] | None = None
     note: str = ""
+    source: str = ""  # the file it was read from, for errors that name a key of it
 
     # Training settings that change how a run executes, not its numbers (beyond float rounding).
     EXECUTION_ONLY = frozenset({"engine", "batched_clients", "channels_last", "eval_batch_size", "checkpoint_every"})
@@ -141,10 +145,11 @@ class Scale:
         if not path.exists():
             valid = sorted(p.stem for p in SCALES_DIR.glob("*.yaml"))
             raise ConfigError(f"scale {name!r}: no file {path.name} in config/scales; valid scales: {', '.join(valid)}")
-        d = schemas.check(load_yaml(path), "scale", str(name if name.endswith((".yaml", ".yml")) else f"config/scales/{path.name}"))
+        source = str(name if name.endswith((".yaml", ".yml")) else f"config/scales/{path.name}")
+        d = schemas.check(load_yaml(path), "scale", source)
         if "seeds" in d and d["seeds"] is not None:
             d["seeds"] = tuple(int(s) for s in d["seeds"])
-        return cls(name=path.stem, **d)
+        return cls(name=path.stem, source=source, **d)
 
 
 def _seed(value: Any, train_seed: int, where: str) -> int:
@@ -169,11 +174,15 @@ def load_paper(paper: str, scale: Scale) -> list[PaperTable]:
     for i, t in enumerate(doc.get("tables", [])):
         where = f"config/papers/{paper}.yaml: tables[{i}]"
         merged = {**copy.deepcopy(defaults), **t}
-        out.append(_expand_table(paper, merged, scale, f"{where} ({t.get('id', '?')})"))
+        # a key the table takes from `defaults` is named there in errors
+        inherited = {k: f"config/papers/{paper}.yaml: defaults" for k in defaults if k not in t}
+        out.append(_expand_table(paper, merged, scale, f"{where} ({t.get('id', '?')})", inherited))
     return out
 
 
-def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
+def _expand_table(
+    paper: str, t: dict, scale: Scale, where: str, inherited: Mapping[str, str] | None = None
+) -> PaperTable:
     from ..methods import method_from_dict
     from ..noise import noise_spec_from_dict
     from ..partition import partition_spec_from_dict
@@ -222,10 +231,7 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
             opts = {**(t.get("dataset_options") or {}).get(real, {}), **(c.get("dataset_options") or {}).get(real, {})}
             if dataset_options.setdefault(real, opts) != opts:
                 raise ConfigError(f"{cw}: dataset_options for {real!r} differ between the columns of one table")
-        pdict = dict(c.get("partition", t["partition"]))
-        if scale.num_clients is not None and _scales_clients(pdict.get("name")):
-            pdict["num_clients"] = min(int(pdict.get("num_clients", scale.num_clients)), scale.num_clients)
-        pdict.update(scale.partitions.get(pdict.get("name"), {}))
+        pdict, pkey = _column_partition(t, c, cw, where, scale, inherited)
         pspec = _wrap(f"{cw}.partition", partition_spec_from_dict, pdict)
         ndict = dict(c.get("noise", {"name": "clean"}))
         ndict.update(scale.noises.get(ndict.get("name"), {}))
@@ -258,6 +264,7 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
                             method=method,
                             seed=int(s),
                         ),
+                        partition_key=pkey,
                     )
                 )
     # a table at a scale that changes its data or budget is not compared with the paper
@@ -272,7 +279,59 @@ def _expand_table(paper: str, t: dict, scale: Scale, where: str) -> PaperTable:
         scale=scale.name,
         compare=list(t.get("compare", [])),
         dataset_options={k: v for k, v in dataset_options.items() if v},
+        source=where,
     )
+
+
+def _column_partition(t: dict, c: dict, cw: str, where: str, scale: Scale,
+                      inherited: Mapping[str, str] | None) -> tuple[dict, str]:
+    """A column's partition entry at this scale, and the key that sets its num_clients: the
+    column's, the table's (or its defaults'), or the scale's where the scale's value is the one used."""
+    pdict = dict(c.get("partition", t["partition"]))
+    pkey = f"{cw}.partition.num_clients" if "partition" in c else \
+        f"{(inherited or {}).get('partition', where)}.partition.num_clients"
+    scale_file = scale.source or f"scale {scale.name}"
+    given = pdict.get("num_clients", scale.num_clients)
+    if scale.num_clients is not None and _scales_clients(pdict.get("name")) and _is_int(given):
+        if "num_clients" not in pdict or given > scale.num_clients:
+            pkey = f"{scale_file}: num_clients"
+        pdict["num_clients"] = min(given, scale.num_clients)  # a non-integer is left to the spec's check
+    forced = scale.partitions.get(pdict.get("name"), {})
+    if "num_clients" in forced:
+        pkey = f"{scale_file}: partitions.{pdict.get('name')}.num_clients"
+    pdict.update(forced)
+    return pdict, pkey
+
+
+def partition_keys(paper: str, scale: Scale, table: str = "") -> dict[tuple[str, str], list[str]]:
+    """(dataset, partition slug) -> the keys that set its num_clients, over the paper's tables (its
+    table ``table`` only, where given) at ``scale``. Builds partitions only: no methods, so no torch
+    (the partition job's environment, which finds an on-disk set's size)."""
+    from ..partition import partition_spec_from_dict
+    from ..schemas import load_yaml
+
+    doc = schemas.check(load_yaml(PAPERS_DIR / f"{paper}.yaml"), "paper", f"config/papers/{paper}.yaml")
+    defaults = doc.get("defaults", {}) or {}
+    out: dict[tuple[str, str], list[str]] = {}
+    for i, own in enumerate(doc.get("tables", [])):
+        if table and str(own.get("id")) != table:
+            continue
+        t = {**copy.deepcopy(defaults), **own}
+        where = f"config/papers/{paper}.yaml: tables[{i}] ({own.get('id', '?')})"
+        inherited = {k: f"config/papers/{paper}.yaml: defaults" for k in defaults if k not in own}
+        for j, c in enumerate(t.get("columns", [])):
+            if "average_of" in c or ("partition" not in c and "partition" not in t):
+                continue
+            real = c.get("dataset", t.get("dataset"))
+            pdict, pkey = _column_partition(t, c, f"{where}.columns[{j}] ({c.get('label')})", where, scale, inherited)
+            keys = out.setdefault((scale.datasets.get(real, real), partition_spec_from_dict(pdict).slug()), [])
+            if pkey not in keys:
+                keys.append(pkey)
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _scales_clients(partitioner: Any) -> bool:

@@ -7,8 +7,12 @@ Two layers of validation, both before any job runs:
 2. :func:`build_plan`: every partitioner / noise model / dataset is built into
    its typed spec, which rejects unknown keys and bad values by name, and the
    combinations are checked (a multi-label noise model on a single-label set...), the
-   tables' models exist (and have ImageNet weights where ``pretrained`` asks for them), and
-   the ``device`` can run the jobs (:func:`fnlcore.fl.device.check_device`).
+   tables' models exist (and have ImageNet weights where ``pretrained`` asks for them),
+   the ``device`` can run the jobs (:func:`fnlcore.fl.device.check_device`), no partition has
+   more clients than an in-memory set has training samples (an on-disk set's size is known
+   once prepared: the partition job checks it, naming the same key), every
+   ``data.datasets.<name>`` block is of a dataset something selected uses, and the selected
+   tables' reported CSVs hold what the table job reads.
 
 Every error is a :class:`~fnlcore.errors.ConfigError` whose message starts with
 the location in the config (``data_grid[0].noises[2]``).
@@ -66,6 +70,9 @@ class Plan:
     tables: list = field(default_factory=list)  # fnlcore.app.papers.PaperTable
     trainings: dict[str, Any] = field(default_factory=dict)  # slug -> TrainSettings
     methods: dict[str, Any] = field(default_factory=dict)  # slug -> MethodParams
+    # (dataset, partition slug) -> the keys that set its num_clients ("data_grid[0].partitions[1].num_clients",
+    # "config/papers/x.yaml: tables[0] (1).partition.num_clients"): a job's error can name them
+    partition_keys: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
     def runs(self) -> list:
         """Every distinct training run of the selected tables (RunSpec), in table order."""
@@ -144,6 +151,7 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
     partitions: dict[str, Any] = {}
     noises: dict[str, Any] = {}
     label_sets: list[NoisyLabelSet] = []
+    grid_keys: dict[tuple[str, str], list[str]] = {}
     for i, entry in enumerate(config.get("data_grid", []) or []):
         where = f"data_grid[{i}]"
         info = _at(f"{where}.dataset", get_dataset, entry["dataset"])
@@ -159,6 +167,7 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
         for j, ps in enumerate(pspecs):
             _check_partition_fits(f"{where}.partitions[{j}]", ps, info)
             _register(partitions, ps, f"{where}.partitions[{j}]")
+            grid_keys.setdefault((info.name, ps.slug()), []).append(f"{where}.partitions[{j}].num_clients")
         for j, ns in enumerate(nspecs):
             _check_noise_fits(f"{where}.noises[{j}]", ns, info)
             _register(noises, ns, f"{where}.noises[{j}]")
@@ -175,14 +184,18 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
         noises=noises,
         label_sets=label_sets,
         scale=str(config.get("scale", "paper")),
+        partition_keys=grid_keys,
     )
     _add_tables(plan, config.get("tables", []) or [], settings)
+    _check_dataset_blocks(plan, per_ds)
+    _check_clients_fit(plan)
     return plan
 
 
 def _add_tables(plan: Plan, selected: list[str], settings) -> None:
     """Expand the selected paper tables at the plan's scale and register their specs by slug."""
     from ..datasets import get_dataset
+    from ..tables.reported import check_reported
     from .papers import Scale, load_paper
     from .runs import train_slug
 
@@ -200,6 +213,8 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
             raise ConfigError(f"tables[{i}]: {name!r} is not a table of {paper!r}; valid: {valid}")
         for t in chosen:
             if t not in plan.tables:
+                if t.reported is not None:  # read by the table job, which starts by deleting the old table
+                    _at(f"{t.source}.reported", check_reported, t.reported, t.spec)
                 plan.tables.append(t)
     table_options = _table_dataset_options(plan.tables)
     for t in plan.tables:
@@ -212,6 +227,9 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
             _check_noise_fits(where, r.noise, info)
             _check_method_fits(where, r.method, info, r.training)
             _register(plan.partitions, r.partition, where)
+            keys = plan.partition_keys.setdefault((info.name, r.partition.slug()), [])
+            if tr.partition_key and tr.partition_key not in keys:
+                keys.append(tr.partition_key)
             _register(plan.noises, r.noise, where)
             _register_slug(plan.trainings, train_slug(r.training), r.training, where)
             _register_slug(plan.methods, r.method.slug(), r.method, where)
@@ -263,6 +281,86 @@ def _register(table: dict[str, Any], spec: Any, where: str) -> None:
             "this is a bug in the slug function, please report it"
         )
     table[slug] = spec
+
+
+def _check_dataset_blocks(plan: Plan, per_ds: Mapping[str, Any]) -> None:
+    """A ``data.datasets.<name>`` block of a dataset that nothing selected uses would be ignored
+    without a word (a typo'd or stale setting): every key of the configuration acts or is an error."""
+    from .papers import Scale
+
+    for name in per_ds:
+        if name in plan.datasets:
+            continue
+        used = ", ".join(sorted(plan.datasets)) or "none"
+        stand_in = Scale.load(plan.scale).datasets.get(name) if plan.tables else None
+        why = f" (at scale {plan.scale!r} the tables use {stand_in!r} in its place)" if stand_in else ""
+        raise ConfigError(
+            f"data.datasets.{name}: no selected table and no data_grid entry uses dataset {name!r}{why}; "
+            f"they use: {used}. Remove the block, or select a table (or add a data_grid entry) that uses it"
+        )
+
+
+def known_train_size(info: Any, options: Mapping[str, Any]) -> int | None:
+    """The training split's size where it is known before preparation: the in-memory sets (their
+    sizes are fixed by the published data and the options). An on-disk set holds the files the
+    user placed, so its size is known once prepared (the partition job checks it then)."""
+    from ..datasets import expected_shape
+
+    if not info.in_memory or (info.shape_for is None and info.split_sizes is None):
+        return None
+    try:
+        return expected_shape(info, options).n_train
+    except ConfigError:
+        return None  # options the dataset refuses: its preparation names them
+
+
+def _check_clients_fit(plan: Plan) -> None:
+    """More clients than training samples fails every partitioner: say so before any job runs,
+    naming the key that sets num_clients."""
+    from ..datasets import get_dataset
+
+    seen: set[tuple[str, str]] = set()
+    used = [(s.dataset, s.partition) for s in plan.label_sets]
+    used += [(tr.run.dataset, tr.run.partition) for t in plan.tables for tr in t.runs]
+    for dataset, spec in used:
+        if (dataset, spec.slug()) in seen:
+            continue
+        seen.add((dataset, spec.slug()))
+        info = get_dataset(dataset)
+        k = getattr(spec, "num_clients", None)  # a user's partitioner may size clients otherwise
+        n = known_train_size(info, plan.datasets[dataset].options) if isinstance(k, int) else None
+        if n is not None and k > n:
+            raise ConfigError(clients_error(plan.partition_keys.get((dataset, spec.slug()), []), spec, dataset, n))
+
+
+def partition_keys(config: Mapping[str, Any], dataset: str, slug: str) -> list[str]:
+    """The keys of ``config`` (its data grid, its selected tables at its scale) that set num_clients
+    of partition ``slug`` of ``dataset``: a job that finds a problem with it names them. Builds
+    partitions only (no torch: the partition job's environment); [] where they cannot be read."""
+    from ..partition import partition_spec_from_dict
+    from .papers import Scale
+    from .papers import partition_keys as table_keys
+
+    keys: list[str] = []
+    try:
+        for i, entry in enumerate(config.get("data_grid") or []):
+            for j, p in enumerate(entry.get("partitions") or []):
+                if entry.get("dataset") == dataset and partition_spec_from_dict(dict(p)).slug() == slug:
+                    keys.append(f"data_grid[{i}].partitions[{j}].num_clients")
+        scale = Scale.load(str(config.get("scale", "paper")))
+        for name in config.get("tables") or []:
+            paper, _, table = str(name).partition("/")
+            keys += [k for k in table_keys(paper, scale, table).get((dataset, slug), []) if k not in keys]
+    except (FNLError, OSError, ValueError, TypeError):
+        return keys  # the job's own error still stands; it names what was found
+    return keys
+
+
+def clients_error(keys: list[str], spec: Any, dataset: str, n: int) -> str:
+    """One line: where num_clients is set, the count, the dataset's size, the fix."""
+    where = " and ".join(keys) if keys else f"partition {spec.slug()!r}: num_clients"
+    return (f"{where}: num_clients={spec.num_clients} is more than the {n} training samples of dataset "
+            f"{dataset!r}; use at most {n} clients")
 
 
 def _check_partition_fits(where: str, spec: Any, info: Any) -> None:

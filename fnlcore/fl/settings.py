@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
 from ..errors import ConfigError
 
@@ -12,6 +14,7 @@ LR_SCHEDULES = ("exponential", "constant", "step", "cosine")
 ENGINES = ("sequential", "batched", "auto")
 PRECISIONS = ("fp32", "bf16")
 IMAGE_TRANSFORMS = ("resize", "resize_crop", "resize_crop_center")  # = fnlcore.fl.pipeline.IMAGE_TRANSFORMS
+NORMALIZE_NAMES = ("auto", "imagenet", "half", "data")  # or {mean: [...], std: [...]} (fnlcore.fl.pipeline)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class TrainSettings:
         def bad(key, why):
             raise ConfigError(f"training.{key}={getattr(self, key)!r}: {why}")
 
+        self._check_types(bad)
         for key in ("rounds", "local_epochs", "batch_size", "eval_batch_size", "checkpoint_every"):
             if int(getattr(self, key)) < 1:
                 bad(key, "must be >= 1")
@@ -85,7 +89,7 @@ class TrainSettings:
             bad("image_transform", f"valid: {', '.join(IMAGE_TRANSFORMS)}")
         if self.lr_schedule not in LR_SCHEDULES:
             bad("lr_schedule", f"valid: {', '.join(LR_SCHEDULES)}")
-        object.__setattr__(self, "lr_milestones", tuple(int(m) for m in self.lr_milestones))
+        object.__setattr__(self, "lr_milestones", tuple(self.lr_milestones))
         if list(self.lr_milestones) != sorted(set(self.lr_milestones)) or any(m < 1 for m in self.lr_milestones):
             bad("lr_milestones", "must be increasing round numbers >= 1")
         if not self.lr_gamma > 0:
@@ -103,6 +107,30 @@ class TrainSettings:
         if self.momentum < 0 or self.weight_decay < 0:
             bad("momentum" if self.momentum < 0 else "weight_decay", "must be >= 0")
 
+    def _check_types(self, bad) -> None:
+        """Each value of its field's type, before any range check: ``rounds: 6.5`` (or ``true``)
+        must fail here, not as a TypeError in every attempt of the train job. Values are not
+        converted (an int for a float stays, so the slugs stay what they are)."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+            if f.name == "normalize":
+                if not (isinstance(v, str) or _is_mean_std(v)):
+                    bad(f.name, f"valid: {', '.join(NORMALIZE_NAMES)} or {{mean: [numbers], std: [numbers]}}")
+            elif f.name == "lr_milestones":
+                if isinstance(v, (str, bytes, Mapping)) or not hasattr(v, "__iter__") or not all(_is_int(m) for m in v):
+                    bad(f.name, "must be a list of integer round numbers")
+            elif want == "int" and not _is_int(v):
+                bad(f.name, "must be an integer")
+            elif want == "float" and not (_is_number(v) and math.isfinite(v)):
+                bad(f.name, "must be a finite number")
+            elif want == "bool" and not isinstance(v, bool):
+                bad(f.name, "must be true or false")
+            elif want == "str" and not isinstance(v, str):
+                bad(f.name, "must be a string")
+        if isinstance(self.normalize, str) and self.normalize not in NORMALIZE_NAMES:
+            bad("normalize", f"valid: {', '.join(NORMALIZE_NAMES)} or {{mean: [numbers], std: [numbers]}}")
+
     @classmethod
     def from_dict(cls, d: dict) -> "TrainSettings":
         names = {f.name for f in fields(cls)}
@@ -119,3 +147,17 @@ class TrainSettings:
         if self.lr_schedule == "cosine":
             return 0.5 * self.lr * (1.0 + math.cos(math.pi * round_index / self.rounds))
         return self.lr * (self.lr_decay ** round_index)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
+def _is_mean_std(v: Any) -> bool:
+    """``{mean: [...], std: [...]}``: per-channel numbers (their count is checked against the dataset later)."""
+    return (isinstance(v, Mapping) and set(v) == {"mean", "std"}
+            and all(isinstance(v[k], (list, tuple)) and v[k] and all(_is_number(x) for x in v[k]) for k in v))

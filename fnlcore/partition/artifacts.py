@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..assignment import ClientAssignment
 from ..errors import DataError
-from ..io import read_parquet, save_figure, write_csv, write_parquet
+from ..io import read_parquet, rebuild_advice, save_figure, write_csv, write_parquet
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -156,7 +156,7 @@ def read_partition(
     if missing:
         raise DataError(
             f"partition file {os.fspath(parquet_path)!r} lacks column(s) {missing}; "
-            f"expected {list(PARTITION_COLUMNS)} (delete it and rerun the partition rule)"
+            f"expected {list(PARTITION_COLUMNS)}; {rebuild_advice(parquet_path)}"
         )
     frame = frame.sort_values(["client", "position"], kind="stable")
     client = frame["client"].to_numpy(dtype=np.int64)
@@ -167,7 +167,7 @@ def read_partition(
         if client.min() < 0 or not np.array_equal(position, expected):
             raise DataError(
                 f"partition file {os.fspath(parquet_path)!r} is corrupted: negative client ids or positions "
-                "that are not 0..size-1 within a client (delete it and rerun the partition rule)"
+                f"that are not 0..size-1 within a client; {rebuild_advice(parquet_path)}"
             )
         if num_clients is not None and client.max() >= num_clients:
             raise DataError(

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..io import atomic_path
 from .spec import TableSpec, check_fields
 
@@ -55,7 +55,10 @@ def load_reported(path: str | os.PathLike) -> pd.DataFrame:
         raise DataError(f"reported-numbers file {p} is not a readable CSV: {e}") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
-        raise DataError(f"reported-numbers file {p} lacks column(s) {missing}; required: {list(REQUIRED_COLUMNS)}")
+        raise DataError(
+            f"reported-numbers file {p} lacks column(s) {missing}; add them to its header line "
+            f"(required: {list(REQUIRED_COLUMNS)}; a cell may be empty)"
+        )
     for col in NUMERIC_COLUMNS:
         text = df[col].str.strip()
         num = pd.to_numeric(text.where(text != ""), errors="coerce")
@@ -68,6 +71,20 @@ def load_reported(path: str | os.PathLike) -> pd.DataFrame:
             )
         df[col] = num.astype(np.float64)
     return df
+
+
+def check_reported(path: str | os.PathLike, spec: TableSpec) -> None:
+    """Everything the table job reads of a reported CSV, checked before any job runs: the file,
+    its required columns and numbers, and the columns the spec's row/column keys name.
+
+    Raises ConfigError (the workflow prints it at startup and stops), never DataError: a bad
+    CSV found by the table job would come after Snakemake deleted the old table.
+    """
+    try:
+        reported = load_reported(path)
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    check_fields(reported, spec.row_fields + spec.column_fields + ("metric",), f"reported-numbers file {path}")
 
 
 def copy_reported(src: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:

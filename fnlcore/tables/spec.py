@@ -463,5 +463,6 @@ def check_fields(df: pd.DataFrame, flds: Sequence[str], where: str) -> None:
     missing = [f for f in flds if f not in df.columns]
     if missing:
         raise ConfigError(
-            f"{where}: key field(s) {missing} are not columns of the reported table; columns: {list(df.columns)}"
+            f"{where}: key field(s) {missing} are not columns of the reported table; columns: {list(df.columns)}; "
+            "add them to the CSV, or change the table's row_fields/column_fields"
         )
