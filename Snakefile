@@ -65,7 +65,9 @@ rule all:
 onstart:
     # One workflow at a time per results folder, whichever checkout it runs from (Snakemake's
     # own lock covers its working directory only): fnlcore/app/results_lock.py.
-    from fnlcore.app.results_lock import ResultsFolderLocked, lock_results
+    from fnlcore.app.results_lock import (ResultsFolderLocked, busy_runs, busy_runs_message, lock_results,
+                                          train_checkpoints)
+    from fnlcore.errors import FNLError
 
     try:
         if lock_results(RESULTS) is None:
@@ -74,6 +76,26 @@ onstart:
     except ResultsFolderLocked as err:
         sys.stderr.write(f"\nResults folder locked: {err}\n\n")
         raise SystemExit(1)
+    except FNLError as err:  # a full disk: said plainly, not a bare OSError
+        sys.stderr.write(f"\nResults folder unusable: {err}\n\n")
+        raise SystemExit(1)
+    # One writer per run, also after a kill of Snakemake alone: its training jobs outlive it,
+    # each holding its run's lock. Starting those runs again would put two writers on one
+    # checkpoint, so stop before any job (and before Snakemake deletes their logs).
+    busy = busy_runs(train_checkpoints(workflow, PLAN, RESULTS))
+    if busy:
+        sys.stderr.write(busy_runs_message(busy, "This workflow did not start"))
+        raise SystemExit(1)
+
+
+onerror:
+    # A train job refused because another process writes its run said so in its own output,
+    # long scrolled away by now: repeat who writes which run.
+    from fnlcore.app.results_lock import busy_runs, busy_runs_message, train_checkpoints
+
+    busy = busy_runs(train_checkpoints(workflow, PLAN, RESULTS))
+    if busy:
+        sys.stderr.write(busy_runs_message(busy, "Some runs of this workflow were not started"))
 
 
 onsuccess:

@@ -1,7 +1,11 @@
 """``fnl``: the user's commands over the same workflow.
 
     fnl tables [--scale S]                       papers, tables and their cells (done / pending / n.i.)
-    fnl status [--configfile F]                  runs of the configured tables: done, running/interrupted, failed, pending
+    fnl status [--configfile F] [--config K=V ...]
+                                                 runs of the configured tables (the config the workflow reads:
+                                                 config/config.yaml, then F, then K=V, as Snakemake merges them):
+                                                 done, running (and which process writes it) or interrupted,
+                                                 failed, pending
     fnl plan [--scale S] [--tables T ...] [--device D] [--threads N] [--calibration F] [--recalibrate]
                                                  runs and estimated device-hours of tables, from step costs
                                                  measured on this machine (cached in --calibration)
@@ -83,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--scale", default="paper")
     t.add_argument("--results", default="results")
     st = sub.add_parser("status", help="running and failed runs of the configured tables")
-    st.add_argument("--configfile", default=str(REPO / "config" / "config.yaml"))
+    st.add_argument("--configfile", help="a config file over config/config.yaml, as Snakemake's --configfile")
+    st.add_argument("--config", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="values over the config files, as Snakemake's --config "
+                         "(e.g. 'tables=[\"fednoro/1\"]' scale=smoke)")
     pl = sub.add_parser("plan", help="runs and estimated device-hours of tables at a scale")
     pl.add_argument("--scale", default="paper")
     pl.add_argument("--tables", nargs="+", help='"paper" or "paper/table" (default: every table)')
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.cmd in ("status", "plan"):
         try:
-            return _status(args.configfile) if args.cmd == "status" else _plan(args)
+            return _status(args.configfile, args.config) if args.cmd == "status" else _plan(args)
         except ConfigError as err:
             print(f"fnl: {err}", file=sys.stderr)
             return 2
@@ -129,7 +136,40 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(targets))
     if args.dry:
         return 0
-    return subprocess.call(cell_command(pt, args.scale, args.results, targets, extra))
+    busy = _workflow_holding(args.results)
+    if busy:
+        print(busy, file=sys.stderr)
+        return 1
+    rc = subprocess.call(cell_command(pt, args.scale, args.results, targets, extra))
+    if rc != 0 and any(Path(".snakemake", "locks").glob("*")):
+        print(_snakemake_lock_note(args.results), file=sys.stderr)
+    return rc
+
+
+def _workflow_holding(results: str) -> str | None:
+    """The message for a results folder a running workflow holds (None when none does): Snakemake
+    would stop with its own LockException and advise --unlock, which is unsafe while it runs."""
+    from .app.results_lock import results_holder
+
+    holder = results_holder(results)
+    if holder is None:
+        return None
+    return (f"fnl: results folder {results!r} is in use by a running workflow ({holder}). Wait until it ends, "
+            "or build this cell in a folder of its own (--results DIR). Do not run `snakemake --unlock` "
+            "meanwhile: the lock it removes is that workflow's, which is not stale.")
+
+
+def _snakemake_lock_note(results: str) -> str:
+    """After Snakemake failed with its own lock left in this directory: what is known about it."""
+    from .app.results_lock import results_holder
+
+    holder = results_holder(results)
+    if holder is not None:
+        return (f"fnl: a workflow is running on {results!r} ({holder}); if Snakemake said the directory cannot be "
+                "locked, wait until it ends: do not --unlock.")
+    return (f"fnl: no workflow holds {results!r}. If Snakemake said the directory cannot be locked: unless another "
+            "Snakemake runs in this directory (`pgrep -af snakemake`), its lock is left from a killed one; then "
+            "`snakemake --unlock` and the same command are safe.")
 
 
 # Options that say how many jobs run; without one, a cell runs on one core.
@@ -156,7 +196,7 @@ def run_log(run, results: str) -> Path:
 
 
 def run_status(run, results: str) -> str:
-    """done | running (a checkpoint, no outputs yet: running or interrupted) | failed | pending."""
+    """done | running (a checkpoint or a log, no outputs yet: being written or interrupted) | failed | pending."""
     if Path(run.files(results)["metrics"]).exists():
         return "done"
     log = run_log(run, results)
@@ -167,23 +207,72 @@ def run_status(run, results: str) -> str:
     return "pending"
 
 
+def run_writer(run, results: str) -> str:
+    """Who writes a started run now: the live process holding its lock, or that none does."""
+    from .app.results_lock import run_holder
+
+    holder = run_holder(run.checkpoint(results))
+    if holder is not None:
+        return f"being written by {holder}"
+    if Path(run.checkpoint(results)).exists():
+        return "interrupted: no process writes it; the next workflow resumes it from its checkpoint"
+    return "interrupted before its first checkpoint: the next workflow starts it over"
+
+
 STATUS_ORDER = ("failed", "running", "pending", "done")
 
 
-def _status(configfile: str) -> int:
-    """Every run of the configured tables, failed and running first, each with its log."""
-    from .app.plan import load_plan
+def status_config(configfile: str | None = None, config: list[str] | None = None) -> dict:
+    """The configuration the workflow reads for the same options: config/config.yaml, then
+    ``configfile``, then ``config`` (KEY=VALUE strings), merged as Snakemake merges them."""
+    from snakemake.cli import parse_config
+    from snakemake.utils import update_config
 
-    plan = load_plan(configfile)
+    from .schemas import load_yaml
+
+    merged = load_yaml(REPO / "config" / "config.yaml")
+    if configfile:
+        update_config(merged, load_yaml(configfile))
+    try:
+        update_config(merged, parse_config(config or []))
+    except ValueError as err:
+        raise ConfigError(f"--config: {err}") from None
+    return merged
+
+
+def _status(configfile: str | None = None, config: list[str] | None = None) -> int:
+    """Every run of the configured tables, failed and running first, each with its log; a
+    started run says whether a live process writes it. On stderr: what was read and whether
+    a workflow runs on the results folder."""
+    from .app.plan import build_plan, validate_schema
+    from .app.results_lock import results_holder
+
+    plan = build_plan(validate_schema(status_config(configfile, config)))
+    results = plan.results_dir
+    names = ", ".join(t.name for t in plan.tables) or "no table"
+    read = " + ".join(["config/config.yaml", *([configfile] if configfile else []), *(["--config"] if config else [])])
+    holder = results_holder(results)
+    workflow = f"a workflow is running on it ({holder})" if holder else "no workflow is running on it"
+    print(f"fnl status: {names} ({len(plan.runs())} runs) from {read}; results in {results}/: {workflow}",
+          file=sys.stderr)
     groups: dict[str, list] = {k: [] for k in ("done", "running", "failed", "pending")}
     for run in plan.runs():
-        groups[run_status(run, plan.results_dir)].append(run)
+        groups[run_status(run, results)].append(run)
     print("  ".join(f"{k} {len(v)}" for k, v in groups.items()))
     for kind in STATUS_ORDER:
         for run in groups[kind]:
-            log = run_log(run, plan.results_dir)
+            log = run_log(run, results)
             where = f"  log: {log}" if log.exists() else ""
-            print(f"{kind:8s} {run.files(plan.results_dir)['metrics'].rsplit('/', 1)[0]}{where}")
+            writer = f"  ({run_writer(run, results)})" if kind == "running" else ""
+            print(f"{kind:8s} {run.files(results)['metrics'].rsplit('/', 1)[0]}{where}{writer}")
+    # done runs of another code version: a code change alone reruns nothing, so say so (on
+    # stderr, after the listing that scripts read)
+    from .provenance import other_code_runs, other_code_text
+
+    done = [run.files(results)["metrics"] for run in groups["done"]]
+    other = other_code_text(other_code_runs(done), total=len(done))
+    if other:
+        print(f"Warning: {other}", file=sys.stderr)
     return 1 if groups["failed"] else 0
 
 

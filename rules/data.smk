@@ -11,6 +11,9 @@ rule prepare_in_memory_dataset:
         dataset="|".join(IN_MEMORY_DATASETS),
     params:
         settings=lambda w: dataset_settings(w.dataset),
+        # the options over the dataset's defaults, tracked by Snakemake (the settings object is
+        # not): a changed option or default prepares the set again, and what depends on it follows
+        identity=lambda w: settings_identity(dataset_settings(w.dataset)),
     log:
         pattern("{results}/logs/data/{dataset}.log"),
     conda:
@@ -33,6 +36,7 @@ if ON_DISK_DATASETS:
             dataset="|".join(ON_DISK_DATASETS),
         params:
             settings=lambda w: dataset_settings(w.dataset),
+            identity=lambda w: settings_identity(dataset_settings(w.dataset)),  # as above
         log:
             pattern("{results}/logs/data/{dataset}.log"),
         conda:

@@ -18,6 +18,8 @@ rule annotator:
     params:
         data_dir=data_dir,
         settings=lambda w: annotator_settings(w.annotator),
+        # tracked by Snakemake (the settings object is not): a changed default reruns the annotator
+        identity=lambda w: settings_identity(annotator_settings(w.annotator)),
     log:
         pattern("{results}/logs/annotators/{dataset}/{partition}/pseed{pseed}/{annotator}/client{client}.log"),
     conda:
@@ -54,6 +56,9 @@ rule noise:
         spec=lambda w: noise_spec(w.noise),
         partition_spec=lambda w: partition_spec(w.partition),
         data_dir=data_dir,
+        # tracked by Snakemake (the spec object is not): a changed default reruns the draw; the
+        # partition reaches it as an input file
+        identity=lambda w: settings_identity(noise_spec(w.noise)),
     log:
         pattern("{results}/logs/noise/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}.log"),
     conda:

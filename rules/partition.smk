@@ -16,6 +16,8 @@ rule partition:
     params:
         spec=lambda w: partition_spec(w.partition),
         data_dir=data_dir,
+        # tracked by Snakemake (the spec object is not): a changed default reruns the partition
+        identity=lambda w: settings_identity(partition_spec(w.partition)),
     log:
         pattern("{results}/logs/partitions/{dataset}/{partition}/pseed{pseed}.log"),
     conda:

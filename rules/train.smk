@@ -3,7 +3,8 @@
 # The device (config key `device`) is read by the job from the config, not passed as a
 # param: a run's path does not record it (equal settings give equal numbers on any device up
 # to float rounding), so changing it must not rerun the run. Every tracked param below is a
-# function of the run's path. Helpers: rules/common.smk.
+# function of the run's path. Snakemake tracks plain values only (a settings object is not
+# compared): `identity` is what tracks the settings. Helpers: rules/common.smk.
 
 
 rule train:
@@ -23,6 +24,9 @@ rule train:
         method=lambda w: method_params(w.method),
         num_clients=lambda w: partition_spec(w.partition).num_clients,
         checkpoint=lambda w: pattern(CHECKPOINT, **dict(w.items())),
+        # The settings with every default filled in (the path holds only the non-default ones):
+        # a changed default in the code reruns the run (fnlcore.app.identity.settings_identity).
+        identity=lambda w: train_identity(training_settings(w.train), method_params(w.method), w.dataset),
     log:
         pattern("{results}/logs/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.log"),
     conda:

@@ -3,7 +3,9 @@ beside the reported numbers, plain-language comparison notes and the curve figur
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
 
 from .papers import PaperTable, TableRun
 
@@ -31,6 +33,8 @@ def build_table(pt: PaperTable, metrics_files: Sequence[str], outputs: Mapping[s
     reported, delta, tolerance flags, "n.i." rows) and a figure of the test-metric curves
     (one panel per column).
     """
+    from dataclasses import replace
+
     import pandas as pd
 
     from ..tables import load_reported, render
@@ -45,14 +49,42 @@ def build_table(pt: PaperTable, metrics_files: Sequence[str], outputs: Mapping[s
     runs = pd.DataFrame(rows, columns=["row", "column", "metric", "seed", "value"])
     reported = load_reported(pt.reported) if pt.reported is not None else None
     rendered = render(pt.spec, runs, reported)
+    rendered = replace(rendered, code_note=_code_note(pt, metrics_files))
     notes = comparison_notes(pt, runs)
-    rendered.to_csv(outputs["csv"])
-    _write_with_notes(rendered.markdown(), notes, outputs["md"], markdown=True)
-    _write_with_notes(rendered.html(), notes, outputs["html"], markdown=False)
     source = next(iter(pt.metrics.values())).source if pt.metrics else "acc"
-    plot_curve_grid({c: {r: pd.concat(v) for r, v in rows_.items()} for c, rows_ in curves.items()}, source,
-                    outputs["curves"], title=curves_title(pt, source))
+    with _written_together(outputs) as tmp:
+        rendered.to_csv(tmp["csv"])
+        _write_with_notes(rendered.markdown(), notes, tmp["md"], markdown=True)
+        _write_with_notes(rendered.html(), notes, tmp["html"], markdown=False)
+        plot_curve_grid({c: {r: pd.concat(v) for r, v in rows_.items()} for c, rows_ in curves.items()}, source,
+                        tmp["curves"], title=curves_title(pt, source))
     return rendered
+
+
+# The csv is the table's data (what scripts read): it is renamed into place last.
+_LAST = "csv"
+
+
+@contextlib.contextmanager
+def _written_together(outputs: Mapping[str, str]) -> Iterator[dict[str, Path]]:
+    """Temporary paths for every file of a table, renamed onto ``outputs`` only once all are
+    written, the csv last: a job killed while writing leaves no csv, so a table never looks
+    finished with its Markdown, HTML or figure missing (or with those of an older build)."""
+    from ..io import atomic_path
+
+    order = sorted(outputs, key=lambda k: k != _LAST)  # entered first, so renamed last (LIFO exit)
+    with contextlib.ExitStack() as stack:
+        tmp = {k: stack.enter_context(atomic_path(outputs[k])) for k in order}
+        yield tmp
+
+
+def _code_note(pt: PaperTable, metrics_files: Sequence[str]) -> str:
+    """The footer naming the runs made by another code version than the one building the table."""
+    from ..provenance import other_code_runs, other_code_text
+
+    labels = {str(p): f"{tr.row} / {tr.column} / seed {tr.run.seed}" for tr, p in zip(pt.runs, metrics_files)}
+    return other_code_text(other_code_runs(metrics_files), labels, total=len(metrics_files),
+                           this="the one that built this table")
 
 
 def curves_title(pt: PaperTable, source: str) -> str:

@@ -31,7 +31,20 @@ def finished_message(plan, argv: Sequence[str] | None = None, cwd: str | None = 
         head = f"Artifacts are under {plan.results_dir}/ (no table configured)."
     command = report_command(sys.argv if argv is None else argv, os.getcwd() if cwd is None else cwd)
     tail = f"Report with every table and figure: {command} (then open report.html)"
-    return "\n".join(["", head, *lines, tail, ""])
+    return "\n".join(["", head, *lines, *other_code_warning(plan), tail, ""])
+
+
+def other_code_warning(plan) -> list[str]:
+    """A line when runs of the plan's tables were made by another code version (a code change alone
+    reruns nothing, so this is where it shows); `fnl status` and the table footers name them."""
+    from ..provenance import other_code_runs
+
+    done = [f for f in (run.files(plan.results_dir)["metrics"] for run in plan.runs()) if Path(f).exists()]
+    other = other_code_runs(done)
+    if not other:
+        return []
+    return [f"Warning: {len(other)} of {len(done)} runs of these tables were made by another code version than "
+            "this one; `fnl status` and the tables' footers name them."]
 
 
 def report_command(argv: Sequence[str], cwd: str) -> str:

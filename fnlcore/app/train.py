@@ -28,7 +28,7 @@ from ..fl.settings import TrainSettings
 from ..fl.simulation import Simulation
 from ..fl.time_budget import TimeBudget
 from ..io import atomic_path, write_parquet
-from ..provenance import file_digest
+from ..provenance import MADE_BY_KEY, file_digest, made_by
 from .failures import failure_marker, run_attempt
 
 
@@ -182,6 +182,21 @@ def train_job(*args, **kwargs) -> int:
     return 0
 
 
+def write_metrics(metrics: pd.DataFrame, path: str | os.PathLike) -> None:
+    """A run's metrics as :func:`fnlcore.io.write_parquet` writes them, with the code version that
+    made the run in the file's schema metadata (fnlcore.provenance.recorded_made_by reads it): the
+    metrics are the run's completion mark, so the record is there exactly when the run is."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(metrics, preserve_index=False)  # what DataFrame.to_parquet(index=False) writes
+    meta = {**(table.schema.metadata or {}), MADE_BY_KEY: json.dumps(made_by(), sort_keys=True).encode()}
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+
+
 def _train(data_dir, noise_parquet, num_clients, settings, method_params, seed, device, metrics_path, clients_path,
            model_path, checkpoint_path, progress, stop_after, relabels_path, budget=None) -> pd.DataFrame:
     from ..datasets import load_prepared
@@ -201,7 +216,7 @@ def _train(data_dir, noise_parquet, num_clients, settings, method_params, seed, 
     metrics = sim.run()
     if len(metrics) < method.num_rounds():
         return metrics  # stopped early on purpose (tests)
-    write_parquet(metrics, metrics_path)
+    write_metrics(metrics, metrics_path)
     clients = method.client_results()
     write_parquet(clients if clients is not None else pd.DataFrame({"client": pd.Series(dtype="int64")}), clients_path)
     if relabels_path is not None:  # every label the method changed: sample, client, round, stage, from, to

@@ -200,6 +200,8 @@ def to_markdown_text(rt: "RenderedTable") -> str:
     notes = _notes(rt)
     if notes:
         lines += ["", "**Notes.**", ""] + [f"- {n}" for n in notes]
+    if rt.code_note:  # runs of other code: a warning, never silent
+        lines += ["", f"**Code versions.** {_md_escape(rt.code_note)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -268,6 +270,8 @@ def html_fragment(rt: "RenderedTable") -> str:
     notes = _notes(rt)
     if notes:
         out.append('<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+    if rt.code_note:
+        out.append(f'<p class="legend"><b>Code versions.</b> {e(rt.code_note)}</p>')
     out.append("</div>")
     return "\n".join(out) + "\n"
 

@@ -48,12 +48,14 @@ class RenderedTable:
     (table units, i.e. times the metric's scale), n_seeds, reported,
     reported_std, delta (= reproduced_mean - reported), tolerance,
     within_tolerance (nullable boolean; only set for "done" cells), status,
-    reported_note. Lines are in display order.
+    reported_note. Lines are in display order. ``code_note``: the footer naming runs made by
+    another code version than the one that built the table ('' when there are none).
     """
 
     spec: TableSpec
     long: pd.DataFrame
     unmatched_reported: pd.DataFrame
+    code_note: str = ""
 
     def status_counts(self) -> dict[str, int]:
         counts = self.long["status"].value_counts()
