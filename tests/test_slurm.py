@@ -191,7 +191,8 @@ def test_literal_profile_from_the_repository_root_is_found(local_slurm, tmp_path
     )
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout + res.stderr
-    assert "Using profile slurm" in out
+    # "Using profile slurm", or "Using profiles slurm and workflow specific profile profiles/default"
+    assert re.search(r"Using profiles? slurm\b", out), out[-2000:]
     assert re.search(r"rule train:.*?resources:[^\n]*gpu=1", out, re.S)
     assert re.search(r"rule annotator:.*?resources:[^\n]*gpu=1", out, re.S)
     assert not (tmp_path / "results").exists()  # a dry run writes nothing
