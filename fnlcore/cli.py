@@ -8,7 +8,8 @@
                                                  failed, pending
     fnl plan [--scale S] [--tables T ...] [--device D] [--threads N] [--calibration F] [--recalibrate]
                                                  runs and estimated device-hours of tables, from step costs
-                                                 measured on this machine (cached in --calibration)
+                                                 measured on this machine (cached in --calibration), else the
+                                                 shipped ones (benchmarks/step_costs.json); --recalibrate measures
     fnl rehearse [--tables T ...] [--scale S] [--device D] [--steps N] [--per-round M] [--only KEY ...] [--out DIR] [--resume | --merge CSV ...]
                                                  every distinct training configuration started, checkpointed,
                                                  killed (SIGKILL), resumed and finished on a stand-in of its
@@ -98,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--device", default="auto", help="auto | cpu | cuda: where the step costs are measured")
     pl.add_argument("--threads", type=int, default=1, help="torch threads on a CPU (a train job's, 1 by default)")
     pl.add_argument("--calibration", help="step-cost cache (default: RESULTS/plan/step_costs.json)")
-    pl.add_argument("--recalibrate", action="store_true", help="measure this device's step costs again")
+    pl.add_argument("--recalibrate", action="store_true",
+                    help="measure every step shape of the plan on this device (minutes, with progress and an "
+                         "estimate of how long); without it, shapes not measured here take the shipped step costs "
+                         "(benchmarks/step_costs.json)")
     rh = sub.add_parser("rehearse", help="start, checkpoint, kill and resume every training configuration once")
     _rehearse_arguments(rh)
     c = sub.add_parser("cell", help="build the runs behind one table cell")
@@ -295,12 +299,17 @@ def _plan(args) -> int:
     plan = build_plan(validate_schema(
         {"tables": selected, "scale": args.scale, "data_grid": [], "results_dir": args.results}
     ))
-    path = args.calibration or str(Path(args.results) / "plan" / "step_costs.json")
-    calibration = Calibration(path, device, refresh=args.recalibrate)
-    cost = estimate_plan(plan, calibration, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    from .app.resources import plan_columns
+    from .app.resources import plan_columns, shipped_step_costs
 
-    print(format_plan(cost, calibration, args.scale, plan_columns(plan, args.results, gpu=plan.device != "cpu")))
+    path = args.calibration or str(Path(args.results) / "plan" / "step_costs.json")
+    # the project's shipped step costs of this kind of device stand in for the shapes not measured
+    # here (a plan in seconds); --recalibrate measures every shape here, estimating how long from them
+    shipped = shipped_step_costs("gpu" if device.type == "cuda" else "cpu")
+    calibration = Calibration(path, device, refresh=args.recalibrate, fallback=shipped)
+    cost = estimate_plan(plan, calibration, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    print(format_plan(cost, calibration, args.scale, plan_columns(plan, args.results, gpu=plan.device != "cpu",
+                                                                  step_costs_path=path)))
     return 0
 
 
@@ -381,15 +390,42 @@ def _rehearse(args) -> int:
     return 1 if failed else 0
 
 
+def table_cells(pt, results: str) -> dict[str, int]:
+    """A table's cells as its rendered status line counts them (``RenderedTable.cell_counts``):
+    every row x column, an average column's cells included (done once the cells it averages are);
+    done = every seed's metrics file exists; n.i. = the rows not implemented yet."""
+    spec = pt.spec
+    runs: dict[tuple[str, str], list] = {}
+    for tr in pt.runs:
+        runs.setdefault((tr.row, tr.column), []).append(tr.run)
+    measured = {k: all(Path(r.files(results)["metrics"]).exists() for r in rs) for k, rs in runs.items()}
+    done = pending = ni = 0
+    for r in spec.rows:
+        for c in spec.columns:
+            if r.status != "implemented":
+                ni += 1
+                continue
+            sources = spec.average_of(r.label, c.label) or (c.label,)
+            if all(measured.get((r.label, x), False) for x in sources):
+                done += 1
+            else:
+                pending += 1
+    return {"cells": done + pending + ni, "done": done, "pending": pending, "not_implemented": ni}
+
+
 def _list(tables, results: str) -> int:
+    from .app.build_table import spec_at_rounds
+    from .app.papers import Scale
+
+    scales = sorted({t.scale for t in tables})
+    for name in scales:
+        print(f"{Scale.load(name).describe()}")
+    print(f"{'paper':8s} {'table':6s} {'cells':>5s} {'done':>5s} {'pending':>7s} {'n.i.':>5s}  title")
     for t in tables:
-        implemented = sum(1 for r in t.spec.rows if r.status == "implemented")
-        ni = (len(t.spec.rows) - implemented) * len(t.spec.columns)
-        cells: dict[tuple[str, str], list] = {}
-        for tr in t.runs:
-            cells.setdefault((tr.row, tr.column), []).append(tr.run)
-        done = sum(all(Path(r.files(results)["metrics"]).exists() for r in rs) for rs in cells.values())
-        print(f"{t.paper:8s} {t.table:6s} done {done:4d}  pending {len(cells) - done:4d}  not implemented {ni:4d}  {t.spec.title}")
+        c = table_cells(t, results)
+        title = spec_at_rounds(t).title  # "last 10 rounds" at the rounds this scale runs
+        print(f"{t.paper:8s} {t.table:6s} {c['cells']:5d} {c['done']:5d} {c['pending']:7d} "
+              f"{c['not_implemented']:5d}  {title}")
     return 0
 
 

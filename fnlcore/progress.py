@@ -14,8 +14,14 @@ import re
 import sys
 from typing import Callable, TextIO
 
-# "round r/last ...": rounds count from 0 (as in metrics and curves), so r = last is the final one
+# "round r/last (k of n) ...": r counts from 0 (as in metrics and curves), so r = last is the final one;
+# "(k of n)" says the same 1-based, so the last round of 30 reads "round 29/29 (30 of 30)", not unfinished
 ROUND_LINE = re.compile(r"^round (\d+)/(\d+) (.*)$")
+
+
+def round_line(r: int, total: int, text: str) -> str:
+    """A training log's line for round ``r`` (0-based) of ``total``: ``round 29/29 (30 of 30) <text>``."""
+    return f"round {r}/{total - 1} ({r + 1} of {total}) {text}"
 
 
 class ProgressBar:

@@ -100,7 +100,7 @@ def test_the_demo_says_its_own_settings_not_paper_scale_and_claims_no_std_for_on
     rendered, out = _build(pt, tmp_path)
     md = out["md"].decode()
     assert "paper scale" not in curves_title(pt, "bacc") and "own settings" in curves_title(pt, "bacc")
-    assert "Scale paper (the table's own settings)" in md
+    assert "Scale paper" not in md and "No paper reports these numbers" in md
     legend = md.split("**Legend.**")[1].split("\n")[0]
     assert "± std" not in legend and "one seed" in legend
     # the job log's summary is the table's own status line (not a count of reported-number statuses)

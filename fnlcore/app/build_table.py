@@ -9,20 +9,95 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from .papers import PaperTable, TableRun
 
-def summarise_run(pt: PaperTable, tr: TableRun, metrics_df) -> list[dict]:
-    """One value per table metric for one finished run (rounds limited to the method's reported stages)."""
+def _run_rule(tr: TableRun, rule):
+    """The metric's summary rule for one run: limited to the method's reported stages."""
     from dataclasses import replace
 
     from ..methods import METHODS
-    from ..metrics import summarise
 
     stages = getattr(METHODS[tr.run.method.name], "reported_stages", None)
+    return rule if rule.stages is not None or stages is None else replace(rule, stages=tuple(stages))
+
+
+def summarise_run(pt: PaperTable, tr: TableRun, metrics_df) -> list[dict]:
+    """One value per table metric for one finished run (rounds limited to the method's reported stages)."""
+    from ..metrics import summarise
+
     out = []
     for name, mr in pt.metrics.items():
-        rule = mr.rule if mr.rule.stages is not None or stages is None else replace(mr.rule, stages=tuple(stages))
         out.append({"row": tr.row, "column": tr.column, "metric": name, "seed": tr.run.seed,
-                    "value": summarise(metrics_df, mr.source, rule)})
+                    "value": summarise(metrics_df, mr.source, _run_rule(tr, mr.rule))})
     return out
+
+
+def rounds_averaged(pt: PaperTable, tr: TableRun, metrics_df) -> dict[str, int]:
+    """For each ``last_mean`` metric: how many rounds its value of this run averages (its ``n``,
+    or fewer when the run, or the stages that count, has fewer evaluated rounds)."""
+    from ..metrics import _curve
+
+    out = {}
+    for name, mr in pt.metrics.items():
+        if mr.rule.kind == "last_mean":
+            rule = _run_rule(tr, mr.rule)
+            out[name] = min(rule.n, len(_curve(metrics_df, mr.source, None, rule.stages)))
+    return out
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def metric_definition(source: str, rule, averaged=None) -> str:
+    """A metric in words, at the rounds actually run: ``averaged`` = the rounds each run's
+    ``last_mean`` value averages (``None``: not known yet, the rule's ``n``)."""
+    stages = f" of stage {'/'.join(rule.stages)}" if rule.stages else ""
+    if rule.kind == "best":
+        return f"the highest test {source} over the rounds{stages} (best round)"
+    if rule.kind == "final":
+        return f"test {source} at the last round"
+    if not averaged or min(averaged) >= rule.n:
+        return f"mean test {source} of the last {rule.n} rounds{stages}"
+    return (f"mean test {source} of the last {_span(averaged)} rounds{stages}: every round this run has "
+            f"(the table's definition averages the last {rule.n})")
+
+
+def title_at_rounds(title: str, n: int, averaged) -> str:
+    """``title`` with its "last <n> rounds" at the rounds actually averaged (a smoke run of 4
+    rounds has no last 10: its title says "last 4 rounds (of the table's 10)")."""
+    import re
+
+    if not averaged or min(averaged) >= n:
+        return title
+    return re.sub(rf"\blast {n} rounds\b", f"last {_span(averaged)} rounds (of the table's {n})", title)
+
+
+def spec_at_rounds(pt: PaperTable, averaged: Mapping[str, Sequence[int]] | None = None):
+    """The table's spec with its metrics defined in words and its title at the rounds run.
+
+    ``averaged``: metric name -> the rounds each run's value averages (:func:`rounds_averaged`);
+    ``None``: the rounds the runs are set to train (before any has run, for ``fnl tables``).
+    """
+    from dataclasses import replace
+
+    if averaged is None:
+        planned = [tr.run.training.rounds for tr in pt.runs]
+        averaged = {name: [min(mr.rule.n, r) for r in planned]
+                    for name, mr in pt.metrics.items() if mr.rule.kind == "last_mean"}
+    metrics = []
+    title = pt.spec.title
+    for m in pt.spec.metrics:
+        mr = pt.metrics.get(m.name)
+        if mr is None:
+            metrics.append(m)
+            continue
+        got = averaged.get(m.name)
+        if not m.definition:
+            m = replace(m, definition=metric_definition(mr.source, mr.rule, got))
+        if mr.rule.kind == "last_mean":
+            title = title_at_rounds(title, mr.rule.n, got)
+        metrics.append(m)
+    return replace(pt.spec, metrics=tuple(metrics), title=title)
 
 
 def build_table(pt: PaperTable, metrics_files: Sequence[str], outputs: Mapping[str, str], read_metrics) -> Any:
@@ -41,14 +116,16 @@ def build_table(pt: PaperTable, metrics_files: Sequence[str], outputs: Mapping[s
 
     if len(metrics_files) != len(pt.runs):
         raise ValueError(f"table {pt.name}: {len(metrics_files)} metrics files for {len(pt.runs)} runs")
-    rows, curves = [], {}
+    rows, curves, averaged = [], {}, {}
     for tr, path in zip(pt.runs, metrics_files):
         df = read_metrics(path)
         rows += summarise_run(pt, tr, df)
+        for name, k in rounds_averaged(pt, tr, df).items():
+            averaged.setdefault(name, []).append(k)
         curves.setdefault(tr.column, {}).setdefault(tr.row, []).append(df.assign(seed=tr.run.seed))
     runs = pd.DataFrame(rows, columns=["row", "column", "metric", "seed", "value"])
     reported = load_reported(pt.reported) if pt.reported is not None else None
-    rendered = render(pt.spec, runs, reported)
+    rendered = render(spec_at_rounds(pt, averaged), runs, reported)
     rendered = replace(rendered, code_note=_code_note(pt, metrics_files))
     notes = comparison_notes(pt, runs)
     source = next(iter(pt.metrics.values())).source if pt.metrics else "acc"

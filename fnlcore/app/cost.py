@@ -100,6 +100,10 @@ def load_per_core(own_threads: int = 0) -> float | None:
     return max(0.0, load - own_threads) / (os.cpu_count() or 1)
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -171,15 +175,23 @@ class Calibration:
     """
 
     def __init__(self, path: str | os.PathLike, device: torch.device, refresh: bool = False, steps: int = 5,
-                 progress=None):
-        """``progress(message)``: told of each shape as it is measured (its time and the load)."""
+                 progress=None, fallback: Mapping[str, tuple[Mapping[str, Any], str]] | None = None):
+        """``progress(message)``: told of each shape as it is measured (its time and the load).
+        ``fallback``: shape key -> (entry, where it came from), step costs measured elsewhere (the
+        project's shipped ones, :func:`fnlcore.app.resources.shipped_step_costs`), used for a shape this
+        device has not measured instead of measuring it; not with ``refresh`` (measure everything),
+        where they only estimate how long the measuring takes."""
         self.path = Path(path)
+        self.refresh = refresh
+        self.fallback = dict(fallback or {})
         self.device = device
         self.description = device_description(device)
         self.steps = steps
         self.measured: list[str] = []  # shape keys measured in this process
         self.progress = progress
         self.to_measure = 0  # shapes a plan will measure (for "[i/n]" in progress lines)
+        self.estimate_of: dict[str, float | None] = {}  # shape key -> estimated seconds of its measuring
+        self.remaining_estimate_s: float | None = None  # of the shapes still to measure, when all are known
         self._all: dict[str, dict[str, dict[str, float]]] = {}
         if self.path.exists():
             try:
@@ -196,13 +208,42 @@ class Calibration:
     def entries(self) -> dict[str, dict[str, float]]:
         return self._all.setdefault(self.description, {})
 
+    def has(self, key: str) -> bool:
+        """A cost for ``key`` without measuring: this device's own, else (not refreshing) a fallback."""
+        return key in self.entries or (not self.refresh and key in self.fallback)
+
+    def entry(self, key: str) -> Mapping[str, Any]:
+        if key in self.entries or self.refresh or key not in self.fallback:
+            return self.entries[key]
+        return self.fallback[key][0]
+
+    def source(self, key: str) -> str:
+        """Where the cost of ``key`` came from: measured now / here (this device), or the fallback's source."""
+        if key in self.measured:
+            return "measured now"
+        if key in self.entries:
+            return "measured here"
+        return self.fallback[key][1] if key in self.fallback else "none"
+
+    def measuring_estimate_s(self, key: str) -> float | None:
+        """Seconds measuring ``key`` may take, from an earlier measurement of it (own or fallback)."""
+        e = self.entries.get(key)
+        if not e and key in self.fallback and "a CPU's" not in self.fallback[key][1]:  # not another kind's
+            e = self.fallback[key][0]
+        if not e:
+            return None
+        if e.get("took_s"):
+            return float(e["took_s"])
+        n_eval = CPU_EVAL_PROBE if self.device.type != "cuda" else 1024
+        return (self.steps + 2) * float(e["train_s"]) + 3 * n_eval * float(e["eval_s"]) + 1.0
+
     def own_threads(self) -> int:
         """CPU threads a measurement keeps busy (not counted as others' load)."""
         return torch.get_num_threads() if self.device.type == "cpu" else 1
 
     def cost(self, shape: StepShape) -> StepCost:
         key = shape.key()
-        if key not in self.entries:
+        if not self.has(key):
             # measured before this shape's work and without this process's own threads (after a
             # first measurement the 1-minute average includes them)
             load = load_per_core(self.own_threads() if self.measured else 0)
@@ -210,14 +251,19 @@ class Calibration:
             entry: dict[str, Any] = asdict(measure_step(shape, self.device, steps=self.steps))
             took = time.perf_counter() - t0
             entry["load"] = None if load is None else round(load, 3)
+            entry["took_s"] = round(took, 2)
             self.entries[key] = entry
             self.measured.append(key)
             self._save()  # after each shape: an interrupted calibration keeps what it measured
             if self.progress is not None:
                 n = f"[{len(self.measured)}/{self.to_measure}] " if self.to_measure else ""
                 busy = "" if load is None else f", load {load:.2f} per core" + (" (high)" if load > HIGH_LOAD_PER_CORE else "")
-                self.progress(f"{n}measured {key}: {entry['train_s']:.4f} s/step in {took:.1f}s{busy}")
-        e = self.entries[key]
+                left = ""
+                if self.remaining_estimate_s is not None:
+                    self.remaining_estimate_s = max(0.0, self.remaining_estimate_s - (self.estimate_of.get(key) or took))
+                    left = f"; about {_duration(self.remaining_estimate_s)} left" if len(self.measured) < self.to_measure else ""
+                self.progress(f"{n}measured {key}: {entry['train_s']:.4f} s/step in {took:.1f}s{busy}{left}")
+        e = self.entry(key)
         return StepCost(float(e["train_s"]), float(e["eval_s"]))
 
     def _save(self) -> None:
@@ -324,13 +370,22 @@ def estimate_plan(plan, calibration: Calibration, progress=None) -> PlanCost:
     runs: dict[str, RunCost] = {}
     unmeasured: dict[str, int] = {}
     options = {name: ds.options for name, ds in plan.datasets.items()}
-    todo = {step_shape(run, options.get(run.dataset)).key() for run in plan.runs()} - set(calibration.entries)
+    todo = {k for k in (step_shape(run, options.get(run.dataset)).key() for run in plan.runs()) if not calibration.has(k)}
     if progress is not None:
         calibration.progress = calibration.progress or progress
         calibration.to_measure = len(todo)
         if todo:
+            calibration.estimate_of = {k: calibration.measuring_estimate_s(k) for k in todo}
+            known = [v for v in calibration.estimate_of.values() if v is not None]
+            if len(known) == len(todo):
+                calibration.remaining_estimate_s = sum(known)
+                how_long = (f"about {_duration(sum(known))} in all by earlier measurements of these shapes "
+                            "(on another machine: this one may differ)")
+            else:
+                how_long = (f"{len(todo) - len(known)} of them never measured before (each seconds to minutes)"
+                            + (f", the others about {_duration(sum(known))}" if known else ""))
             progress(f"measuring {len(todo)} step shape(s) on {calibration.description} "
-                     f"(cached in {calibration.path}); each takes seconds to minutes")
+                     f"(cached in {calibration.path}): {how_long}")
             busy = busy_now_warning(calibration)
             if busy:
                 progress(busy)
@@ -358,10 +413,11 @@ def busy_now_warning(calibration: Calibration) -> str | None:
 
 def load_warnings(cost: PlanCost, calibration: Calibration) -> list[str]:
     """Warnings about the step costs ``cost`` used: cached entries measured under high load or
-    with no load recorded (older files), naming the fix."""
-    used = set(_shapes(cost))
-    high = {k: calibration.entries[k].get("load") for k in used if (calibration.entries[k].get("load") or 0) > HIGH_LOAD_PER_CORE}
-    unknown = [k for k in used if "load" not in calibration.entries[k]]
+    with no load recorded (older files), naming the fix. Only this machine's: a shipped cost's load
+    is in its shape line."""
+    used = {k for k in _shapes(cost) if _source(calibration, k).startswith("measured")}
+    high = {k: _entry(calibration, k).get("load") for k in used if (_entry(calibration, k).get("load") or 0) > HIGH_LOAD_PER_CORE}
+    unknown = [k for k in used if "load" not in _entry(calibration, k)]
     out = []
     if high:
         worst = max(high.values())
@@ -382,6 +438,14 @@ def _shapes(cost: PlanCost) -> dict[str, list[RunCost]]:
     return by_shape
 
 
+def _entry(calibration, key: str) -> Mapping[str, Any]:
+    return calibration.entry(key) if hasattr(calibration, "entry") else calibration.entries[key]
+
+
+def _source(calibration, key: str) -> str:
+    return calibration.source(key) if hasattr(calibration, "source") else "measured here"
+
+
 def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=None) -> str:
     """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.plan_columns`)."""
     hours = 3600.0
@@ -394,7 +458,8 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
     lines = [
         f"scale {scale}: {len(cost.tables)} tables, {len(cost.runs)} distinct training runs",
         f"device: {calibration.description}",
-        f"step costs: {calibration.path} ({len(calibration.measured)} of {len(by_shape)} shapes measured now)",
+        f"step costs: {calibration.path} ({len(calibration.measured)} of {len(by_shape)} shapes measured now; "
+        f"where each came from: the shape lines below)",
         "",
         f"{'paper':8s} {'table':6s} {'runs':>6s} {'device-h':>10s} {'longest run h':>14s}{res_head}",
     ]
@@ -404,12 +469,22 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
                  "(a run shared by tables counts once)")
     lines += ["", "per shape (model|input|classes|batch|augmentation|optimiser|precision|eval batch); "
               "load: other processes' load per core when it was measured:",
-              f"  {'s/step':>8s} {'ms/test sample':>15s} {'runs':>5s} {'device-h':>9s} {'load':>5s}  shape"]
+              f"  {'s/step':>8s} {'ms/test sample':>15s} {'runs':>5s} {'device-h':>9s} {'load':>5s}  shape  [from]"]
     for key, rcs in sorted(by_shape.items(), key=lambda kv: -sum(r.seconds for r in kv[1])):
-        c = calibration.entries[key]
+        c = _entry(calibration, key)
         load = "?" if c.get("load") is None else f"{c['load']:.2f}"
         lines.append(f"  {c['train_s']:8.4f} {1000 * c['eval_s']:15.4f} {len(rcs):5d} "
-                     f"{sum(r.seconds for r in rcs) / hours:9.1f} {load:>5s}  {key}")
+                     f"{sum(r.seconds for r in rcs) / hours:9.1f} {load:>5s}  {key}  [{_source(calibration, key)}]")
+    shipped = [k for k in by_shape if not _source(calibration, k).startswith("measured")]
+    if shipped:
+        lines += ["", f"{len(shipped)} of {len(by_shape)} step costs are not this machine's (shipped with the project, "
+                  "device in [from]): `fnl plan --recalibrate` measures them here (minutes to an hour on a CPU)"]
+        seen = {}
+        for k in shipped:
+            e = _entry(calibration, k)
+            if e.get("provenance"):
+                seen.setdefault(_source(calibration, k), e["provenance"])
+        lines += [f"  {src}: {text}" for src, text in seen.items()]
     if cost.unmeasured:
         listed = ", ".join(f"{m} ({n})" for m, n in sorted(cost.unmeasured.items()))
         lines += ["", f"round cost not measured, counted as FedAvg's (runs): {listed}"]

@@ -1,7 +1,14 @@
 """What a training job asks the scheduler for: memory, disk and run time predicted from
 measurements, capped by the site's limits, and how many jobs a run longer than one job needs.
 
-Sources, read once per workflow (:class:`TrainResources`):
+Sources, read once per workflow (:class:`TrainResources`): the user's own measurements under
+``RESULTS/plan/`` and, where they have none for a configuration or step shape, the ones this
+project ships under ``benchmarks/`` (:data:`SHIPPED_DIR`: ``rehearsal_*.csv``, the whole rehearsal,
+and ``step_costs.json``, step costs per device kind with where and when they were measured).
+Per configuration / step shape, a measurement on the job's kind of device wins over one on the
+other kind (a GPU job: GPU rows first), and at the same kind the user's own wins over the
+shipped one. Each request records where its memory and its time came from
+(:attr:`Resources.mem_source`, :attr:`Resources.time_source`; ``fnl plan`` prints them):
 
 * ``RESULTS/plan/rehearsal.csv`` (``fnl rehearse``): a configuration's peak host RSS, peak
   device memory, checkpoint size and bytes written per checkpoint, joined to a run through
@@ -135,6 +142,8 @@ class Resources:
     # a round longer than a job holds: no job would advance the run; a workflow that would train it
     # stops at once, naming it (:meth:`TrainResources.of`); `fnl plan` marks its table
     round_too_long: str = ""
+    mem_source: str = "default"  # where memory and disk came from: measured here, shipped (device), default
+    time_source: str = "default"  # where the runtime came from: measured here, shipped (device), default
 
 
 # -- measurements -------------------------------------------------------------------------------
@@ -212,6 +221,149 @@ def load_step_costs(path: str | os.PathLike, gpu: bool) -> dict[str, tuple[float
     return out
 
 
+# -- what the project ships ----------------------------------------------------------------------
+
+#: Measurements shipped with the project: a user's own (``RESULTS/plan/``) override them per key.
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+SHIPPED_STEP_COSTS = "step_costs.json"
+OWN = "measured here"
+DEFAULT = "default"
+
+
+def _kind(device: str) -> str:
+    return "gpu" if str(device).startswith("cuda") else "cpu"
+
+
+def _short(device: str) -> str:
+    """A device description without its torch version (``cpu:Xeon|1 threads``)."""
+    return str(device).split("|torch")[0]
+
+
+def shipped_rehearsals(shipped_dir: str | os.PathLike | None = None) -> list[Path]:
+    return sorted(Path(shipped_dir or SHIPPED_DIR).glob("rehearsal_*.csv"))
+
+
+def _rehearsal_device(path: Path) -> str:
+    try:
+        with open(path, newline="") as f:
+            devices = sorted({_short(r.get("device") or "cpu") for r in csv.DictReader(f)})
+    except OSError:
+        return "?"
+    return ", ".join(devices) or "?"
+
+
+def rehearsal_with_sources(results_dir: str | os.PathLike, gpu: bool,
+                           shipped_dir: str | os.PathLike | None = None) -> tuple[dict[str, Measured], dict[str, str]]:
+    """(config key -> :class:`Measured`, config key -> where it came from): the user's rehearsal
+    (``RESULTS/plan/rehearsal.csv``), else the shipped ones; a measurement on the job's kind of device first."""
+    own_path = Path(results_dir) / "plan" / "rehearsal.csv"
+    layers = [(load_rehearsal(own_path, gpu), f"{OWN} ({own_path})")]
+    for path in shipped_rehearsals(shipped_dir):
+        layers.append((load_rehearsal(path, gpu), f"shipped ({path.relative_to(path.parents[1])}, "
+                                                  f"{_rehearsal_device(path)})"))
+    out: dict[str, Measured] = {}
+    sources: dict[str, str] = {}
+    for key in {k for layer, _ in layers for k in layer}:
+        found = [(layer[key], src) for layer, src in layers if key in layer]
+        same_kind = [x for x in found if x[0].on_gpu == gpu]
+        out[key], sources[key] = (same_kind or found)[0]
+    return out, sources
+
+
+def _cost_entries(path: Path, label) -> dict[str, dict[str, tuple[float, float, str]]]:
+    """shape key -> device kind -> (s per step, s per test sample, source): the slowest device of a kind."""
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        devices = raw["devices"]
+        provenance = raw.get("provenance", {}) or {}
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path}: not a step-cost file of `fnl plan` ({err}); delete it and run `fnl plan` again")
+    out: dict[str, dict[str, tuple[float, float, str]]] = {}
+    for device, entries in devices.items():
+        for key, c in entries.items():
+            kinds = out.setdefault(key, {})
+            t, e = float(c["train_s"]), float(c["eval_s"])
+            old = kinds.get(_kind(device))
+            if old is None or t > old[0]:
+                kinds[_kind(device)] = (t, max(e, old[1]) if old else e, label(device, provenance.get(device)))
+            else:
+                kinds[_kind(device)] = (old[0], max(e, old[1]), old[2])
+    return out
+
+
+def step_costs_with_sources(results_dir: str | os.PathLike, gpu: bool, shipped_dir: str | os.PathLike | None = None,
+                            own_path: str | os.PathLike | None = None
+                            ) -> tuple[dict[str, tuple[float, float]], dict[str, str]]:
+    """(shape key -> (s per step, s per test sample), shape key -> where it came from): the job's
+    kind of device first (a GPU job: GPU measurements, the slowest GPU's), the user's own
+    (``RESULTS/plan/step_costs.json``) before the shipped ones; the user's own CPU's for a GPU job
+    when there is no GPU's (an overestimate), never a shipped one of the other kind (the default instead)."""
+    own = Path(own_path) if own_path else Path(results_dir) / "plan" / "step_costs.json"
+    shipped = Path(shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS
+    layers = [
+        _cost_entries(own, lambda d, _p: f"{OWN} ({own}, {_short(d)})"),
+        _cost_entries(shipped, lambda d, _p: f"shipped ({_short(d)})"),
+    ]
+    order = ["gpu", "cpu"] if gpu else ["cpu", "gpu"]
+    costs: dict[str, tuple[float, float]] = {}
+    sources: dict[str, str] = {}
+    for key in {k for layer in layers for k in layer}:
+        for kind in order:
+            # the other kind's only from the user's own file: a shipped CPU cost would make a GPU job's
+            # round hours long (a 512 x 512 ICH round: 65 h), and the workflow refuse runs the user never timed
+            hit = next((layer[key][kind] for i, layer in enumerate(layers)
+                        if kind in layer.get(key, {}) and (i == 0 or kind == order[0])), None)
+            if hit is not None:
+                costs[key], sources[key] = (hit[0], hit[1]), hit[2]
+                if kind != order[0]:
+                    sources[key] += f"; a {kind.upper()}'s: {'an overestimate' if gpu else 'an underestimate'}"
+                break
+    return costs, sources
+
+
+def shipped_provenance(shipped_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """Short device description -> where and when the shipped step costs of that device were measured."""
+    path = Path(shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS
+    try:
+        raw = json.loads(path.read_text())
+        return {_short(d): str(text) for d, text in (raw.get("provenance") or {}).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def shipped_step_costs(device_kind: str, shipped_dir: str | os.PathLike | None = None
+                       ) -> dict[str, tuple[dict[str, Any], str]]:
+    """shape key -> (entry, source) of the shipped step costs of ``device_kind`` ("cpu" | "gpu"), the
+    slowest device of that kind; for a GPU, a CPU's where no GPU was measured (an overestimate).
+    What ``fnl plan`` uses for a shape it has not measured on this machine."""
+    path = Path(shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        devices = raw["devices"]
+        provenance = raw.get("provenance", {}) or {}
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path}: not a step-cost file ({err})")
+    out: dict[str, tuple[dict[str, Any], str]] = {}
+    for kind in [device_kind] + (["cpu"] if device_kind == "gpu" else []):
+        mine: dict[str, tuple[dict[str, Any], str]] = {}
+        for device, entries in devices.items():
+            if _kind(device) != kind:
+                continue
+            label = f"shipped ({_short(device)})"
+            if kind != device_kind:
+                label += "; a CPU's: an overestimate"
+            for key, c in entries.items():
+                if key not in mine or float(c["train_s"]) > float(mine[key][0]["train_s"]):
+                    mine[key] = (dict(c, device=device, provenance=provenance.get(device, "")), label)
+        for key, v in mine.items():
+            out.setdefault(key, v)
+    return out
+
+
 # -- prediction ---------------------------------------------------------------------------------
 
 
@@ -235,13 +387,19 @@ def _round_seconds(run, dataset_options, train_s: float, eval_s: float) -> tuple
 
 def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mapping[str, Measured],
             cap: SiteCap = DEFAULT_CAP, dataset_options: Mapping[str, Any] | None = None,
-            gpu: bool = True) -> Resources:
-    """The request of one run (see the module docstring for the rules and defaults)."""
+            gpu: bool = True, mem_sources: Mapping[str, str] | None = None,
+            cost_sources: Mapping[str, str] | None = None) -> Resources:
+    """The request of one run (see the module docstring for the rules and defaults).
+    ``mem_sources`` / ``cost_sources``: where each configuration's / shape's measurement came from."""
     from .cost import step_shape
     from .rehearse import training_config
 
     notes = []
-    m = rehearsal.get(training_config(run, dataset_options).key)
+    config = training_config(run, dataset_options).key
+    m = rehearsal.get(config)
+    mem_source = DEFAULT if m is None else (mem_sources or {}).get(config, OWN)
+    shape = step_shape(run, dataset_options).key()
+    time_source = DEFAULT if shape not in step_costs else (cost_sources or {}).get(shape, OWN)
     if m is None:
         mem, disk, gpu_mem = DEFAULT_MEM_MB, DEFAULT_DISK_MB, None
         notes.append("not rehearsed: default memory and disk")
@@ -257,7 +415,7 @@ def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mappi
         notes.append(f"needs {mem} MB, over the site cap of {cap.max_mem_mb} MB")
         mem = cap.max_mem_mb
 
-    cost = step_costs.get(step_shape(run, dataset_options).key())
+    cost = step_costs.get(shape)
     if cost is None:
         notes.append("no step cost: the site's whole job length")
         runtime, jobs, seconds = cap.max_runtime, DEFAULT_JOBS, None
@@ -267,14 +425,16 @@ def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mappi
             runtime, jobs = job_lengths(seconds, longest, cap.max_runtime)
         except ConfigError as err:
             return Resources(mem, disk, cap.max_runtime, 1, seconds, gpu_mem, m is not None, over,
-                             "; ".join(notes + [str(err)]), round_too_long=str(err))
+                             "; ".join(notes + [str(err)]), round_too_long=str(err),
+                             mem_source=mem_source, time_source=time_source)
         if jobs > 1:
             notes.append(f"{jobs} jobs of {runtime} min, each continuing from the checkpoint of the one before")
             one_round = longest * RUNTIME_HEADROOM / 60
             if one_round > runtime / 4:  # a job stops up to a round before its limit: a large share of it
                 notes.append(f"a round takes up to {one_round:.0f} min, which a job may leave unused: "
                              "raise the site's max_runtime")
-    return Resources(mem, disk, runtime, jobs, seconds, gpu_mem, m is not None, over, "; ".join(notes))
+    return Resources(mem, disk, runtime, jobs, seconds, gpu_mem, m is not None, over, "; ".join(notes),
+                     mem_source=mem_source, time_source=time_source)
 
 
 def job_lengths(device_seconds: float, longest_round_s: float, max_runtime: int) -> tuple[int, int]:
@@ -315,22 +475,28 @@ class TrainResources:
     ``mem_mb``, ``disk_mb`` and ``runtime`` are Snakemake resource callables of a job's wildcards.
     A run outside the plan (a path asked for by hand) gets the defaults."""
 
-    def __init__(self, plan, cap: SiteCap = DEFAULT_CAP, gpu: bool = True, results_dir: str | None = None):
+    def __init__(self, plan, cap: SiteCap = DEFAULT_CAP, gpu: bool = True, results_dir: str | None = None,
+                 shipped_dir: str | os.PathLike | None = None, step_costs_path: str | os.PathLike | None = None):
+        """``shipped_dir``: the project's shipped measurements (default :data:`SHIPPED_DIR`);
+        ``step_costs_path``: the user's step costs (default ``RESULTS/plan/step_costs.json``)."""
         self.plan = plan
         self.cap = cap
         self.gpu = gpu
         self.results_dir = results_dir or plan.results_dir
+        self.shipped_dir = shipped_dir
+        self.step_costs_path = step_costs_path
         self._by_run: dict[tuple[str, ...], Resources] | None = None
 
     @property
     def by_run(self) -> dict[tuple[str, ...], Resources]:
         if self._by_run is None:
-            folder = Path(self.results_dir) / "plan"
-            costs = load_step_costs(folder / "step_costs.json", self.gpu)
-            rehearsal = load_rehearsal(folder / "rehearsal.csv", self.gpu)
+            costs, cost_sources = step_costs_with_sources(self.results_dir, self.gpu, self.shipped_dir,
+                                                          self.step_costs_path)
+            rehearsal, mem_sources = rehearsal_with_sources(self.results_dir, self.gpu, self.shipped_dir)
             options = {name: ds.options for name, ds in self.plan.datasets.items()}
             self._by_run = {
-                _run_key(run.fields()): predict(run, costs, rehearsal, self.cap, options.get(run.dataset), self.gpu)
+                _run_key(run.fields()): predict(run, costs, rehearsal, self.cap, options.get(run.dataset), self.gpu,
+                                                mem_sources, cost_sources)
                 for run in self.plan.runs()
             }
         return self._by_run
@@ -342,7 +508,8 @@ class TrainResources:
             return Resources(min(DEFAULT_MEM_MB, self.cap.max_mem_mb or DEFAULT_MEM_MB), DEFAULT_DISK_MB,
                              self.cap.max_runtime, DEFAULT_JOBS, None, note="not in the plan: defaults")
         if found.round_too_long:  # only a run that is to be trained: Snakemake asks when it builds the job
-            raise ConfigError(f"training run {'/'.join(key)}: {found.round_too_long} (the step costs of "
+            raise ConfigError(f"training run {'/'.join(key)}: {found.round_too_long} (step cost "
+                              f"{found.time_source}; own ones go to "
                               f"{Path(self.results_dir) / 'plan' / 'step_costs.json'}; a GPU's, measured by "
                               "`fnl plan --device cuda` on a GPU node, are far shorter than a CPU's)")
         return found
@@ -362,9 +529,10 @@ class TrainResources:
         return max((r.jobs for r in self.by_run.values() if not r.round_too_long), default=1) - 1 + RETRY_MARGIN
 
 
-def plan_resources(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True) -> dict[str, Resources]:
+def plan_resources(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True,
+                   step_costs_path: str | os.PathLike | None = None) -> dict[str, Resources]:
     """metrics path -> :class:`Resources` of every run of ``plan`` (what ``fnl plan`` prints)."""
-    tr = TrainResources(plan, cap, gpu, results_dir)
+    tr = TrainResources(plan, cap, gpu, results_dir, step_costs_path=step_costs_path)
     return {run.files(plan.results_dir)["metrics"]: tr.by_run[_run_key(run.fields())] for run in plan.runs()}
 
 
@@ -383,6 +551,15 @@ def train_resources(plan, workflow) -> TrainResources:
     return _WORKFLOW_RESOURCES[key]
 
 
+def _count_sources(sources: list[str], total: int) -> str:
+    """ "12 measured here (...), 30 shipped (...), 3 default" over ``total`` runs."""
+    counts: dict[str, int] = {}
+    for src in sources:
+        counts[src] = counts.get(src, 0) + 1
+    order = sorted(counts, key=lambda s: (not s.startswith(OWN), s == DEFAULT, -counts[s], s))
+    return "; ".join(f"{counts[s]} of {total} runs {s}" for s in order)
+
+
 # -- `fnl plan`'s columns -----------------------------------------------------------------------
 
 
@@ -395,10 +572,12 @@ class PlanColumns:
     notes: list[str]
 
 
-def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True) -> PlanColumns:
+def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True,
+                 step_costs_path: str | os.PathLike | None = None) -> PlanColumns:
     """The largest request of each table's runs: memory, disk, a job's hours, jobs of a run.
-    ``*`` marks a table where some run has no measurement and takes the defaults."""
-    res = plan_resources(plan, results_dir, cap, gpu)
+    ``*`` marks a table where some run's figures are not the user's own measurements (shipped
+    ones, or the defaults); the notes count where memory and time came from."""
+    res = plan_resources(plan, results_dir, cap, gpu, step_costs_path)
     columns = {}
     for t in plan.tables:
         mine = [res[tr.run.files(plan.results_dir)["metrics"]] for tr in t.runs]
@@ -406,18 +585,27 @@ def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CA
             columns[(t.paper, t.table)] = ""
             continue
         default = ("!" if any(r.round_too_long for r in mine) else
-                   "*" if any(not r.rehearsed or r.device_seconds is None for r in mine) else " ")
+                   "*" if any(not (r.mem_source.startswith(OWN) and r.time_source.startswith(OWN)) for r in mine)
+                   else " ")
         columns[(t.paper, t.table)] = (
             f"{max(r.mem_mb for r in mine) / 1000:7.1f} {max(r.disk_mb for r in mine) / 1000:8.1f} "
             f"{max(r.runtime for r in mine) / 60:6.1f} {max(r.jobs for r in mine):4d}{default}")
     runs = list(res.values())
     notes = [f"mem/disk/job h/jobs: the largest request of a table's runs (train jobs; site cap "
              f"{cap.max_runtime} min a job{'' if cap.max_mem_mb is None else f', {cap.max_mem_mb} MB'}; "
-             "README \"Resources and wall-time limits\")"]
-    unrehearsed = sum(not r.rehearsed for r in runs)
+             "README \"Resources and wall-time limits\"); * marks a table where some run's figures are "
+             "not measured here (shipped or default)"]
+    notes.append("memory and disk from: " + _count_sources([r.mem_source for r in runs], len(runs)))
+    notes.append("job time from: " + _count_sources([r.time_source for r in runs], len(runs)))
+    for device, text in shipped_provenance().items():
+        if any(f"shipped ({device})" in r.time_source for r in runs):
+            notes.append(f"  shipped ({device}): {text}")
+    unrehearsed = sum(not r.mem_source.startswith(OWN) for r in runs)
     if unrehearsed:
-        notes.append(f"* {unrehearsed} of {len(runs)} runs not rehearsed (no measured row in "
-                     f"{Path(results_dir or plan.results_dir) / 'plan' / 'rehearsal.csv'}): default "
+        defaults = sum(r.mem_source == DEFAULT for r in runs)
+        notes.append(f"* {unrehearsed} of {len(runs)} runs not rehearsed here (no measured row in "
+                     f"{Path(results_dir or plan.results_dir) / 'plan' / 'rehearsal.csv'}): "
+                     f"{unrehearsed - defaults} take the shipped rehearsal, {defaults} the default "
                      f"{DEFAULT_MEM_MB} MB memory, {DEFAULT_DISK_MB} MB disk; `fnl rehearse` measures them")
     uncosted = sum(r.device_seconds is None for r in runs)
     if uncosted:

@@ -43,6 +43,7 @@ import torch
 from ..errors import ConfigError, DataError, RunIncomplete
 from ..io import atomic_path, ensure_free_space
 from ..provenance import Provenance, plugin_digest
+from ..progress import round_line
 from .context import RunContext
 from .local import evaluate
 from .persist import load_method_state, load_safely, method_state, missing_store_files, refusal, to_safe_form
@@ -204,8 +205,7 @@ class Simulation:
             self.rows.append(row)
             main = "bacc" if "bacc" in row else "acc"
             score = f"{main}={row[main]:.4f}" if main in row else "not evaluated"
-            # rounds count from 0, as in metrics.parquet and the curves: "round 0/29" is the first of 30
-            self.progress(f"round {r}/{total - 1} [{row['stage']}] {score} ({row['seconds']:.1f}s)")
+            self.progress(round_line(r, total, f"[{row['stage']}] {score} ({row['seconds']:.1f}s)"))
             done = r + 1
             if budget is not None:
                 budget.round_took(budget.clock() - round_started)

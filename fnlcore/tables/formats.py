@@ -73,7 +73,7 @@ def _cell_parts(rt: "RenderedTable", line: Any) -> dict[str, str]:
     repro = ""
     if line.n_seeds > 0:
         repro = _num(line.reproduced_mean, d)
-        if not _isnan(line.reproduced_std):
+        if line.n_seeds >= 2 and not _isnan(line.reproduced_std):  # one seed has no spread to show
             repro += f" ± {_num(line.reproduced_std, d)}"
     partial = ""
     exp = rt.spec.expected_seeds
@@ -111,6 +111,9 @@ def _legend_text(rt: "RenderedTable") -> str:
     spec = rt.spec
     status = set(rt.long["status"])
     parts = [_value_legend(rt)]
+    defined = _definitions(rt)
+    if defined:
+        parts.append(defined)
     if status & {"done", "pending"} or ("not_implemented" in status and rt.long["reported"].notna().any()):
         parts.append("rep = reported value (± reported std); Δ = reproduced − reported.")
     if "done" in status:
@@ -130,6 +133,18 @@ def _legend_text(rt: "RenderedTable") -> str:
     return " ".join(parts)
 
 
+def _definitions(rt: "RenderedTable") -> str:
+    """Each metric in words ("Best = ...; Last = ..."), the header labels being short."""
+    items = [f"{m.label} = {m.definition}" for m in rt.spec.metrics if m.definition]
+    return ("; ".join(items) + ".") if items else ""
+
+
+def has_reported(rt: "RenderedTable") -> bool:
+    """Whether the table sets any reported number beside its cells (the demo and tables at a scale
+    not compared with the paper have none: no paper scale, tolerance or rep words apply)."""
+    return bool(rt.long["reported"].notna().any()) or len(rt.unmatched_reported) > 0
+
+
 def _value_legend(rt: "RenderedTable") -> str:
     """What a reproduced number is: a std is claimed only where a cell has one (two seeds or more)."""
     std_kind = "sample std, ddof=1" if rt.spec.std_ddof == 1 else "population std, ddof=0"
@@ -143,7 +158,24 @@ def _value_legend(rt: "RenderedTable") -> str:
 
 
 def _scale_text(rt: "RenderedTable") -> str:
-    return f" {rt.spec.scale_note[0].upper()}{rt.spec.scale_note[1:]}." if rt.spec.scale_note else ""
+    """The scale line; none for a table at its own settings with no reported numbers (the demo
+    is no paper's table, so "scale paper" would say nothing true)."""
+    if rt.spec.scale == "paper" and not has_reported(rt):
+        return " No paper reports these numbers: the table shows what its own runs give."
+    if not rt.spec.scale_note:
+        return ""
+    return f" {rt.spec.scale_note[0].upper()}{rt.spec.scale_note[1:]}."
+
+
+def _paper_text_applies(rt: "RenderedTable") -> bool:
+    """Whether the table's and its rows' notes (written for the paper's table: its settings, its
+    '-' cells) describe what this table shows: not at a scale that changes the settings."""
+    return rt.spec.compared_with_paper
+
+
+def _header_note(rt: "RenderedTable") -> str:
+    """The table's note under its title, where it describes this table (see :func:`_notes`)."""
+    return rt.spec.note if _paper_text_applies(rt) else ""
 
 
 def status_text(rt: "RenderedTable") -> str:
@@ -162,9 +194,22 @@ def status_text(rt: "RenderedTable") -> str:
 
 
 def _notes(rt: "RenderedTable") -> list[str]:
+    """Row and column notes; at a scale that changes the paper's settings (rounds, warm-up,
+    clients) they, and the table's own note, describe the paper's table, not this one: each
+    is then marked "paper:" (kept, not dropped: they say which settings the scale shrinks)."""
     out = [f"Row {r.label}: {r.note}" for r in rt.spec.rows if r.note]
     out += [f"Column {c.label}: {c.note}" for c in rt.spec.columns if c.note]
-    return out
+    if _paper_text_applies(rt):
+        return out
+    table = [f"Table: {rt.spec.note}"] if rt.spec.note else []
+    return [f"paper: {n}" for n in table + out]
+
+
+def _notes_heading(rt: "RenderedTable") -> str:
+    if _paper_text_applies(rt):
+        return "Notes."
+    return (f"Notes on the paper's table (its settings, not this {rt.spec.scale or 'scale'} run's: "
+            "the scale line above says what it changes).")
 
 
 def _header_label(rt: "RenderedTable", column: str, metric_label: str) -> str:
@@ -184,8 +229,8 @@ def to_markdown_text(rt: "RenderedTable") -> str:
     grid = _grid(rt)
     lines = [f"# {_md_escape(spec.title or 'Table ' + spec.table)}", ""]
     lines.append(f"Paper: {_md_escape(spec.paper)}, table {_md_escape(spec.table)}.{_md_escape(_scale_text(rt))}")
-    if spec.note:
-        lines += ["", _md_escape(spec.note)]
+    if _header_note(rt):
+        lines += ["", _md_escape(_header_note(rt))]
     lines.append("")
     header = ["Method"] + [_header_label(rt, c.label, m.label) for c in spec.columns for m in spec.metrics]
     lines.append("| " + " | ".join(_md_escape(h) for h in header) + " |")
@@ -199,7 +244,7 @@ def to_markdown_text(rt: "RenderedTable") -> str:
     lines += ["", f"**Legend.** {_legend_text(rt)}", "", f"**Status.** {status_text(rt)}"]
     notes = _notes(rt)
     if notes:
-        lines += ["", "**Notes.**", ""] + [f"- {n}" for n in notes]
+        lines += ["", f"**{_notes_heading(rt)}**", ""] + [f"- {_md_escape(n)}" for n in notes]
     if rt.code_note:  # runs of other code: a warning, never silent
         lines += ["", f"**Code versions.** {_md_escape(rt.code_note)}"]
     return "\n".join(lines) + "\n"
@@ -240,7 +285,7 @@ def html_fragment(rt: "RenderedTable") -> str:
     multi = len(spec.metrics) > 1
     out = ['<div class="fnl-table">', f"<style>{_CSS}</style>"]
     out.append(f"<h2>{e(spec.title or 'Table ' + spec.table)}</h2>")
-    note = f" {e(spec.note)}" if spec.note else ""
+    note = f" {e(_header_note(rt))}" if _header_note(rt) else ""
     out.append(f'<p class="meta">Paper: {e(spec.paper)}, table {e(spec.table)}.{e(_scale_text(rt))}{note}</p>')
     out.append("<table>")
     out.append("<thead>")
@@ -261,14 +306,15 @@ def html_fragment(rt: "RenderedTable") -> str:
         out.append(f"<tr><th{title}>{e(r.label)}</th>{tds}</tr>")
     out.append("</tbody>")
     out.append("</table>")
-    out.append(
-        '<p class="legend"><span class="swatch" style="background:#e7f5ea"></span> within tolerance '
-        '<span class="swatch" style="background:#fbd9d7"></span> outside tolerance. '
-        f"{e(_legend_text(rt))}</p>"
-    )
+    swatches = ""
+    if "done" in set(rt.long["status"]):  # colours only where a number is compared with the paper
+        swatches = ('<span class="swatch" style="background:#e7f5ea"></span> within tolerance '
+                    '<span class="swatch" style="background:#fbd9d7"></span> outside tolerance. ')
+    out.append(f'<p class="legend">{swatches}{e(_legend_text(rt))}</p>')
     out.append(f'<p class="legend"><b>Status.</b> {e(status_text(rt))}</p>')
     notes = _notes(rt)
     if notes:
+        out.append(f'<p class="legend"><b>{e(_notes_heading(rt))}</b></p>')
         out.append('<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
     if rt.code_note:
         out.append(f'<p class="legend"><b>Code versions.</b> {e(rt.code_note)}</p>')

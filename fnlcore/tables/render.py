@@ -45,7 +45,7 @@ class RenderedTable:
     """A rendered table: the spec, one line per cell (``long``) and unplaced reported lines.
 
     ``long`` columns: row, column, metric, reproduced_mean, reproduced_std
-    (table units, i.e. times the metric's scale), n_seeds, reported,
+    (table units, i.e. times the metric's scale; NaN with fewer than two seeds), n_seeds, reported,
     reported_std, delta (= reproduced_mean - reported), tolerance,
     within_tolerance (nullable boolean; only set for "done" cells), status,
     reported_note. Lines are in display order. ``code_note``: the footer naming runs made by
@@ -97,8 +97,14 @@ class RenderedTable:
         return status_text(self)
 
     def to_csv(self, path: str | os.PathLike) -> None:
-        """The long table as CSV (atomic), with a ``scale`` column when the spec names its scale."""
-        write_csv(self.long.assign(scale=self.spec.scale) if self.spec.scale else self.long, path)
+        """The long table as CSV (atomic), with a ``scale`` column when the spec names its scale and
+        ``metric_label`` / ``metric_definition`` columns when its metrics are defined in words
+        (the CSV's ``metric`` is an id such as ``bacc_mean_last10_rounds``, not a definition)."""
+        out = self.long.assign(scale=self.spec.scale) if self.spec.scale else self.long
+        if any(m.definition for m in self.spec.metrics):
+            out = out.assign(metric_label=out["metric"].map({m.name: m.label for m in self.spec.metrics}),
+                             metric_definition=out["metric"].map({m.name: m.definition for m in self.spec.metrics}))
+        write_csv(out, path)
 
     def to_markdown(self, path: str | os.PathLike) -> None:
         """A readable wide Markdown table with legend (atomic)."""
@@ -147,7 +153,8 @@ def render(spec: TableSpec, reproduced_runs: pd.DataFrame | None, reported: pd.D
     tol = long["metric"].map({m.name: spec.tolerance_of(m) for m in spec.metrics}).astype(np.float64)
     n_seeds = long["n_seeds"].fillna(0).astype(np.int64)
     mean = long["mean"].astype(np.float64) * scale
-    std = long["std"].astype(np.float64) * scale
+    # a std needs two seeds: with one, ddof=0 would print a spread of exactly 0 that nothing measured
+    std = (long["std"].astype(np.float64) * scale).where(n_seeds >= 2)
     reported_v = long["reported"].astype(np.float64)
 
     not_impl_rows = {r.label for r in spec.rows if r.status == "not_implemented"}

@@ -135,6 +135,10 @@ class MetricSpec:
     tolerance: absolute tolerance in table units for this metric; ``None``
         uses the table's ``tolerance``.
     reported_name: value of the reported CSV's ``metric`` column (``None`` = name).
+    definition: what the number is, in words, printed in every rendering's legend and in
+        the CSV's ``metric_definition`` column (e.g. ``"mean test bacc of the last 10 rounds"``;
+        ``""``: none given). A table build sets it from the metric's summary rule and the
+        rounds its runs actually have (:func:`fnlcore.app.build_table.metric_definition`).
     """
 
     name: str
@@ -143,6 +147,7 @@ class MetricSpec:
     decimals: int = 2
     tolerance: float | None = None
     reported_name: str | None = None
+    definition: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
