@@ -49,7 +49,7 @@ def test_soft_labels_assembled_by_sample_id(tmp_path):
         ck, pr = tmp_path / f"c{k}.pt", tmp_path / f"c{k}.probs.npz"
         save_annotator(ck, pr, state, probs, ids, s, name, k)
         files.append(str(pr))
-        saved = torch.load(ck, weights_only=False)  # the artifact format the workflow caches
+        saved = torch.load(ck, weights_only=True)  # the artifact format the workflow caches
         assert saved["settings"] == dataclasses.asdict(s) and (saved["model"], saved["client"]) == (name, k)
         assert saved["state_dict"].keys() == state.keys()
         with np.load(pr) as z:

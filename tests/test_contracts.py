@@ -41,6 +41,7 @@ from fnlcore.errors import ConfigError, DataError
 from fnlcore.app.papers import Scale, load_paper
 from fnlcore.app.runs import PAPERS_DIR
 from fnlcore.fl.settings import TrainSettings
+from fnlcore.fl.persist import load_safely, to_safe_form
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
 from fnlcore.noise import NOISE_MODELS, noise_spec_from_dict
@@ -400,10 +401,10 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path, name, mult
     # load_state_dict(state_dict()) round-trips through torch.save, mid-schedule (after FedNoRo's warm-up)
     state = killed_method.state_dict()
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(to_safe_form(state), buf)  # as a checkpoint stores it
     buf.seek(0)
     _, fresh, _ = _method_run(name, multi)
-    fresh.load_state_dict(torch.load(buf, weights_only=False))
+    fresh.load_state_dict(load_safely(buf))
     assert_same_state(fresh.state_dict(), state)
     resumed_sim, resumed_method, log = _method_run(name, multi, checkpoint_path=ckpt)
     out = resumed_sim.run()

@@ -35,7 +35,7 @@ from fnlcore.errors import (
 )
 from fnlcore.fl import simulation as sim_mod
 from fnlcore.fl.device import device_problem
-from fnlcore.fl.persist import ClientStore
+from fnlcore.fl.persist import ClientStore, load_safely, to_safe_form
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
@@ -98,10 +98,10 @@ def test_same_code_and_settings_resume_and_the_checkpoint_interval_is_not_part_o
 def test_a_checkpoint_without_a_record_of_its_code_is_not_resumed(tmp_path):
     ckpt = tmp_path / "run.ckpt.pt"
     _sim(checkpoint_path=ckpt, stop_after=2).run()
-    payload = torch.load(ckpt, weights_only=False)
+    payload = load_safely(ckpt)
     payload.pop("made_by")
     payload["version"] = 3  # what the code before checkpoints recorded their maker wrote
-    torch.save(payload, ckpt)
+    torch.save(to_safe_form(payload), ckpt)
     log: list[str] = []
     _sim(log=log, checkpoint_path=ckpt, stop_after=1).run()
     assert any("format 3" in s and "restarting the run from round 0" in s for s in log), log
@@ -218,7 +218,7 @@ def test_estimated_checkpoint_size_covers_the_written_file(tmp_path):
     ckpt = tmp_path / "run.ckpt.pt"
     sim = _sim(checkpoint_path=ckpt, stop_after=1)
     sim.run()
-    payload = torch.load(ckpt, weights_only=False)
+    payload = load_safely(ckpt)
     assert sim_mod.estimated_size(payload) >= ckpt.stat().st_size
 
 

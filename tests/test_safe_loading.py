@@ -51,7 +51,7 @@ def _crafted(kind: str, marker: pathlib.Path) -> bytes:
         return _torch_file({"version": 4, "next_round": 2, "x": _Touch(marker)})
     if kind == "pickle":  # a bare pickle (torch.load's legacy format)
         return pickle.dumps(_Touch(marker), protocol=2)
-    # the format fnlcore wrote before (weights_only=False): numpy arrays in the random states
+    # the format of fnlcore before checkpoint version 5: numpy arrays in the random states
     return _torch_file({"version": 4, "rng": {"numpy": np.random.RandomState(0).get_state()}, "x": _Touch(marker)})
 
 

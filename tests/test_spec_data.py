@@ -48,6 +48,8 @@ def mirror(file_server, spec_data_dir):  # noqa: F811
     for name in sd.FIXTURES:
         target = file_server.root / _served_name(name)
         if target.suffix == ".npy":
+            # FedMLP publishes a pickled dict (np.save of an object); fnlcore reads it back only
+            # through its restricted unpickler (official_files.read_client_index_npy)
             np.save(target, _clients(spec_data_dir / name), allow_pickle=True)
         else:
             target.write_bytes((spec_data_dir / name).read_bytes())

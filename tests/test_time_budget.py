@@ -253,7 +253,7 @@ def test_a_job_out_of_time_exits_75_without_outputs_and_the_next_attempts_finish
 
     got, expect = pd.read_parquet(paths["metrics"]), pd.read_parquet(expect_paths["metrics"])
     pd.testing.assert_frame_equal(got.drop(columns="seconds"), expect.drop(columns="seconds"), check_exact=True)
-    a, b = (torch.load(p["model"], weights_only=False)["state_dict"] for p in (paths, expect_paths))
+    a, b = (torch.load(p["model"], weights_only=True)["state_dict"] for p in (paths, expect_paths))
     assert_same_state(a, b)
 
 

@@ -41,6 +41,7 @@ import pytest
 import torch
 
 from fnlcore import paths
+from fnlcore.fl.persist import load_safely
 
 from .conftest import REPO_ROOT
 from .workflow_support import (
@@ -323,7 +324,7 @@ def _checkpointed_rounds(path: Path) -> int:
     if not path.exists():
         return 0
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=False)["next_round"])
+        return int(load_safely(path)["next_round"])
     except FileNotFoundError:  # removed between the two calls: the run finished
         return 0
 
@@ -393,8 +394,8 @@ def test_killed_run_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run
     pd.testing.assert_frame_equal(got.drop(columns="seconds"), want.drop(columns="seconds"), check_exact=True)
     got_clients, want_clients = (pd.read_parquet(d / files["clients"]) for d in (killed_dir, reference_dir))
     pd.testing.assert_frame_equal(got_clients, want_clients, check_exact=True)
-    got_model = torch.load(killed_dir / files["model"], map_location="cpu", weights_only=False)["state_dict"]
-    want_model = torch.load(reference_dir / files["model"], map_location="cpu", weights_only=False)["state_dict"]
+    got_model = torch.load(killed_dir / files["model"], map_location="cpu", weights_only=True)["state_dict"]
+    want_model = torch.load(reference_dir / files["model"], map_location="cpu", weights_only=True)["state_dict"]
     assert got_model.keys() == want_model.keys()
     assert all(torch.equal(got_model[k], want_model[k]) for k in got_model)
 

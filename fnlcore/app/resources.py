@@ -207,10 +207,7 @@ def load_step_costs(path: str | os.PathLike, gpu: bool) -> dict[str, tuple[float
     path = Path(path)
     if not path.exists():
         return {}
-    try:
-        devices = json.loads(path.read_text())["devices"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{path}: not a step-cost file of `fnl plan` ({err}); delete it and run `fnl plan` again")
+    devices, _ = _read_step_cost_file(path, "; delete it and run `fnl plan` again")
     gpus = {d: e for d, e in devices.items() if d.startswith("cuda")}
     chosen = gpus if gpu and gpus else ({d: e for d, e in devices.items() if d not in gpus} or devices)
     out: dict[str, tuple[float, float]] = {}
@@ -270,16 +267,20 @@ def rehearsal_with_sources(results_dir: str | os.PathLike, gpu: bool,
     return out, sources
 
 
+def _read_step_cost_file(path: Path, fix: str = "") -> tuple[dict, dict]:
+    """(devices, provenance) of a step-cost file (``fnl plan``'s or the shipped one); ConfigError if it is not one."""
+    try:
+        raw = json.loads(path.read_text())
+        return raw["devices"], raw.get("provenance", {}) or {}
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path}: not a step-cost file of `fnl plan` ({err}){fix}") from None
+
+
 def _cost_entries(path: Path, label) -> dict[str, dict[str, tuple[float, float, str]]]:
     """shape key -> device kind -> (s per step, s per test sample, source): the slowest device of a kind."""
     if not path.exists():
         return {}
-    try:
-        raw = json.loads(path.read_text())
-        devices = raw["devices"]
-        provenance = raw.get("provenance", {}) or {}
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{path}: not a step-cost file of `fnl plan` ({err}); delete it and run `fnl plan` again")
+    devices, provenance = _read_step_cost_file(path, "; delete it and run `fnl plan` again")
     out: dict[str, dict[str, tuple[float, float, str]]] = {}
     for device, entries in devices.items():
         for key, c in entries.items():
@@ -341,12 +342,7 @@ def shipped_step_costs(device_kind: str, shipped_dir: str | os.PathLike | None =
     path = Path(shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS
     if not path.exists():
         return {}
-    try:
-        raw = json.loads(path.read_text())
-        devices = raw["devices"]
-        provenance = raw.get("provenance", {}) or {}
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{path}: not a step-cost file ({err})")
+    devices, provenance = _read_step_cost_file(path)
     out: dict[str, tuple[dict[str, Any], str]] = {}
     for kind in [device_kind] + (["cpu"] if device_kind == "gpu" else []):
         mine: dict[str, tuple[dict[str, Any], str]] = {}

@@ -80,17 +80,12 @@ def lock_results(results: str | os.PathLike, workdir: str | os.PathLike = ".") -
     path = folder / LOCK_NAME
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fh = open(path, "a+", encoding="utf-8")
     except OSError as err:
         _raise_if_disk_full(err, folder, "the workflow's lock file")
         raise
-    try:
-        taken = _flock_exclusive(fh)
-    except OSError as err:
-        fh.close()
-        if err.errno in _NO_LOCKS:
-            return None
-        raise
+    fh, taken = _open_locked(path, "the workflow's lock file")
+    if fh is None:
+        return None
     if not taken:
         holder = _recorded(fh)
         fh.close()
@@ -166,18 +161,9 @@ def lock_run(checkpoint: str | os.PathLike) -> RunLock | None:
         _raise_if_disk_full(err, path.parent, "the run's lock file")
         raise
     while True:
-        try:
-            fh = open(path, "a+", encoding="utf-8")
-        except OSError as err:
-            _raise_if_disk_full(err, path.parent, "the run's lock file")
-            raise
-        try:
-            taken = _flock_exclusive(fh)
-        except OSError as err:
-            fh.close()
-            if err.errno in _NO_LOCKS:
-                return None
-            raise
+        fh, taken = _open_locked(path, "the run's lock file")
+        if fh is None:
+            return None
         if not taken:
             holder = _recorded(fh)
             fh.close()
@@ -283,6 +269,23 @@ def lock_holder(path: str | os.PathLike) -> str | None:
             return None
         fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
     return None
+
+
+def _open_locked(path: Path, what: str):
+    """``(open file, whether its exclusive flock was taken)``, or ``(None, False)`` where the file
+    system cannot lock; a full disk is a StorageError naming ``what``."""
+    try:
+        fh = open(path, "a+", encoding="utf-8")
+    except OSError as err:
+        _raise_if_disk_full(err, path.parent, what)
+        raise
+    try:
+        return fh, _flock_exclusive(fh)
+    except OSError as err:
+        fh.close()
+        if err.errno in _NO_LOCKS:
+            return None, False
+        raise
 
 
 def _flock_exclusive(fh: IO[str]) -> bool:

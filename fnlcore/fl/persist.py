@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -163,7 +163,7 @@ def _array_of(v: dict) -> np.ndarray:
     return flat.reshape(shape[::-1]).T if v.get("fortran") else flat.reshape(shape)
 
 
-def load_safely(path: str | Path) -> Any:
+def load_safely(path: str | Path | IO[bytes]) -> Any:
     """A file written with ``torch.save(to_safe_form(...))``, read without running code: a crafted or
     older-format file raises ``pickle.UnpicklingError`` (:func:`refusal` says why in one line)."""
     return from_safe_form(torch.load(path, map_location="cpu", weights_only=True))

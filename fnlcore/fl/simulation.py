@@ -132,7 +132,7 @@ class Simulation:
             return 0
         started = self.time_budget.clock() if self.time_budget is not None else 0.0
         try:
-            payload = load_safely(path)  # never weights_only=False: the folder may be writable by others
+            payload = load_safely(path)  # tensors and plain data only: the folder may be writable by others
         except PermissionError as err:
             raise DataError(f"{path}: cannot read the run's checkpoint ({err}); make it readable and rerun") from None
         except Exception as err:  # truncated or corrupt (zip, EOF errors), older format or crafted (refused)
