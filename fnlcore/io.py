@@ -126,10 +126,19 @@ def _disk_full(err: BaseException) -> bool:
     return False
 
 
-def write_parquet(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    """Write a DataFrame atomically and deterministically (same data -> same bytes)."""
+def write_parquet(df: pd.DataFrame, path: str | os.PathLike, metadata: dict[bytes, bytes] | None = None) -> None:
+    """Write a DataFrame atomically and deterministically (same data -> same bytes); ``metadata``
+    joins the schema's key-value metadata (a run's code version, fnlcore.app.train.write_metrics)."""
     with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
+        if not metadata:
+            df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(df, preserve_index=False)  # what to_parquet(index=False) writes
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata}), tmp,
+                       compression="zstd")
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:

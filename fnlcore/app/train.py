@@ -188,13 +188,7 @@ def write_metrics(metrics: pd.DataFrame, path: str | os.PathLike) -> None:
     metrics are the run's completion mark, so the record is there exactly when the run is."""
     import json
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pandas(metrics, preserve_index=False)  # what DataFrame.to_parquet(index=False) writes
-    meta = {**(table.schema.metadata or {}), MADE_BY_KEY: json.dumps(made_by(), sort_keys=True).encode()}
-    with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+    write_parquet(metrics, path, metadata={MADE_BY_KEY: json.dumps(made_by(), sort_keys=True).encode()})
 
 
 def _train(data_dir, noise_parquet, num_clients, settings, method_params, seed, device, metrics_path, clients_path,
