@@ -12,6 +12,11 @@ Each transform is also split into ``draw_*`` (the random parameters of n samples
 order the transform draws them) and ``*_at`` (apply given parameters): the batched-clients
 engine draws every client's parameters in the sequential engine's order, then augments
 all clients' batches at once with the same values.
+
+Draws are made where their generator lives (a run's streams are CPU generators: the same draws
+on every device, fnlcore.fl.context); ``*_at`` moves the parameters it needs to the images'
+device with non-blocking copies, which on a GPU wait for no queued kernel (a blocking copy to
+the device synchronises its stream).
 """
 
 from __future__ import annotations
@@ -22,8 +27,18 @@ import torch
 import torch.nn.functional as F
 
 
+def draw_device(gen: torch.Generator | None, device) -> torch.device:
+    """Where a draw is made: on its generator's device (``device`` for the global stream)."""
+    return gen.device if gen is not None else torch.device(device)
+
+
+def on(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on ``device`` by a non-blocking copy (itself when it is there already)."""
+    return t.to(device, non_blocking=True)
+
+
 def _uniform(n: int, lo: float, hi: float, gen: torch.Generator | None, device) -> torch.Tensor:
-    return torch.rand(n, generator=gen, device=device) * (hi - lo) + lo
+    return torch.rand(n, generator=gen, device=draw_device(gen, device)) * (hi - lo) + lo
 
 
 PADDING_MODES = ("constant", "reflect")
@@ -53,6 +68,7 @@ def draw_crop(
     """The (row, column) offsets of :func:`random_crop` for ``n`` samples, in its draw order
     (torchvision's: row then column, each uniform over 0..2 padding + input - crop size;
     ``slack`` = input - crop size per axis)."""
+    device = draw_device(gen, device)
     oy = torch.randint(0, 2 * padding + int(slack[0]) + 1, (n,), generator=gen, device=device)
     ox = torch.randint(0, 2 * padding + int(slack[1]) + 1, (n,), generator=gen, device=device)
     return oy, ox
@@ -70,7 +86,7 @@ def crop_at(
         raise ValueError(f"padding_mode={padding_mode!r}; valid: {', '.join(PADDING_MODES)}")
     n, c, h, w = x.shape
     th, tw = (h, w) if size is None else (int(size[0]), int(size[1]))
-    oy, ox = offsets
+    oy, ox = on(offsets[0], x.device), on(offsets[1], x.device)
     xp = F.pad(x, (padding, padding, padding, padding), mode=padding_mode) if padding > 0 else x
     # Every th x tw window of the padded images as a view (n, c, rows, cols, th, tw); picking
     # window (oy_i, ox_i) of sample i is one gather indexed per sample, not per pixel
@@ -123,6 +139,7 @@ def draw_resized_crop(
     """
     H, W = int(in_size[0]), int(in_size[1])
     area = float(H * W)
+    device = draw_device(gen, device)
     s = torch.rand(n, attempts, generator=gen, device=device, dtype=torch.float64) * (scale[1] - scale[0]) + scale[0]
     lo, hi = math.log(ratio[0]), math.log(ratio[1])
     ar = torch.exp(torch.rand(n, attempts, generator=gen, device=device, dtype=torch.float64) * (hi - lo) + lo)
@@ -159,15 +176,17 @@ def resized_crop_at(
     """
     n, c, H, W = x.shape
     oh, ow = int(size[0]), int(size[1])
-    top, left, bh, bw = (t.to(x.device) for t in box)
+    top, left, bh, bw = box
 
     def axis(start, extent, out):  # source coordinates (n, out): low index, high index, weight of high
-        pos = (torch.arange(out, device=x.device, dtype=torch.float64) + 0.5)[None, :]
+        # computed where the boxes were drawn (the host in a run), then moved: equal on every device
+        pos = (torch.arange(out, device=start.device, dtype=torch.float64) + 0.5)[None, :]
         src = (pos * (extent.double() / out)[:, None] - 0.5).clamp_min(0.0)
         src = torch.minimum(src, (extent - 1).double()[:, None])
         i0 = torch.floor(src)
         i1 = torch.minimum(i0 + 1, (extent - 1).double()[:, None])
-        return (i0.long() + start[:, None]), (i1.long() + start[:, None]), (src - i0).float()
+        return (on(i0.long() + start[:, None], x.device), on(i1.long() + start[:, None], x.device),
+                on((src - i0).float(), x.device))
 
     y0, y1, wy = axis(top, bh, oh)
     x0, x1, wx = axis(left, bw, ow)
@@ -196,12 +215,12 @@ def random_hflip(x: torch.Tensor, p: float = 0.5, gen: torch.Generator | None = 
 
 def draw_flip(n: int, p: float, gen: torch.Generator | None, device) -> torch.Tensor:
     """Which of ``n`` samples :func:`random_hflip` mirrors (bool), in its draw order."""
-    return torch.rand(n, generator=gen, device=device) < p
+    return torch.rand(n, generator=gen, device=draw_device(gen, device)) < p
 
 
 def flip_where(x: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
     """Mirror the samples where ``flip`` is true."""
-    mask = flip.view(-1, *([1] * (x.dim() - 1)))
+    mask = on(flip, x.device).view(-1, *([1] * (x.dim() - 1)))
     if x.is_floating_point() or x.is_complex():
         return torch.where(mask, x.flip(-1), x)
     # Integer images: exactly one of the two products is non-zero, so this selects like
@@ -234,8 +253,9 @@ def affine_at(x: torch.Tensor, params: tuple[torch.Tensor, torch.Tensor, torch.T
     """Rotate and shift each sample by its own parameters (nearest neighbour, zero fill)."""
     n, _, h, w = x.shape
     ang, tx, ty = params
+    # the matrices where the draws are (the host in a run: equal on every device), then one copy
     cos, sin = torch.cos(ang), torch.sin(ang)
     theta = torch.stack([torch.stack([cos, -sin, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
-    grid = F.affine_grid(theta.to(torch.float32), (n, x.shape[1], h, w), align_corners=False)
+    grid = F.affine_grid(on(theta.to(torch.float32), x.device), (n, x.shape[1], h, w), align_corners=False)
     out = F.grid_sample(x.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
     return out.to(x.dtype)

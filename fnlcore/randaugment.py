@@ -37,7 +37,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .augment import draw_device, on
 from .errors import ConfigError
+from .fl.syncs import host_side
 
 # op name -> (low, high) of its value range (FixMatch's pool, as the uniform kind draws it)
 OPS: dict[str, tuple[float, float]] = {
@@ -100,6 +102,7 @@ def draw_rand_augment(n: int, spec: RandAugmentSpec, gen: torch.Generator | None
     draw depends on pixel values, so drawing first and applying later (the batched-clients
     engine draws every client's batches in the sequential order, then augments them together)
     gives the same images and leaves ``gen`` in the same state."""
+    device = draw_device(gen, device)
     slots = []
     for _ in range(spec.n):
         op = torch.randint(0, len(OP_NAMES), (n,), generator=gen, device=device)
@@ -158,26 +161,44 @@ def op_value(name: str, level: torch.Tensor, sign: torch.Tensor, kind: str, size
 
 
 def _apply_slot(x, op, level, sign, apply, kind) -> torch.Tensor:
-    """One RandAugment slot: every sample gets the op it drew (or none)."""
+    """One RandAugment slot: every sample gets the op it drew (or none).
+
+    Which samples each op takes is decided on the host from the draws (CPU tensors in a run), with
+    each op's arguments and the geometric ops' matrices; their indices and values reach the device
+    in two non-blocking copies, split there by counts known on the host: no device sync."""
     out = x.clone()
     n, _, h, w = x.shape
-    theta = torch.zeros(n, 2, 3, device=x.device)
-    geo = torch.zeros(n, dtype=torch.bool, device=x.device)
-    for i, name in enumerate(OP_NAMES):
-        if name == "identity":
-            continue
-        sel = torch.nonzero((op == i) & apply).flatten()
-        if sel.numel() == 0:
-            continue
-        v = op_value(name, level[sel], sign[sel], kind, (h, w)) if name in _MC else None
-        if name in GEOMETRIC:
-            theta[sel] = pil_matrix(name, v, (h, w))
-            geo[sel] = True
-        else:
-            out[sel] = colour_op(name, x[sel], v)
-    if geo.any():
-        sel = torch.nonzero(geo).flatten()
-        out[sel] = warp(x[sel], theta[sel], fill=0.0)
+    with host_side():
+        op, level, sign, apply = (t.cpu() for t in (op, level, sign, apply))  # no-ops on host draws
+        theta = torch.zeros(n, 2, 3)
+        geo = torch.zeros(n, dtype=torch.bool)
+        groups, sels, values = [], [], []
+        for i, name in enumerate(OP_NAMES):
+            if name == "identity":
+                continue
+            sel = torch.nonzero((op == i) & apply).flatten()
+            if sel.numel() == 0:
+                continue
+            v = op_value(name, level[sel], sign[sel], kind, (h, w)) if name in _MC else None
+            if name in GEOMETRIC:
+                theta[sel] = pil_matrix(name, v, (h, w))
+                geo[sel] = True
+            else:
+                groups.append((name, sel.numel(), v is not None))
+                sels.append(sel)
+                if v is not None:
+                    values.append(v.float())
+        geo_sel = torch.nonzero(geo).flatten()
+        sels.append(geo_sel)
+        counts = [len(s) for s in sels]
+        index = on(torch.cat(sels), x.device).split(counts)
+        payload = on(torch.cat(values + [theta[geo_sel].reshape(-1)]), x.device)
+        parts = payload.split([g[1] for g in groups if g[2]] + [6 * len(geo_sel)])
+    at = iter(parts)
+    for (name, _, has_value), sel in zip(groups, index):
+        out[sel] = colour_op(name, x[sel], next(at) if has_value else None)
+    if counts[-1]:
+        out[index[-1]] = warp(x[index[-1]], parts[-1].view(-1, 2, 3), fill=0.0)
     return out
 
 
@@ -314,6 +335,7 @@ def cutout(x: torch.Tensor, side: torch.Tensor, fill: tuple[float, ...], gen: to
 
 def draw_cutout_centre(n: int, gen: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The uniform (u_x, u_y) of :func:`cutout`'s centres, in its draw order (cx = u_x w, cy = u_y h)."""
+    device = draw_device(gen, device)
     return torch.rand(n, generator=gen, device=device), torch.rand(n, generator=gen, device=device)
 
 
@@ -321,18 +343,21 @@ def cutout_at(x: torch.Tensor, side: torch.Tensor, centre: tuple[torch.Tensor, t
               fill: tuple[float, ...]) -> torch.Tensor:
     """:func:`cutout` at the centres drawn by :func:`draw_cutout_centre`."""
     n, c, h, w = x.shape
+    # the rectangles where the draws are (the host in a run), then one copy to the images' device
     cx, cy = centre[0] * w, centre[1] * h
     x0 = torch.floor((cx - side / 2.0).clamp_min(0))
     y0 = torch.floor((cy - side / 2.0).clamp_min(0))
     x1 = torch.floor(torch.minimum(x0 + side, torch.full_like(x0, w)))
     y1 = torch.floor(torch.minimum(y0 + side, torch.full_like(y0, h)))
+    box = on(torch.stack([x0, y0, x1, y1, (side > 0).to(x0.dtype)]), x.device)
+    x0, y0, x1, y1, some = box[0], box[1], box[2], box[3], box[4] > 0
     cols = torch.arange(w, device=x.device).view(1, -1)
     rows = torch.arange(h, device=x.device).view(1, -1)
     in_x = (cols >= x0.view(-1, 1)) & (cols <= x1.view(-1, 1))
     in_y = (rows >= y0.view(-1, 1)) & (rows <= y1.view(-1, 1))
-    mask = (in_y[:, :, None] & in_x[:, None, :] & (side > 0).view(-1, 1, 1)).unsqueeze(1)
+    mask = (in_y[:, :, None] & in_x[:, None, :] & some.view(-1, 1, 1)).unsqueeze(1)
     values = fill if len(fill) == c else fill[:1] * c
-    fill_t = torch.tensor(values, dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+    fill_t = on(torch.tensor(values, dtype=x.dtype), x.device).view(1, c, 1, 1)
     return torch.where(mask, fill_t, x)
 
 
@@ -352,13 +377,16 @@ def mixup(
     """
     if alpha <= 0:
         raise ConfigError(f"mixup alpha={alpha} must be > 0")
-    # Beta from two Gammas drawn on the generator, so the draw is seeded
-    conc = torch.full((2,), float(alpha), device=x.device)
+    # Beta from two Gammas drawn on the generator, so the draw is seeded; lambda is read where it
+    # was drawn (the host in a run: no device sync) and the permutation copied to the batch's device
+    device = draw_device(gen, x.device)
+    conc = torch.full((2,), float(alpha), device=device)
     g = torch._standard_gamma(conc, generator=gen) if gen is not None else torch._standard_gamma(conc)
-    lam = float(g[0] / (g[0] + g[1]))
+    with host_side():
+        lam = float(g[0] / (g[0] + g[1]))
     if keep_major:
         lam = max(lam, 1.0 - lam)
-    perm = torch.randperm(x.shape[0], generator=gen, device=x.device)
+    perm = on(torch.randperm(x.shape[0], generator=gen, device=device), x.device)
     return lam * x + (1.0 - lam) * x[perm], y, y[perm], lam
 
 

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from .context import RunContext
+from .syncs import step_region
 from .data import trim_last_batch
 from .client import epoch_order
 from .stacked import StackedNet, stacked_input, stacked_optimizer
@@ -66,6 +67,8 @@ class StackedBatch:
     jobs: list | None = None
     networks: tuple[str, ...] = ()
     epoch_ends: tuple[int, ...] = ()  # positions of the clients whose step ends one of their epochs (host side)
+    epoch_step_host: torch.Tensor | None = None  # ``epoch_step`` on the host (a per-batch decision, no sync)
+    clients_host: torch.Tensor | None = None  # ``clients`` on the host
 
     def per_client(self, flat: torch.Tensor) -> torch.Tensor:
         """(K * B, ...) rows of a forward on ``x`` -> (K, B, ...)."""
@@ -177,7 +180,7 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
             if t % per_epoch == per_epoch - 1:
                 ends[t].append(i)
     mask = torch.arange(batch_size)[None, None, :] < lengths[:, :, None]
-    aug, like = _layout_params(draws, mask.to(ctx.device))
+    aug, like = _layout_params(draws, mask)  # on the host, where the draws are
     width = lengths.amax(1).tolist() if t_max else []
     # "full": every client has a batch of the step's width (no padding, no rider): nothing to mask
     full = (lengths == lengths.amax(1, keepdim=True)).all(1).tolist() if t_max else []
@@ -300,37 +303,48 @@ def train_clients(
     index_dev = tl.index.to(ctx.device, non_blocking=True)
     mask_dev = tl.mask.to(ctx.device, non_blocking=True)
     step_dev = tl.epoch_step.to(ctx.device, non_blocking=True)
-    ids = clients_ids if clients_ids is not None else torch.arange(k, device=ctx.device)
+    # The view parameters stay on the host (the views decide from them there and copy what they
+    # need); a method's own draws (a mixup's lambda and partners) go to the device once per chunk.
+    views_leaves = len(_flatten(tl.like[0])) if phase.augment == "raw" and tl.like else len(tl.aug)
+    grids = tuple(g if i < views_leaves else g.to(ctx.device, non_blocking=True) for i, g in enumerate(tl.aug))
+    ids_host = clients_ids if clients_ids is not None else torch.arange(k)
+    ids = ids_host.to(ctx.device, non_blocking=True)
     names = tuple(phase.train) if models is not None else ()
     step_losses = []
     autocast = ctx.autocast()
     raw = phase.augment == "raw"
     refs = _flatten(tl.like[1]) if raw and tl.like else []  # the declared draws' leaves: a 0-dim one is per batch
     for t in range(tl.steps):
-        w = tl.width[t]
-        idx = index_dev[t, :, :w]
-        x = images.index_select(0, idx.reshape(-1))
-        drawn = _unflatten(tl.like, _at_step(tl.aug, t, w)) if tl.aug else tl.like
-        mask = None if tl.full[t] else mask_dev[t, :, :w]
-        with autocast:
+        with step_region():
+            w = tl.width[t]
+            idx = index_dev[t, :, :w]
+            x = images.index_select(0, idx.reshape(-1))
+            drawn = _unflatten(tl.like, _at_step(grids, t, w)) if grids else tl.like
+            mask = None if tl.full[t] else mask_dev[t, :, :w]
+            # Augmentation in full precision (outside autocast, as the sequential engine): bf16 would
+            # round the interpolated and blended pixel values.
             if raw:
                 view_params, extra = drawn if drawn else ((), ())
                 views = {n: ctx.pipeline.apply_view(n.split(":", 1)[0], x, p) for n, p in zip(phase.views, view_params)}
                 extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
                 sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names,
-                                  epoch_ends=tl.epoch_ends[t])
+                                  epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
+                                      clients_host=ids_host)
             else:
                 view = ctx.pipeline.apply_train(x, drawn)
                 sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names,
-                                  epoch_ends=tl.epoch_ends[t])
-                sb.logits = sb.forward(view)
-            losses = loss_fn(sb)
-        grads = torch.autograd.grad(losses.sum(), params)
-        stepped = mask_dev[t, :, 0]  # a client with a batch has a real row 0
-        opt.step(grads, None if mask is None else stepped.repeat(g))
-        if after_step is not None:
-            after_step(sb, stepped)
-        step_losses.append(losses.detach().float())
+                                  epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
+                                      clients_host=ids_host)
+            with autocast:
+                if not raw:
+                    sb.logits = sb.forward(view)
+                losses = loss_fn(sb)
+            grads = torch.autograd.grad(losses.sum(), params)
+            stepped = mask_dev[t, :, 0]  # a client with a batch has a real row 0
+            opt.step(grads, None if mask is None else stepped.repeat(g))
+            if after_step is not None:
+                after_step(sb, stepped)
+            step_losses.append(losses.detach().float())
     if models is None:
         states = [net.client_state(i) for i in range(k)]
     else:

@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ConfigError
 from .context import RunContext
+from .syncs import step_region
 from .state import State, load, snapshot
 
 Streams = dict[str, tuple[torch.Tensor, int]]
@@ -263,28 +264,29 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
         order = epoch_order(ctx, lead_idx)
         b = Batch(model, nets, None, lead_idx[:0], {}, 0, epoch, r, k, job)  # one per epoch, refilled per step
         for step, (xb, bidx) in enumerate(ctx.data.train.batches(order, lead_bs, drop_last=s.drop_last)):
-            b.idx, b.step = bidx, step
-            if phase.augment == "train":
-                with amp:
+            with step_region():
+                b.idx, b.step = bidx, step
+                # Augmentation in full precision, outside autocast: bf16 would round the
+                # interpolated and blended pixel values. The draws are host tensors.
+                if phase.augment == "train":
                     b.x = augment(xb, aug_gen)
-            else:
-                b.streams = {names[0]: (xb, bidx)}
-                b.streams.update((nm, c.next()) for nm, c in cursors.items())
-                if phase.views or phase.draws is not None:
-                    with amp:
+                else:
+                    b.streams = {names[0]: (xb, bidx)}
+                    b.streams.update((nm, c.next()) for nm, c in cursors.items())
+                    if phase.views or phase.draws is not None:
                         b.views = ctx.pipeline.views(xb, aug_gen, phase.views)
-                    b.draws = phase.draws(len(bidx), aug_gen, xb.device) if phase.draws is not None else ()
-            if phase.step is not None:
-                loss = phase.step(b)
-            else:
-                with amp:
-                    loss = loss_fn(b)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            if phase.after_step is not None:
-                phase.after_step()
-            losses.append(loss.detach())
+                        b.draws = phase.draws(len(bidx), aug_gen, xb.device) if phase.draws is not None else ()
+                if phase.step is not None:
+                    loss = phase.step(b)
+                else:
+                    with amp:
+                        loss = loss_fn(b)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                if phase.after_step is not None:
+                    phase.after_step()
+                losses.append(loss.detach())
     return losses.mean()
 
 

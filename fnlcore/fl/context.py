@@ -11,9 +11,11 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..models import Classifier, build_model
 from ..models.builder import default_model_for
 from .data import FederatedData
+from .device import set_math_policy
 from .pipeline import InputPipeline
 from .settings import TrainSettings
 
@@ -28,10 +30,13 @@ class RunContext:
     image_size: tuple[int, int]
     channels: int
     seed: int
-    # Random streams, all derived from the training seed and checkpointed:
+    # Random streams, all derived from the training seed and checkpointed. Every one is a CPU
+    # stream, whatever the device: a run draws the same on a GPU as on a CPU, a checkpoint
+    # resumes on either, and what is decided from draws is decided on the host without a
+    # device sync (fnlcore.fl.syncs); the draws reach the device by non-blocking copies.
     rng: np.random.RandomState = field(init=False)  # client sampling, method-level numpy draws
-    shuffle_gen: torch.Generator = field(init=False)  # mini-batch order (CPU)
-    aug_gen: torch.Generator = field(init=False)  # augmentation parameters (device)
+    shuffle_gen: torch.Generator = field(init=False)  # mini-batch order
+    aug_gen: torch.Generator = field(init=False)  # augmentation parameters, mixup and other per-batch draws
     log: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
@@ -39,7 +44,9 @@ class RunContext:
             self.pipeline = dataclasses.replace(self.pipeline, channels_last=True)
         self.rng = np.random.RandomState(self.seed)
         self.shuffle_gen = torch.Generator(device="cpu").manual_seed(self.seed)
-        self.aug_gen = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+        self.aug_gen = torch.Generator(device="cpu").manual_seed(self.seed + 1)
+        if self.device.type == "cuda":
+            set_math_policy(self.settings.precision)
 
     def new_model(self) -> Classifier:
         model = build_model(
@@ -73,12 +80,23 @@ class RunContext:
         }
 
     def load_rng_state(self, st: dict) -> None:
+        aug = st["aug"]
+        if aug.numel() != self.aug_gen.get_state().numel():
+            raise ConfigError(
+                "this checkpoint's augmentation stream was written by a version that drew augmentations on "
+                f"the GPU ({aug.numel()}-byte generator state); this version draws every augmentation on "
+                "the CPU, so the run cannot resume from it: delete the checkpoint (and its metrics) to "
+                "start the run again")
         self.rng.set_state(st["numpy"])
         self.shuffle_gen.set_state(st["shuffle"])
-        self.aug_gen.set_state(st["aug"])
+        self.aug_gen.set_state(aug)
         torch.set_rng_state(st["torch"])
-        if st.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(st["cuda"])
+        # The CUDA streams (dropout's, on a GPU) of the devices this node has, written or not:
+        # a node may see fewer or more GPUs than the writer, or none.
+        cuda = st.get("cuda") or []
+        if torch.cuda.is_available():
+            for i, state in enumerate(cuda[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(state, i)
 
 
 def resolve_model_name(name: str, channels: int, image_size: tuple[int, int]) -> str:

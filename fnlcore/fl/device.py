@@ -41,6 +41,27 @@ def check_device(device: str, here: bool = True, where: str = "device") -> None:
         raise ConfigError(f"{where}: {problem}")
 
 
+def set_math_policy(precision: str) -> None:
+    """The GPU math of a run (``training.precision``), set for the whole process (a run is one process).
+
+    fp32: IEEE float32 in every matrix product and convolution (TF32 off, unlike PyTorch's default
+    for cuDNN convolutions): a GPU round equals the CPU's up to float rounding (about 1e-6
+    relative per operation), which ``fnl device-check`` measures. tf32: TensorFloat-32 in both
+    (10-bit mantissa products, about 1e-3 relative; faster on Ampere and later). bf16: bf16
+    autocast of forward passes and losses (``RunContext.autocast``), TF32 for what stays float32.
+    cuDNN's autotuner stays off and its algorithms are not forced deterministic: the autotuner
+    picks algorithms by timing, so two runs could differ in rounding; forcing deterministic
+    kernels would slow some backward passes, while scatter-adds (index_add_) keep their atomic
+    order on a GPU anyway. So a GPU run repeats itself up to float rounding, not bit for bit; the
+    CPU runs do bit for bit.
+    """
+    tf32 = precision in ("tf32", "bf16")
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = False
+
+
 def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -191,7 +191,7 @@ class InputPipeline:
 @lru_cache(maxsize=64)
 def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     """(C, 1, 1) float32 mean and std on ``device``, built once per (values, device)."""
-    return tuple(torch.tensor(v, dtype=torch.float32, device=device)[:, None, None] for v in (mean, std))
+    return tuple(torch.tensor(v, dtype=torch.float32).to(device, non_blocking=True)[:, None, None] for v in (mean, std))
 
 
 # training.image_transform (values: fnlcore.fl.settings.IMAGE_TRANSFORMS): how images read from

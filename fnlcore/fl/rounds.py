@@ -120,7 +120,7 @@ class RoundEngine:
         for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
             part, part_jobs, part_drawn = clients[at : at + chunk], jobs[at : at + chunk], drawn[at : at + chunk]
             phase, idx = chunk_phase(m, r, shapes[at : at + chunk]), ids[at : at + chunk]
-            part_ids = torch.as_tensor(part, dtype=torch.int64, device=ctx.device)
+            part_ids = torch.as_tensor(part, dtype=torch.int64)  # on the host; train_clients copies it over
             copies = len(phase.train) * len(part)
             if copies not in self._stacked:
                 self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 
 LR_SCHEDULES = ("exponential", "constant", "step", "cosine")
 ENGINES = ("sequential", "batched", "auto")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")
 IMAGE_TRANSFORMS = ("resize", "resize_crop", "resize_crop_center")  # = fnlcore.fl.pipeline.IMAGE_TRANSFORMS
 NORMALIZE_NAMES = ("auto", "imagenet", "half", "data")  # or {mean: [...], std: [...]} (fnlcore.fl.pipeline)
 
@@ -64,7 +64,7 @@ class TrainSettings:
     # for a method or model it cannot run) | auto (batched where it can run, else sequential).
     engine: str = "sequential"
     batched_clients: int = 0  # most clients stacked at once (0: all of the round's); bounds memory
-    precision: str = "fp32"  # fp32 | bf16 (autocast of forward passes and losses; parameters stay fp32)
+    precision: str = "fp32"  # fp32 | tf32 | bf16 (fnlcore.fl.device.set_math_policy)
     channels_last: bool = False  # models and input batches in channels-last memory (faster convs on GPUs)
 
     def __post_init__(self) -> None:

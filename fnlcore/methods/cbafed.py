@@ -171,7 +171,7 @@ class CBAFed(FLMethod):
     def batched_pseudo_loss(self, sb: StackedBatch):
         loss = self._batched_supervised(sb)
         p = torch.sigmoid(sb.logits.detach().float())
-        tau = self.thresholds.to(self.ctx.device, torch.float32)
+        tau = self.thresholds.to(self.ctx.device, torch.float32, non_blocking=True)
         missing = (self.active[sb.clients] == 0)[:, None, :]
         if sb.mask is not None:
             missing = missing & sb.mask[:, :, None]  # padded rows select nothing

@@ -110,7 +110,7 @@ class Coteaching(FLMethod):
         y = self.labels(sb.idx.reshape(-1))
         l1, l2 = (F.cross_entropy(sb.of(n).reshape(k * b, -1), y, reduction="none").view(k, b) for n in self.networks)
         rows = torch.full((k,), b, device=l1.device) if sb.mask is None else sb.mask.sum(1)
-        rates = torch.tensor([job.info for job in sb.jobs], dtype=torch.float64, device=l1.device)
+        rates = torch.tensor([job.info for job in sb.jobs], dtype=torch.float64).to(l1.device, non_blocking=True)
         m = torch.floor(rates * rows).clamp_min(1)  # floor(R |B|) in float64, as the sequential loss's Python floats
         s1, s2 = small_loss_masks(l1, m, sb.mask), small_loss_masks(l2, m, sb.mask)
         zero = torch.zeros((), dtype=l1.dtype, device=l1.device)

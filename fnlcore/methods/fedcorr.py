@@ -55,6 +55,8 @@ import torch.nn.functional as F
 from ..errors import ConfigError, FNLError
 from ..fl.state import parameter_keys, snapshot
 from ..registry import param
+from ..augment import on
+from ..fl.syncs import host_side
 from ..fl.batched import StackedBatch, masked_mean
 from ..fl.local import draw_predict
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
@@ -297,11 +299,15 @@ class FedCorr(LogitAdjusted, FLMethod):
     def batched_preprocess_loss(self, sb: StackedBatch) -> torch.Tensor:
         """:meth:`preprocess_loss` of K clients: each client's mu_k, no term at an epoch's first batch."""
         loss = self.batched_loss(sb)
-        noise = torch.as_tensor(self.noise_level, device=sb.clients.device)[sb.clients]
-        mu = (self.params.beta * noise).to(loss.dtype)  # beta * mu_k as the sequential float
-        skip = (mu <= 0) | (sb.epoch_step == 0)
-        if bool(skip.all()):
-            return loss
+        # mu_k and the skip decided on the host (the noise levels and the timeline's epoch steps are
+        # host values: no device sync), then one copy of each
+        with host_side():
+            clients = sb.clients_host
+            mu = (self.params.beta * torch.as_tensor(self.noise_level)[clients]).to(loss.dtype)  # as the sequential float
+            skip = (mu <= 0) | (sb.epoch_step_host == 0)
+            if bool(skip.all()):
+                return loss
+        mu, skip = on(mu, loss.device), on(skip, loss.device)
         return loss + batched_proximal_term(sb.net, self._ref, self._keys, mu, "fedcorr_unsquared", skip)
 
     def detection_reserve(self, r: int, k: int, job: LocalJob) -> list[tuple] | None:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import param
+from ..fl.syncs import host_side
 from ..fl.batched import StackedBatch, masked_mean
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .parts import batched_js_elementwise, beta_draw, js_elementwise
@@ -114,7 +115,8 @@ class FedLSR(FLMethod):
     def loss(self, b: Batch):
         v = b.views
         z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
-        lam = float(b.draws[0])
+        with host_side():  # a host draw: no device sync
+            lam = float(b.draws[0])
         return fedlsr_loss(z1, z2, self.labels(b.idx), lam, ramp(b.r, self.params.gamma, self.params.t_w), self.params)
 
     def batched_loss(self, sb: StackedBatch):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..fl.batched import StackedBatch
 from ..registry import param
+from ..fl.syncs import host_side
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .parts import batched_js_elementwise, beta_draw, js_elementwise
 
@@ -105,7 +106,9 @@ class FedLSRML(FLMethod):
     def loss(self, b: Batch):
         p = self.params
         z1, z2 = b.model(b.views["weak:1"]), b.model(b.views["weak:2"])
-        return fedlsr_ml_loss(z1, z2, self.multi_label_targets(b.idx), self.pos_weights()[b.k], float(b.draws[0]),
+        with host_side():  # a host draw: no device sync
+            lam = float(b.draws[0])
+        return fedlsr_ml_loss(z1, z2, self.multi_label_targets(b.idx), self.pos_weights()[b.k], lam,
                               ramp(b.r, p.gamma, p.t_w), self.ctx.settings.batch_size, p)
 
     def batched_loss(self, sb: StackedBatch):

@@ -314,7 +314,7 @@ class FedMLP(FLMethod):
         active = self.active[b.k].bool()[None]
         pw = self.pos_weights()[b.k]
         consistency = p.cr == "both"
-        pseudo = self.pseudo[b.idx.to(self.ctx.device)]
+        pseudo = self.pseudo[b.idx.to(self.ctx.device, non_blocking=True)]
         labelled = pseudo != UNLABELLED
         # targets: annotated classes their labels, missing ones their pseudo-labels, else 0
         y = torch.where(active | ~labelled, self.multi_label_targets(b.idx), pseudo.float())

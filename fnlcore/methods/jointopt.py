@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl.batched import StackedBatch, masked_mean
+from ..fl.syncs import host_side
 from ..registry import param
 from .base import FLMethod, MethodParams, Stage, register
 
@@ -64,7 +65,8 @@ def prior_penalty(probs: torch.Tensor) -> torch.Tensor:
     """Σ_c π_c log(π_c / s̄_c) with π uniform and s̄ the batch-mean prediction (0 when s̄ is uniform)."""
     c = probs.shape[1]
     mean = probs.mean(0)
-    return (torch.log(torch.tensor(1.0 / c, dtype=probs.dtype, device=probs.device)) - mean.log()).mean()
+    uniform = torch.log(torch.tensor(1.0 / c, dtype=probs.dtype)).to(probs.device, non_blocking=True)
+    return (uniform - mean.log()).mean()
 
 
 def entropy_penalty(log_probs: torch.Tensor) -> torch.Tensor:
@@ -91,7 +93,7 @@ def batched_jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha
         rows = mask.sum(1, keepdim=True)
         mean = torch.where(mask[..., None], probs, torch.zeros((), dtype=probs.dtype, device=probs.device)).sum(1)
         mean = torch.where(rows > 0, mean / rows.clamp_min(1).to(probs.dtype), torch.full_like(mean, 1.0 / c))
-    uniform = torch.log(torch.tensor(1.0 / c, dtype=probs.dtype, device=probs.device))
+    uniform = torch.log(torch.tensor(1.0 / c, dtype=probs.dtype)).to(probs.device, non_blocking=True)
     return ce + alpha * (uniform - mean.log()).mean(-1) + beta * ent
 
 
@@ -148,14 +150,16 @@ class JointOpt(FLMethod):
         return batched_jointopt_loss(sb.logits, self.soft[sb.idx], self.params.alpha, self.params.beta, sb.mask)
 
     def _update_labels(self, k: int) -> None:
-        idx = self.ctx.data.clients[k].to(self.ctx.device)
+        idx = self.ctx.data.clients[k].to(self.ctx.device, non_blocking=True)
         self.soft[idx] = history_mean(self.history[idx], self.counts[idx])
 
     def batched_after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
         """A client whose step ended one of its epochs updates its labels (the sequential joint_loss does
         it before the next epoch's first step: nothing of the client runs in between)."""
-        for i in sb.epoch_ends:  # host side: no device sync at the other steps
-            self._update_labels(int(sb.clients[i]))
+        with host_side():  # the epoch ends and the client ids are host values: no device sync
+            ends = [int(sb.clients_host[i]) for i in sb.epoch_ends]
+        for k in ends:
+            self._update_labels(k)
 
     def upload_joint(self, r, k, job, nets):
         self._update_labels(k)  # the end of the last epoch (batched: done already; the same values again)

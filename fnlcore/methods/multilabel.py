@@ -18,7 +18,7 @@ def client_pos_weights(data) -> torch.Tensor:
     y = data.y_true.float()
     out = torch.ones(data.num_clients, data.num_classes, device=y.device)
     for k, idx in enumerate(data.clients):
-        pos = y[idx.to(y.device)].sum(0)
+        pos = y[idx.to(y.device, non_blocking=True)].sum(0)
         out[k] = torch.where(pos > 0, len(idx) / pos.clamp_min(1), torch.ones_like(pos))
     return out
 

@@ -11,7 +11,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..augment import draw_device, on
 from ..fl.local import predict
+from ..fl.syncs import host_side
 from ..randaugment import mixup
 
 
@@ -138,9 +140,11 @@ def batched_js_elementwise(q1: torch.Tensor, q2: torch.Tensor, mask: torch.Tenso
 
 
 def beta_draw(alpha: float, gen: torch.Generator, device) -> float:
-    """lambda ~ Beta(alpha, alpha) from two Gammas on ``gen`` (seeded, checkpointed)."""
-    g = torch._standard_gamma(torch.full((2,), float(alpha), device=device), generator=gen)
-    return float(g[0] / (g[0] + g[1]))
+    """lambda ~ Beta(alpha, alpha) from two Gammas on ``gen`` (seeded, checkpointed), read where it was
+    drawn (the host in a run: no device sync)."""
+    g = torch._standard_gamma(torch.full((2,), float(alpha), device=draw_device(gen, device)), generator=gen)
+    with host_side():
+        return float(g[0] / (g[0] + g[1]))
 
 
 def class_loss_matrix(losses: np.ndarray, labels: np.ndarray, clients: list[np.ndarray], num_classes: int) -> np.ndarray:
@@ -240,6 +244,7 @@ class MixupDraw:
         return hash(("mixup", self.alpha))
 
     def __call__(self, n: int, gen: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
+        device = draw_device(gen, device)  # the generator's (the host in a run)
         conc = torch.full((2,), self.alpha, device=device)
         g = torch._standard_gamma(conc, generator=gen) if gen is not None else torch._standard_gamma(conc)
         return g[0] / (g[0] + g[1]), torch.randperm(n, generator=gen, device=device)
@@ -249,7 +254,9 @@ def drawn_mixup_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.
                               shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`mixup_cross_entropy` with the batch's :class:`MixupDraw` draws; ``shift`` is added to the
     logits inside both CE terms (logit adjustment). Returns (loss, logits of the mixed batch)."""
-    lam, perm = float(draws[0]), draws[1]
+    with host_side():  # the batch's draws are host tensors in a run
+        lam = float(draws[0])
+    perm = on(draws[1], x.device)
     out = model(lam * x + (1.0 - lam) * x[perm])
     z = out if shift is None else out + shift
     return lam * F.cross_entropy(z, y) + (1.0 - lam) * F.cross_entropy(z, y[perm]), out

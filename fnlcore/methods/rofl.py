@@ -213,9 +213,12 @@ def batched_update_centroids(centroids: torch.Tensor, features: torch.Tensor, la
     """:func:`update_centroids` of K clients: centroids (K, C, d), the rows' features (K, B, d) and
     labels (K, B) with ``kept`` (K, B) the selected ones; the class sums add the rows in their order."""
     k, c, d = centroids.shape
-    slot = (torch.arange(k, device=labels.device)[:, None] * c + labels)[kept]
-    sums = torch.zeros(k * c, d, dtype=features.dtype, device=features.device).index_add_(0, slot, features[kept])
-    counts = torch.bincount(slot, minlength=k * c).to(features.dtype)
+    # Rows not kept go to one spare slot (k * c), dropped after: fixed shapes, no device sync; each
+    # real slot still adds its rows in their order.
+    slot = torch.where(kept, torch.arange(k, device=labels.device)[:, None] * c + labels, k * c).reshape(-1)
+    sums = torch.zeros(k * c + 1, d, dtype=features.dtype, device=features.device).index_add_(
+        0, slot, features.reshape(-1, d))[: k * c]
+    counts = torch.bincount(slot, minlength=k * c + 1)[: k * c].to(features.dtype)
     means = (sums / counts.clamp_min(1).unsqueeze(1)).view(k, c, d)
     s2 = F.cosine_similarity(centroids, means, dim=2).pow(2).unsqueeze(2)
     return (1 - s2) * centroids + s2 * means
@@ -292,7 +295,7 @@ class RoFL(FLMethod):
         y = labels[out.selected]
         info["step"] = (feats[out.selected].detach().float(), y)
         self._counts += torch.stack([
-            torch.tensor(float(out.selected.numel()), dtype=torch.float64, device=y.device),
+            torch.tensor(float(out.selected.numel()), dtype=torch.float64).to(y.device, non_blocking=True),
             out.mask.sum().double(), (out.targets != y).sum().double(),
         ])
         return out.loss

@@ -1,0 +1,122 @@
+"""No host-device synchronisation in a local step, for every registered method on both engines.
+
+The counter (fnlcore.fl.syncs.SyncCounter) counts, inside each local step and outside the code's
+host-side marks, the calls that would wait for a GPU: reads of a tensor's values on the host (item,
+tolist, bool/float/int of a tensor, nonzero, boolean-mask indexing, ...) and blocking copies to a
+device. On a GPU, ``fnl device-check`` counts them with ``torch.cuda.set_sync_debug_mode``.
+
+Each method runs the golden set's longer digits run (tests/golden.py: SGD with momentum, 8 rounds,
+2 local epochs, 3 of 4 clients a round), on the sequential engine and, where a stage has a batched
+loss, on the batched engine. The batched engine: 0 per step for every method. The sequential
+engine: 0, except the steps DECLARED below, each with why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fnlcore.errors import ConfigError
+from fnlcore.fl.client import Batch, Stage
+from fnlcore.fl.simulation import Simulation
+from fnlcore.fl.syncs import SyncCounter, host_side, step_region
+from fnlcore.methods import METHODS
+
+from .engine_helpers import make_ctx
+from .golden import _settings, golden_cases
+from .test_contracts import _fitting_params
+
+# method -> (most synchronising calls per sequential step, why). Each is a Python branch of the
+# official code on a count in the batch (its sequential loss keeps it bit for bit); the batched
+# forms compute both branches and select on the device.
+DECLARED = {
+    "fedfixer": (12, "selected_mean: int(mask.sum()) and a boolean-mask sum, per network and inner step "
+                     "(the code's 'none selected' branch); FedFixer has no batched form"),
+    "fedfixmatch": (2, "unsupervised_loss: 'if |I| == 0 or |M_k| == 0' on the batch's confident rows"),
+    "fedmlp": (1, "the 'no confident row' branch of its pseudo-label loss (m == 0)"),
+    "fednoro_ml": (1, "'if missing.sum() == 0': the client annotates every class"),
+    "rscfed": (1, "the 'no confident row' branch of its pseudo-label loss (m == 0)"),
+}
+
+
+def _batched(name: str) -> bool:
+    return any(st.batched_loss is not None for st in METHODS[name].stages.values())
+
+
+CASES = [(n, m, e) for n, m, v in golden_cases() if v == "long"
+         for e in ("sequential", "batched") if e == "sequential" or _batched(n)]
+
+
+def _count(name: str, multi: bool, engine: str) -> SyncCounter:
+    settings = dataclasses.replace(_settings("long"), engine=engine)
+    ctx = make_ctx(settings, seed=0, multi_label=multi)
+    params = _fitting_params(name)
+    try:
+        params.check_training(settings)
+        method = METHODS[name](params, ctx)
+    except ConfigError:  # as the golden set: a method that needs every client a round
+        settings = dataclasses.replace(settings, client_fraction=1.0)
+        ctx = make_ctx(settings, seed=0, multi_label=multi)
+        method = METHODS[name](params, ctx)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with SyncCounter() as counter:
+            Simulation(method, ctx, progress=lambda s: None).run()
+    finally:
+        torch.set_num_threads(threads)
+    return counter
+
+
+@pytest.mark.parametrize("name, multi, engine", CASES,
+                         ids=[f"{n}{'-multi' if m else ''}-{e}" for n, m, e in CASES])
+def test_a_local_step_makes_no_host_device_sync(name, multi, engine):
+    counter = _count(name, multi, engine)
+    assert counter.steps > 0, "the run trained no step: the engine's step marks are missing"
+    allowed = DECLARED.get(name, (0, ""))[0] if engine == "sequential" else 0
+    per_step = counter.per_step()
+    assert per_step <= allowed, (
+        f"{name} on the {engine} engine: {per_step:.2f} synchronising calls per step (allowed {allowed}): "
+        f"{dict(counter.counts)}; first at: {counter.where}")
+
+
+def test_every_declared_count_is_of_a_registered_method_that_needs_it():
+    assert set(DECLARED) <= set(METHODS)
+    for name, (most, why) in DECLARED.items():
+        assert most > 0 and why
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda t: t.sum().item(), "item"), (lambda t: bool(t.any()), "bool"), (lambda t: t[t > 0], "bool_mask_index"),
+    (lambda t: torch.nonzero(t), "nonzero"), (lambda t: t.tolist(), "tolist"), (lambda t: float(t.sum()), "float"),
+    (lambda t: t.to("cpu"), "blocking_copy"), (lambda t: torch.as_tensor([1.0], device=t.device), "blocking_copy"),
+])
+def test_the_counter_sees_each_kind_of_sync_inside_a_step_only(call, name):
+    t = torch.randn(8)
+    with SyncCounter() as counter:
+        call(t)  # outside a step: not counted
+        with step_region():
+            call(t)
+            with host_side():
+                call(t)  # marked as host work: not counted
+            t.to("cpu", non_blocking=True)  # a non-blocking move never counts
+    assert dict(counter.counts) == {name: 1} and counter.steps == 1
+
+
+def test_a_plug_in_loss_that_reads_a_value_back_is_caught():
+    """A loss with ``.item()`` in it fails the test above: the counter is wired into the engine's step."""
+    ctx = make_ctx(dataclasses.replace(_settings("short"), rounds=1), seed=0)
+    fedavg = METHODS["fedavg"]
+
+    class Reader(fedavg):
+        def loss(self, b: Batch):
+            out = fedavg.loss(self, b)
+            out.detach().item()
+            return out
+
+        stages = {"main": Stage(loss=loss)}
+    with SyncCounter() as counter:
+        Simulation(Reader(_fitting_params("fedavg"), ctx), ctx, progress=lambda s: None).run()
+    assert counter.steps > 0 and counter.counts["item"] == counter.steps
