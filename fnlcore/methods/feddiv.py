@@ -13,8 +13,8 @@ de-biased labels -> gated training set -> local training (MixUp + eta L_reg) ->
 local-model outputs -> de-biased label cache and masked momentum prior -> 3 EM steps
 from W(t) on the local losses, uploaded. The server averages models with n_k and
 filters over every client that has uploaded one (gamma_k = n_k / sum n; variances
-with gamma_k^2). W(0) (§2.4): one M-step on seeded synthetic blobs with random
-responsibilities (``make_blobs(random_state=seed)`` and ``RandomState(seed)``, A7).
+with gamma_k^2). W(0) (§2.4): one M-step on synthetic blobs with random responsibilities, as the
+code builds it; the code's unseeded blobs come from an independent stream of the seed (A7).
 
 Official code behaviour by default; every documented difference is a switch:
 - ``loss_form`` 'double_softmax' (code: CE applied to softmax outputs) | 'logits' (paper);
@@ -254,19 +254,31 @@ def batched_label_balance_regulariser(logits: torch.Tensor, mask: torch.Tensor |
     return (torch.log(torch.tensor(1.0 / c, device=logits.device)) - torch.log(q)).sum(-1) / c
 
 
-def initial_filter(seed: int, reg_covar: float = REG_COVAR) -> np.ndarray:
-    """W(0) (§2.4): 1,000 points of two unit-variance 1-D blobs (centres in [-10, 10]), standardised,
-    min-max scaled; random responsibilities from RandomState(seed), rows normalised; one M-step.
+def initial_filter_data(seed: int) -> np.ndarray:
+    """The 1,000 points W(0) is fitted on, as the code's train_data.py makes them: ``make_blobs(n_samples=1000,
+    n_features=1, centers=2, shuffle=False)`` (unit-variance blobs, centres uniform in [-10, 10], the first 500
+    points one blob), standardised (StandardScaler), min-max scaled.
 
-    The code's blobs are unseeded; here ``make_blobs(random_state=seed)`` (A7).
+    The code draws them from numpy's global state at import time, before the run is seeded: unseeded, and
+    independent of the responsibilities' ``RandomState(args.seed)``. Here they come from the seed's first
+    ``SeedSequence`` child (A7), a stream independent of ``RandomState(seed)``.
     """
     from sklearn.datasets import make_blobs
 
-    x, _ = make_blobs(n_samples=1000, n_features=1, centers=2, cluster_std=1.0, center_box=(-10.0, 10.0),
-                      random_state=seed)
+    stream = np.random.RandomState(np.random.MT19937(np.random.SeedSequence(int(seed), spawn_key=(0,))))
+    x, _ = make_blobs(n_samples=1000, n_features=1, centers=2, shuffle=False, random_state=stream)
     x = x[:, 0].astype(np.float64)
-    x = minmax_normalise((x - x.mean()) / x.std())
-    resp = np.random.RandomState(seed).rand(len(x), 2)
+    return minmax_normalise((x - x.mean()) / x.std())
+
+
+def initial_filter(seed: int, reg_covar: float = REG_COVAR) -> np.ndarray:
+    """W(0) (§2.4), as the code's server.py / gmm.py build it: ``GaussianMixture(n_components=2,
+    init_params='random', random_state=args.seed)`` initialised on :func:`initial_filter_data`, i.e.
+    responsibilities ``RandomState(seed).uniform(size=(1000, 2))``, rows normalised, and one M-step
+    (reg_covar 1e-6); no EM step. W(0) for seed s is then one draw of the code's W(0) for args.seed = s.
+    """
+    x = initial_filter_data(seed)
+    resp = np.random.RandomState(seed).uniform(size=(len(x), 2))
     resp /= resp.sum(1, keepdims=True)
     return m_step(x, resp, reg_covar)
 
