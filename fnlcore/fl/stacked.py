@@ -22,10 +22,12 @@ would come from another random stream than the sequential engine's.
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..errors import ConfigError
 
@@ -283,6 +285,69 @@ def check_stackable(template: nn.Module) -> None:
 
 
 # -- optimisers on stacked parameters ------------------------------------------------------------
+# Multi-tensor kernels (torch._foreach_*): a step is a handful of launches, not a few per parameter (some
+# 300 on ResNet-18), which would dominate a GPU step at small batch sizes. On the CPU each runs the
+# per-tensor kernel on every tensor in turn: the bits of the per-parameter loops they replace (kept as the
+# reference in tests/test_foreach_updates.py). A Python scalar goes to an out-of-place op: an in-place one
+# rounds it to a float16 or bfloat16 tensor's dtype first, which Tensor.mul_ does not.
+
+
+@functools.lru_cache(maxsize=32)
+def _row_starts(numels: tuple[int, ...], k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each (tensor, client) row but the first starts in the concatenation of (K, ...) tensors of
+    ``numels`` elements, and the change of client index there; copied to the device once, not blocking."""
+    starts, steps, at, prev = [], [], 0, 0
+    for n in numels:
+        if not n:  # no rows
+            continue
+        for c in range(k):
+            if at:
+                starts.append(at)
+                steps.append(c - prev)
+            prev, at = c, at + n // k
+    return (torch.tensor(starts, dtype=torch.long).to(device, non_blocking=True),
+            torch.tensor(steps, dtype=torch.int32).to(device, non_blocking=True))
+
+
+def _clients(like: list[torch.Tensor]) -> torch.Tensor:
+    """The client (index along dim 0) of every element of the concatenation of ``like``, (N,) int32, from a
+    scatter and a cumulative sum (repeat_interleave needs no sync given its output size, but
+    fnlcore.fl.syncs counts it as one)."""
+    starts, steps = _row_starts(tuple(t.numel() for t in like), like[0].shape[0], like[0].device)
+    index = torch.zeros(sum(t.numel() for t in like), dtype=torch.int32, device=like[0].device)
+    return index.scatter_(0, starts, steps).cumsum(0, dtype=torch.int32)
+
+
+def _concatenated(like: list[torch.Tensor]) -> bool:
+    """Whether per-client work goes over the concatenation of the tensors: on a GPU, where a launch per
+    tensor costs more than the extra passes over memory; not on the CPU, where it is the other way round."""
+    return like[0].device.type != "cpu"
+
+
+def per_client(values: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """(K,) ``values`` over each (K, ...) tensor of ``like``, in its dtype. Concatenated: full-size views of
+    one buffer, as CUDA's multi-tensor kernels run a tensor at a time when an operand is a broadcast."""
+    if not _concatenated(like):
+        return [values.to(t.dtype).view(-1, *([1] * (t.dim() - 1))) for t in like]
+    index = _clients(like)
+    spread = {dt: _unflatten_dense_tensors(values.to(dt).index_select(0, index), like)
+              for dt in {t.dtype for t in like}}
+    return [spread[t.dtype][i] for i, t in enumerate(like)]
+
+
+def select_clients_(on: torch.Tensor, dst: list[torch.Tensor], new: list[torch.Tensor]) -> None:
+    """``dst[i].copy_(torch.where(on (K,) over dim 0, new[i], dst[i]))`` for every i. torch.where has no
+    multi-tensor form; concatenated: one select over the concatenations and one multi-tensor copy back, a
+    dtype at a time (no conversion: exact bits)."""
+    if not _concatenated(dst):
+        for d, n in zip(dst, new):
+            d.copy_(torch.where(on.view(-1, *([1] * (d.dim() - 1))), n, d))
+        return
+    for dtype in {d.dtype for d in dst}:
+        ds = [d for d in dst if d.dtype == dtype]
+        ns = [n for d, n in zip(dst, new) if d.dtype == dtype]
+        sel = torch.where(on.index_select(0, _clients(ds)), _flatten_dense_tensors(ns), _flatten_dense_tensors(ds))
+        torch._foreach_copy_(ds, _unflatten_dense_tensors(sel, ds))
 
 
 class StackedSGD:
@@ -299,20 +364,19 @@ class StackedSGD:
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor], active: torch.Tensor | None = None) -> None:
-        for i, (p, g) in enumerate(zip(self.params, grads)):
-            d = torch.add(g, p, alpha=self.weight_decay) if self.weight_decay else g
-            if self.bufs is not None:
-                buf = self.bufs[i]
-                new_buf = buf.mul(self.momentum).add_(d)
-                if active is None:
-                    buf.copy_(new_buf)
-                else:
-                    buf.copy_(torch.where(_bcast(active, p), new_buf, buf))
-                d = buf
+        d = torch._foreach_add(grads, self.params, alpha=self.weight_decay) if self.weight_decay else grads
+        if self.bufs is not None:
+            new_bufs = list(torch._foreach_mul(self.bufs, self.momentum))  # a scalar: out of place (above)
+            torch._foreach_add_(new_bufs, d)
             if active is None:
-                p.add_(d, alpha=-self.lr)
+                self.bufs = new_bufs
             else:
-                p.copy_(torch.where(_bcast(active, p), p.add(d, alpha=-self.lr), p))
+                select_clients_(active, self.bufs, new_bufs)
+            d = self.bufs
+        if active is None:
+            torch._foreach_add_(self.params, d, alpha=-self.lr)
+        else:
+            select_clients_(active, self.params, torch._foreach_add(self.params, d, alpha=-self.lr))
 
 
 class StackedAdam:
@@ -335,23 +399,22 @@ class StackedAdam:
         t = self.steps.clamp_min(1)
         step_size = self.lr / (1 - b1 ** t)  # (K,) float64, as torch computes it in Python floats
         bc2_sqrt = torch.sqrt(1 - b2 ** t)
-        for p, g, m, v in zip(self.params, grads, self.m, self.v):
-            if self.weight_decay:
-                g = torch.add(g, p, alpha=self.weight_decay)
-            new_m = m.lerp(g, 1 - b1)
-            new_v = v.mul(b2).addcmul_(g, g, value=1 - b2)
-            shape = (-1,) + (1,) * (p.dim() - 1)
-            denom = (new_v.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(self.eps)
-            new_p = p - step_size.to(p.dtype).view(shape) * new_m / denom
-            if active is None:
-                m.copy_(new_m), v.copy_(new_v), p.copy_(new_p)
-            else:
-                on = _bcast(active, p)
-                m.copy_(torch.where(on, new_m, m)), v.copy_(torch.where(on, new_v, v)), p.copy_(torch.where(on, new_p, p))
-
-
-def _bcast(active: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return active.view(-1, *([1] * (like.dim() - 1)))
+        p = self.params
+        g = torch._foreach_add(grads, p, alpha=self.weight_decay) if self.weight_decay else grads
+        new_m = list(torch._foreach_lerp(self.m, g, 1 - b1))
+        new_v = list(torch._foreach_mul(self.v, b2))  # scalars: out of place (above)
+        torch._foreach_addcmul_(new_v, g, g, value=1 - b2)
+        denom = torch._foreach_sqrt(new_v)
+        torch._foreach_div_(denom, per_client(bc2_sqrt, p))
+        denom = torch._foreach_add(denom, self.eps)
+        update = torch._foreach_mul(per_client(step_size, p), new_m)
+        torch._foreach_div_(update, denom)
+        if active is None:  # the new moments replace the old ones
+            self.m, self.v = new_m, new_v
+            torch._foreach_sub_(p, update)
+        else:
+            for dst, new in ((self.m, new_m), (self.v, new_v), (p, torch._foreach_sub(p, update))):
+                select_clients_(active, dst, new)
 
 
 def stacked_optimizer(settings, params: list[torch.Tensor], lr: float):

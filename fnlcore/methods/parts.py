@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..augment import draw_device, on
 from ..fl.local import predict
+from ..fl.stacked import per_client, select_clients_
 from ..fl.syncs import host_side
 from ..randaugment import mixup
 
@@ -197,10 +198,11 @@ def batched_ema_lerp(teacher, student, weight: float, stepped: torch.Tensor) -> 
     copied) of the K clients of two StackedNets at once, only where ``stepped`` (K,) is set: a client
     riding along without a batch keeps its teacher."""
     t, s = teacher.net.state_dict(), student.net.state_dict()
-    for key in teacher.keys:
-        on = stepped.view(-1, *([1] * (t[key].dim() - 1)))
-        new = torch.lerp(t[key], s[key], weight) if t[key].is_floating_point() else s[key]
-        t[key].copy_(torch.where(on, new, t[key]))
+    floats = [key for key in teacher.keys if t[key].is_floating_point()]
+    ints = [key for key in teacher.keys if not t[key].is_floating_point()]
+    # multi-tensor kernels: a handful of launches, not a few per entry (the same bits on the CPU)
+    new = torch._foreach_lerp([t[key] for key in floats], [s[key] for key in floats], weight)
+    select_clients_(stepped, [t[key] for key in floats + ints], [*new, *(s[key] for key in ints)])
 
 
 @torch.no_grad()
@@ -209,17 +211,17 @@ def batched_ema_update(teacher, student, decay: float | torch.Tensor, stepped: t
     copied) of the K clients of two StackedNets at once, only where ``stepped`` (K,) is set; ``decay``
     one value or (K,) float64, one per client (rounded to the entry's dtype as a Python scalar is)."""
     t, s = teacher.net.state_dict(), student.net.state_dict()
-    for key in teacher.keys:
-        shape = (-1,) + (1,) * (t[key].dim() - 1)
-        on = stepped.view(shape)
-        if not t[key].is_floating_point():
-            new = s[key]
-        elif isinstance(decay, torch.Tensor):
-            d = decay.to(t[key].dtype).view(shape)
-            new = t[key] * d + s[key] * (1.0 - decay).to(t[key].dtype).view(shape)
-        else:
-            new = t[key].mul(decay).add(s[key], alpha=1.0 - decay)
-        t[key].copy_(torch.where(on, new, t[key]))
+    floats = [key for key in teacher.keys if t[key].is_floating_point()]
+    ints = [key for key in teacher.keys if not t[key].is_floating_point()]
+    tf, sf = [t[key] for key in floats], [s[key] for key in floats]
+    # multi-tensor kernels: a handful of launches, not a few per entry (the same bits on the CPU)
+    if isinstance(decay, torch.Tensor):  # spread to full size: a multi-tensor kernel takes no broadcast
+        new = torch._foreach_mul(tf, per_client(decay, tf))
+        torch._foreach_add_(new, torch._foreach_mul(sf, per_client(1.0 - decay, tf)))
+    else:
+        new = torch._foreach_mul(tf, decay)
+        torch._foreach_add_(new, sf, alpha=1.0 - decay)
+    select_clients_(stepped, tf + [t[key] for key in ints], [*new, *(s[key] for key in ints)])
 
 
 # -- mixup with declared draws (FedCorr, FedDiv): the batched engine draws them ahead ------------------
