@@ -3,6 +3,7 @@
     python benchmarks/bench_engine.py                        # all cases, threads = torch default
     python benchmarks/bench_engine.py --threads 1 --reps 61 --cases digits_mlp
     python benchmarks/bench_engine.py --clients 1            # one client: per-batch overhead only
+    python benchmarks/bench_engine.py --device cuda          # on a GPU (default: the CPU)
     python benchmarks/bench_engine.py --fednoro              # also FedNoRo seconds per round
     python benchmarks/bench_engine.py --cases digits_mlp --profile   # cProfile of engine rounds
     # before/after: an older fnlcore, imported as a second package and timed interleaved
@@ -168,23 +169,30 @@ def load_images(case: Case, seed: int = 0):
     return x[:n], y[:n], x[n:], y[n:], "synthetic_cifar10", (32, 32), 3
 
 
+# where the runs train (--device); timing points synchronise with it (CUDA runs asynchronously)
+DEVICE = torch.device("cpu")
+
+
 def make_context(case: Case, api: SimpleNamespace, given: np.ndarray | None = None, seed: int = 0,
                  settings: TrainSettings | None = None):
     xtr, ytr, xte, yte, name, size, channels = load_images(case, seed)
     if len(ytr) == 0:
         raise SystemExit(f"{case.name}: fewer samples than clients x batch size")
-    dev = torch.device("cpu")
+    dev = DEVICE
     clients = np.array_split(np.arange(len(ytr)), case.num_clients)
     y_given = ytr if given is None else given
     data = api.FederatedData(
-        api.ImageSource(dev, images=xtr), api.ImageSource(dev, images=xte), torch.as_tensor(ytr),
-        torch.as_tensor(y_given.copy()), torch.as_tensor(yte), [torch.as_tensor(c) for c in clients], 10,
+        api.ImageSource(dev, images=xtr), api.ImageSource(dev, images=xte), torch.as_tensor(ytr).to(dev),
+        torch.as_tensor(y_given.copy()).to(dev), torch.as_tensor(yte).to(dev), [torch.as_tensor(c) for c in clients],
+        10,
     )
     s = settings or case.settings  # settings are read by attribute: any version's engine takes them
     return api.build_context(data, name, size, channels, s, seed, dev, log=lambda m: None)
 
 
 def _now() -> tuple[float, float]:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
     return time.perf_counter(), time.process_time()
 
 
@@ -196,7 +204,7 @@ class BareLoop:
         s = case.settings
         self.epochs = s.local_epochs
         torch.manual_seed(0)
-        self.model = api.build_model(ctx.model_name, ctx.data.num_classes, ctx.channels, ctx.image_size)
+        self.model = api.build_model(ctx.model_name, ctx.data.num_classes, ctx.channels, ctx.image_size).to(DEVICE)
         if s.optimizer == "adam":
             self.opt = torch.optim.Adam(self.model.parameters(), lr=s.lr, betas=(s.beta1, s.beta2),
                                         weight_decay=s.weight_decay)
@@ -207,8 +215,8 @@ class BareLoop:
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
         self.batches = [(images[b], labels[b]) for b in order.split(s.batch_size)]
         p = ctx.pipeline
-        self.mean = torch.tensor(p.mean, dtype=torch.float32)[:, None, None]
-        self.std = torch.tensor(p.std, dtype=torch.float32)[:, None, None]
+        self.mean = torch.tensor(p.mean, dtype=torch.float32, device=DEVICE)[:, None, None]
+        self.std = torch.tensor(p.std, dtype=torch.float32, device=DEVICE)[:, None, None]
         self.augmentation, self.padding, self.augment = p.augmentation, p.crop_padding, api.augment
         self.gen = torch.Generator().manual_seed(1)
         self.samples = self.epochs * len(labels)
@@ -508,6 +516,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
     ap.add_argument("--clients", type=int, default=None, help="override K (samples stay batch-aligned)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N: where the bare loop and the engine train")
     ap.add_argument("--fednoro", action="store_true", help="also time FedNoRo rounds on digits")
     ap.add_argument("--fednoro-only", action="store_true", help="only time FedNoRo rounds")
     ap.add_argument("--fednoro-runs", type=int, default=3)
@@ -520,6 +529,8 @@ def main() -> None:
     apis = [engine_api()]
     if args.baseline:
         apis.insert(0, load_baseline(args.baseline))
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     cases = [CASES[c] if args.clients is None else replace(CASES[c], num_clients=args.clients) for c in args.cases]

@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(benchmarks/step_costs.json)")
     rh = sub.add_parser("rehearse", help="start, checkpoint, kill and resume every training configuration once")
     _rehearse_arguments(rh)
+    dc = sub.add_parser("device-check", help="measure a GPU node in one go (methods vs the CPU, speed, syncs, "
+                                             "step costs, rehearsal), within a time budget")
+    _device_check_arguments(dc)
     c = sub.add_parser("cell", help="build the runs behind one table cell")
     c.add_argument("paper")
     c.add_argument("table")
@@ -115,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--results", default="results")
     c.add_argument("--dry", action="store_true", help="print the targets only")
     args = ap.parse_args(argv)
+    if args.cmd == "device-check":
+        try:
+            return _device_check(args, argv)
+        except ConfigError as err:
+            print(f"fnl: {err}", file=sys.stderr)
+            return 2
     if args.cmd == "rehearse":
         try:
             return _rehearse(args)
@@ -287,13 +296,12 @@ def _plan(args) -> int:
     from .app.cost import Calibration, estimate_plan, format_plan
     from .app.plan import build_plan, validate_schema
     from .app.runs import PAPERS_DIR
-    from .fl.device import resolve_device
+    from .fl.device import check_device, resolve_device
 
+    check_device(args.device, where="--device")  # refused up front: no CUDA device here, or not a device
     if args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     device = resolve_device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device here; run `fnl plan` on a GPU node, or use --device cpu")
     torch.set_num_threads(args.threads)
     selected = args.tables or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
     plan = build_plan(validate_schema(
@@ -344,7 +352,10 @@ def _rehearse(args) -> int:
     from .app.plan import build_plan, validate_schema
     from .app.rehearse import Options, distinct_configs, earlier_rows, merge_tables, rehearse, write_rehearsal
     from .app.runs import PAPERS_DIR
+    from .fl.device import check_device
 
+    if not (args.list or args.merge):  # they train nothing; a rehearsal is refused before any work
+        check_device(args.device, where="--device")
     for name in ("steps", "rounds", "eval_samples", "threads"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -427,6 +438,41 @@ def _list(tables, results: str) -> int:
         print(f"{t.paper:8s} {t.table:6s} {c['cells']:5d} {c['done']:5d} {c['pending']:7d} "
               f"{c['not_implemented']:5d}  {title}")
     return 0
+
+
+def _device_check_arguments(dc) -> None:
+    dc.add_argument("--device", default="auto", help="cuda | cuda:N | cpu | auto: the device to measure")
+    dc.add_argument("--out", help="folder of the CSVs, step_costs.json and summary.md (nothing is written elsewhere)")
+    dc.add_argument("--quick", action="store_true",
+                    help="every section at a small size (tiny models and shapes, one rehearsal): a test of the "
+                         "command on a CPU in a few minutes, not a measurement")
+    dc.add_argument("--budget-s", type=float, default=420.0,
+                    help="seconds the sections may take together (default 420); each has its share, and what "
+                         "does not fit is skipped with a note")
+    dc.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (default: torch's)")
+    dc.add_argument("--rehearse-jobs", type=int, default=0,
+                    help="rehearsals side by side on the device (default: 2 on a GPU, 1 on a CPU)")
+    dc.add_argument("--ship-step-costs", metavar="JSON",
+                    help="measure nothing: add the step costs of JSON (a device check's step_costs.json) to the "
+                         "project's shipped benchmarks/step_costs.json")
+
+
+def _device_check(args, argv: list[str]) -> int:
+    """One device check (fnlcore/app/device_check.py), or shipping its step costs."""
+    import shlex
+
+    from .app import device_check
+
+    if args.ship_step_costs:
+        added = device_check.ship_step_costs(args.ship_step_costs)
+        print(f"added the step costs of {', '.join(added)} to benchmarks/step_costs.json")
+        return 0
+    if not args.out:
+        raise ConfigError("device-check: --out DIR is required (where every result goes)")
+    if args.budget_s <= 0 or args.threads < 0 or args.rehearse_jobs < 0:
+        raise ConfigError("device-check: --budget-s must be > 0, --threads and --rehearse-jobs >= 0")
+    return device_check.run(args.device, args.out, quick=args.quick, budget_s=args.budget_s, threads=args.threads,
+                            rehearse_jobs=args.rehearse_jobs, command=shlex.join(["fnl", *argv]))
 
 
 if __name__ == "__main__":

@@ -210,7 +210,7 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
     if x.shape[1] == 1:
         return x
     # PIL's fixed point: (19595 R + 38470 G + 7471 B + 2^15) >> 16, exact in float32 (< 2^24)
-    w = torch.tensor([19595.0, 38470.0, 7471.0], device=x.device).view(1, 3, 1, 1)
+    w = on(torch.tensor([19595.0, 38470.0, 7471.0]), x.device).view(1, 3, 1, 1)
     return torch.floor(((x * w).sum(1, keepdim=True) + 32768.0) / 65536.0)
 
 

@@ -8,7 +8,9 @@ A run's device time is estimated as
 * ``t_step``: one local step (training augmentation, forward pass, loss, backward pass,
   optimiser step) of the run's model on a batch of the run's input shape, precision and
   memory format; ``t_eval``: the forward pass of one test sample at the evaluation batch
-  size. Both are measured here on random data (:func:`measure_step`) and cached per device
+  size, its forward in the sub-batches a run takes (:func:`fnlcore.fl.local.forward_bounded`:
+  bounded by activation bytes, so 512-pixel inputs run in sub-batches of about a hundred). Both
+  are measured here on random data (:func:`measure_step`) and cached per device
   in a JSON file (:class:`Calibration`), so a plan of a thousand runs measures each distinct
   shape once.
 * local steps of a client: ``local_epochs x ceil(n_k / batch_size)`` with ``n_k`` the mean
@@ -111,6 +113,7 @@ def _sync(device: torch.device) -> None:
 
 def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup: int = 2) -> StepCost:
     """Median seconds of ``steps`` local steps (after ``warmup``) and of one test sample's forward pass."""
+    from ..fl.local import forward_bounded
     from ..fl.pipeline import InputPipeline
     from ..models import build_model
 
@@ -159,8 +162,8 @@ def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup:
         for i in range(3):
             _sync(device)
             t0 = time.perf_counter()
-            with autocast:
-                model(pipeline.eval(xe))
+            with autocast:  # in the sub-batches a run's evaluation takes (bounded by bytes)
+                forward_bounded(model, pipeline.eval(xe))
             _sync(device)
             if i >= 1:
                 eval_times.append(time.perf_counter() - t0)

@@ -394,7 +394,11 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
     """Rehearse every distinct configuration of ``plan`` (or those keyed in ``only``), one at a time;
     ``on_row(rows)`` after each (the command writes the rows so far: a long rehearsal loses nothing).
     ``earlier``: rows of configurations already rehearsed (:func:`earlier_rows`), kept in plan order
-    (with ``only`` too) and not run again, so a rehearsal longer than one sitting goes on where it stopped."""
+    (with ``only`` too) and not run again, so a rehearsal longer than one sitting goes on where it stopped.
+    A device that cannot run here (``cuda`` without one) is refused before any work (a ConfigError)."""
+    from ..fl.device import check_device
+
+    check_device(opts.device, where="--device")
     configs = distinct_configs(plan)
     earlier = earlier or {}
     if only:

@@ -80,6 +80,7 @@ from ..fl.batched import StackedBatch, masked_mean
 from ..fl.stacked import StackedNet, stacked_input
 from ..fl.state import State, load
 from ..randaugment import RandAugmentSpec
+from ..fl.local import forward_bounded
 from ..registry import param
 from .base import Batch, ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import CostStage
@@ -403,10 +404,10 @@ class FedGR(FLMethod):
             for v in views:
                 x = self.pipeline.eval(xb) if v == "eval" else self._views(xb, ("weak",))["weak"]
                 if features and v == "weak":
-                    logits, feat = model.forward_features(x)
+                    logits, feat = forward_bounded(model, x, model.forward_features)
                     outs["feat"].append(feat.float())
                 else:
-                    logits = model(x)
+                    logits = forward_bounded(model, x)
                 outs[v].append(logits.float())
         empty = {"feat": torch.zeros(0, getattr(model, "feature_dim", 0), device=self.ctx.device)}
         c = self.ctx.data.num_classes

@@ -77,7 +77,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl.batched import StackedBatch
-from ..fl.local import draw_predict
+from ..fl.local import draw_predict, forward_bounded
 from ..registry import param
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .logit_adjust import la_bce, la_shift
@@ -403,7 +403,7 @@ class FedMLP(FLMethod):
         zs, fs = [], []
         for i, (xb, _) in enumerate(ctx.data.train.batches(idx, ctx.settings.eval_batch_size)):
             view = ctx.pipeline.train(xb, ctx.aug_gen) if drawn is None else ctx.pipeline.apply_train(xb, drawn[i])
-            z, f = model.forward_features(view)
+            z, f = forward_bounded(model, view, model.forward_features)
             zs.append(z.float())
             fs.append(f.float().flatten(1))
         return torch.cat(zs), torch.cat(fs)

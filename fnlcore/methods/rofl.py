@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..fl.local import forward_bounded
 from ..registry import param
 from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 
@@ -230,7 +231,7 @@ def logits_and_features(ctx, model: torch.nn.Module, idx: torch.Tensor) -> tuple
     model.eval()
     zs, fs = [], []
     for xb, _ in ctx.data.train.batches(idx, ctx.settings.eval_batch_size):
-        z, f = model.forward_features(ctx.pipeline.eval(xb))
+        z, f = forward_bounded(model, ctx.pipeline.eval(xb), model.forward_features)
         zs.append(z.float())
         fs.append(f.float())
     return torch.cat(zs), torch.cat(fs)

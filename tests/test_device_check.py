@@ -1,0 +1,135 @@
+"""``fnl device-check --device cpu --quick``: every section runs and writes its files, on a Python
+without Snakemake and jsonschema (as on the GPU nodes it is meant for), and writes nothing outside --out."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from fnlcore.app import benchmark, device_check
+from fnlcore.app.cost import Calibration
+from fnlcore.app.rehearse import CSV_COLUMNS
+from fnlcore.methods import METHODS
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Loaded at start-up by every Python of the run (the command and its rehearsal children), through
+# PYTHONPATH: snakemake and jsonschema cannot be imported, and an attempt is logged.
+BLOCKER = '''
+import os, sys
+
+class _Blocked:
+    """A meta-path finder that refuses snakemake and jsonschema, as if they were not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("snakemake", "jsonschema"):
+            with open(os.environ["FNL_BLOCKED_LOG"], "a") as f:
+                f.write(name + "\\n")
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the device-check test)", name=name)
+        return None
+
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+def _rows(path: Path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_quick_device_check_runs_every_section_without_snakemake_or_jsonschema(tmp_path):
+    site, out, cwd = tmp_path / "site", tmp_path / "out", tmp_path / "cwd"
+    site.mkdir()
+    cwd.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    log = tmp_path / "blocked.log"
+    env = {**os.environ, "FNL_BLOCKED_LOG": str(log), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    probe = subprocess.run([sys.executable, "-c", "import jsonschema"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert probe.returncode != 0 and "blocked by the device-check test" in probe.stderr
+    log.unlink()
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "fnlcore.cli", "device-check", "--device", "cpu", "--quick", "--threads", "1",
+         "--out", str(out)], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert not log.exists(), f"imported: {log.read_text()}"
+    assert not any(cwd.iterdir()), "wrote outside --out"
+
+    expected = {
+        "env.csv": ("key", "value"), "methods.csv": device_check.METHOD_COLUMNS, "syncs.csv": device_check.SYNC_COLUMNS,
+        "timing.csv": benchmark.ROW_COLUMNS, "step_costs.csv": device_check.STEP_COST_COLUMNS,
+        "rehearsal.csv": device_check.REHEARSAL_COLUMNS, "rehearsal/rehearsal.csv": CSV_COLUMNS,
+    }
+    tables = {}
+    for name, columns in expected.items():
+        header, rows = _rows(out / name)
+        assert tuple(header) == tuple(columns), name
+        assert rows, f"{name} has no rows"
+        tables[name] = rows
+
+    # (a): every registered method, on each engine it has; (c): a row per method and engine that ran
+    methods = tables["methods.csv"]
+    assert {r["method"] for r in methods} == set(METHODS)
+    assert {r["status"] for r in methods} <= {"ok", "n/a"}, [(r["method"], r["error"]) for r in methods
+                                                              if r["status"] not in ("ok", "n/a")]
+    for name, cls in METHODS.items():
+        engines = {r["engine"] for r in methods if r["method"] == name and r["status"] == "ok"}
+        assert engines == set(device_check.engines_of(cls)[0]), name
+    ran = {(r["method"], r["engine"]) for r in methods if r["status"] == "ok"}
+    assert {(r["method"], r["engine"]) for r in tables["syncs.csv"] if r["status"] == "ok"} == ran
+    # on a CPU the device run and the reference are one computation: equal to the bit
+    assert all(float(r["param_abs_diff_first"]) == 0 == float(r["metric_abs_diff_all"]) for r in methods
+               if r["status"] == "ok")
+
+    timing = tables["timing.csv"]
+    assert {r["case"] for r in timing} == {c.name for c in benchmark.PAPER_CASES}
+    assert {(r["engine"], r["layout"], r["precision"]) for r in timing} == {
+        (e, lay, p) for e in benchmark.ENGINES for lay in benchmark.LAYOUTS for p in benchmark.PRECISIONS}
+    assert all(r["status"] == "ok" and float(r["s_per_round"]) > 0 for r in timing)
+
+    # (d): a calibration file `fnl plan --calibration` reads, with where it was measured
+    raw = json.loads((out / "step_costs.json").read_text())
+    (device,) = raw["devices"]
+    assert raw["provenance"][device]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a CPU's calibration is per thread count: the command's
+    try:
+        calibration = Calibration(out / "step_costs.json", torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    measured = [r["shape"] for r in tables["step_costs.csv"] if r["status"] == "ok"]
+    assert measured and all(calibration.has(k) for k in measured) and calibration.description == device
+
+    assert [r["status"] for r in tables["rehearsal.csv"]] == ["pass"]
+    summary = (out / "summary.md").read_text()
+    for title in ("Environment", "(a)", "(b)", "(c)", "(d)", "(e)"):
+        assert f"## {title}" in summary, title
+    assert summary.count("\n**done**") == 6, summary[:3000]
+
+
+def test_shipping_step_costs_adds_the_device_and_its_provenance(tmp_path):
+    shipped = tmp_path / "step_costs.json"
+    shipped.write_text(json.dumps({"devices": {"cpu:x|1 threads|torch 1": {"k": {"train_s": 1.0, "eval_s": 0.1}}},
+                                   "provenance": {"cpu:x|1 threads|torch 1": "here"}, "version": 1}))
+    measured = tmp_path / "measured.json"
+    entries = {"k": {"train_s": 0.01, "eval_s": 0.001}, "k2": {"train_s": 0.02, "eval_s": 0.002}}
+    measured.write_text(json.dumps(device_check.step_cost_file(entries, "cuda:GPU|torch 2", "there, today")))
+    assert device_check.ship_step_costs(measured, shipped) == ["cuda:GPU|torch 2"]
+    merged = json.loads(shipped.read_text())
+    assert merged["devices"]["cuda:GPU|torch 2"] == entries
+    assert merged["devices"]["cpu:x|1 threads|torch 1"]["k"]["train_s"] == 1.0
+    assert merged["provenance"] == {"cpu:x|1 threads|torch 1": "here", "cuda:GPU|torch 2": "there, today"}
+
+
+def test_a_step_shape_key_reads_back_as_its_shape():
+    for key in device_check.shipped_shapes():
+        assert device_check.parse_shape_key(key).key() == key
