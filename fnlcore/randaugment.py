@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from .augment import draw_device, on
 from .errors import ConfigError
-from .fl.syncs import host_side
+from .syncs import host_side
 
 # op name -> (low, high) of its value range (FixMatch's pool, as the uniform kind draws it)
 OPS: dict[str, tuple[float, float]] = {

@@ -37,6 +37,8 @@ import pandas as pd
 import torch
 
 GOLDEN_FILE = Path(__file__).resolve().parent / "golden" / "methods.json"
+# Columns of a round's row that say how it ran, not what it computed (fnlcore.fl.simulation)
+EXECUTION_COLUMNS = ("seconds", "engine", "clients_at_once")
 
 
 # Two settings: the contract tests' (Adam, every client, 4 rounds) and a longer one that takes
@@ -137,7 +139,7 @@ def run_case(name: str, multi: bool, variant: str = "short", engine: str = "sequ
         metrics = Simulation(method, ctx, progress=lambda s: None).run()
     finally:
         torch.set_num_threads(threads)
-    metrics = metrics.drop(columns=["seconds"])
+    metrics = metrics.drop(columns=list(EXECUTION_COLUMNS))
     return {
         "metrics": _frame(metrics),
         "relabels": _frame(ctx.data.relabels.frame()),

@@ -39,7 +39,7 @@ from fnlcore.methods import METHODS
 from fnlcore.registry import round_fields
 
 from .engine_helpers import make_ctx
-from .golden import _settings, case_id, golden_cases
+from .golden import EXECUTION_COLUMNS, _settings, case_id, golden_cases
 from .test_contracts import _fitting_params
 
 VARIANT = "long"  # the golden setting that enters every stage (relabelling, detection, sampling)
@@ -163,7 +163,7 @@ def run_engine(cls, params, multi: bool, engine: str) -> EngineRun:
         torch.set_num_threads(threads)
     return EngineRun(
         engine=engine,
-        metrics=metrics.drop(columns=["seconds"]).reset_index(drop=True),
+        metrics=metrics.drop(columns=list(EXECUTION_COLUMNS)).reset_index(drop=True),
         clients=method.client_results(),
         relabels=ctx.data.relabels.frame(),
         given=ctx.data.given.clone(),

@@ -1,6 +1,6 @@
 """No host-device synchronisation in a local step, for every registered method on both engines.
 
-The counter (fnlcore.fl.syncs.SyncCounter) counts, inside each local step and outside the code's
+The counter (fnlcore.syncs.SyncCounter) counts, inside each local step and outside the code's
 host-side marks, the calls that would wait for a GPU: reads of a tensor's values on the host (item,
 tolist, bool/float/int of a tensor, nonzero, boolean-mask indexing, ...) and blocking copies to a
 device. On a GPU, ``fnl device-check`` counts them with ``torch.cuda.set_sync_debug_mode``.
@@ -21,7 +21,7 @@ import torch
 from fnlcore.errors import ConfigError
 from fnlcore.fl.client import Batch, Stage
 from fnlcore.fl.simulation import Simulation
-from fnlcore.fl.syncs import SyncCounter, host_side, step_region
+from fnlcore.syncs import SyncCounter, host_side, step_region
 from fnlcore.methods import METHODS
 
 from .engine_helpers import make_ctx
@@ -120,3 +120,12 @@ def test_a_plug_in_loss_that_reads_a_value_back_is_caught():
     with SyncCounter() as counter:
         Simulation(Reader(_fitting_params("fedavg"), ctx), ctx, progress=lambda s: None).run()
     assert counter.steps > 0 and counter.counts["item"] == counter.steps
+
+
+def test_in_step_says_whether_a_step_runs_now():
+    from fnlcore.syncs import in_step
+
+    assert not in_step()
+    with step_region():
+        assert in_step()
+    assert not in_step()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fnlcore.app.failures import failure_marker
-from fnlcore.app.train import run_journal, train_job, train_job_log, train_run
+from fnlcore.app.train import RunSpec, run_journal, train_job, train_job_log, train_run
 from fnlcore.datasets.base import DatasetInfo, write_prepared
 from fnlcore.errors import EXIT_CONTINUE, ConfigError, RunIncomplete, retry_cannot_fix
 from fnlcore.fl.settings import TrainSettings
@@ -219,15 +219,15 @@ def _job_args(tmp_path, data_dir, noise, out: str):
     settings = TrainSettings(rounds=3, local_epochs=1, batch_size=32, checkpoint_every=2, client_fraction=0.5)
     paths = {k: str(tmp_path / out / f"{k}.{ext}") for k, ext in
              (("metrics", "parquet"), ("clients", "parquet"), ("model", "pt"), ("checkpoint", "ckpt.pt"))}
-    args = (data_dir, noise, 4, settings, METHODS["fedavg"].Params(), 0, "cpu",
-            paths["metrics"], paths["clients"], paths["model"], paths["checkpoint"])
-    return args, paths
+    spec = RunSpec(data_dir, noise, 4, settings, METHODS["fedavg"].Params(), 0, paths["metrics"], paths["clients"],
+                   paths["model"], paths["checkpoint"], device="cpu")
+    return spec, paths
 
 
 def test_a_job_out_of_time_exits_75_without_outputs_and_the_next_attempts_finish_the_run(tmp_path):
     data_dir, noise = _prepared_digits(tmp_path)
     args, expect_paths = _job_args(tmp_path, data_dir, noise, "whole")
-    train_run(*args, progress=lambda s: None)
+    train_run(args, progress=lambda s: None)
 
     args, paths = _job_args(tmp_path, data_dir, noise, "jobs")
     log: list[str] = []
@@ -237,7 +237,7 @@ def test_a_job_out_of_time_exits_75_without_outputs_and_the_next_attempts_finish
         job_log_path.unlink(missing_ok=True)
         with train_job_log(job_log_path, paths["checkpoint"], attempt) as lg:
             lg.info("attempt %d", attempt)
-            statuses.append(train_job(*args, progress=lambda line: (log.append(line), lg.info(line)),
+            statuses.append(train_job(args, progress=lambda line: (log.append(line), lg.info(line)),
                                       attempt=attempt, time_budget_s=0.0))
     assert statuses == [EXIT_CONTINUE, EXIT_CONTINUE, 0]  # one round a job, then the outputs
     stops = [line for line in log if line.startswith("stopped after round")]
@@ -261,6 +261,6 @@ def test_a_stopped_job_writes_no_output(tmp_path):
     data_dir, noise = _prepared_digits(tmp_path)
     args, paths = _job_args(tmp_path, data_dir, noise, "stopped")
     with pytest.raises(RunIncomplete):
-        train_run(*args, progress=lambda s: None, time_budget_s=0.0)
+        train_run(args, progress=lambda s: None, time_budget_s=0.0)
     assert [k for k in ("metrics", "clients", "model") if Path(paths[k]).exists()] == []
     assert Path(paths["checkpoint"]).exists()

@@ -24,7 +24,7 @@ except RunBusy as busy:
     sys.exit(1)
 
 from fnlcore.app.resources import time_budget_s  # noqa: E402 (after the run's lock)
-from fnlcore.app.train import train_job, train_job_log  # noqa: E402 (after the run's lock)
+from fnlcore.app.train import RunSpec, train_job, train_job_log  # noqa: E402 (after the run's lock)
 from fnlcore.progress import round_reporter, run_tag  # noqa: E402 (after the run's lock)
 
 w = sm.wildcards
@@ -35,15 +35,13 @@ attempt = int(sm.resources.get("attempt", 1))
 try:
     with train_job_log(sm.log[0], sm.params.checkpoint, attempt, tag=run_tag(w.method, w.noise, w.seed)) as log:
         log.info("run %s, attempt %d", sm.output.metrics.rsplit("/", 1)[0], attempt)
-        status = train_job(
-            sm.params.data_dir, sm.input.noise, sm.params.num_clients, sm.params.settings, sm.params.method,
-            int(sm.wildcards.seed), str(sm.config.get("device", "auto")),
-            sm.output.metrics, sm.output.clients, sm.output.model, sm.params.checkpoint,
-            relabels_path=sm.output.relabels,
-            progress=round_reporter(log.info),
-            attempt=attempt,
-            time_budget_s=budget,
+        spec = RunSpec(
+            data_dir=sm.params.data_dir, noise_parquet=sm.input.noise, num_clients=sm.params.num_clients,
+            settings=sm.params.settings, method=sm.params.method, seed=int(w.seed),
+            metrics=sm.output.metrics, clients=sm.output.clients, model=sm.output.model,
+            checkpoint=sm.params.checkpoint, relabels=sm.output.relabels, device=str(sm.config.get("device", "auto")),
         )
+        status = train_job(spec, progress=round_reporter(log.info), attempt=attempt, time_budget_s=budget)
 finally:
     if run_lock is not None:
         run_lock.release()  # after the outputs (a kill releases it too: the kernel does)

@@ -16,8 +16,8 @@ with a note):
   1e-3 relative;
 * (c) host-device synchronisations per local step, counted during (a)'s device runs: on CUDA every
   ``torch.cuda.set_sync_debug_mode("warn")`` warning, split by whether it came inside a step
-  (:func:`fnlcore.fl.syncs.step_region`); everywhere the project's own counter
-  (:class:`fnlcore.fl.syncs.SyncCounter`), which is what a CPU can measure (``syncs.csv``);
+  (:func:`fnlcore.syncs.step_region`); everywhere the project's own counter
+  (:class:`fnlcore.syncs.SyncCounter`), which is what a CPU can measure (``syncs.csv``);
 * (b) seconds per round of a bare loop and both engines at the papers' shapes, NCHW and
   channels-last, fp32 and bf16 (:mod:`fnlcore.app.benchmark`; ``timing.csv``);
 * (d) the device's step costs for every step shape the project ships, in ``fnl plan``'s
@@ -470,7 +470,7 @@ def tiny_params(cls, settings):
 class Tally:
     """Synchronisations counted during one run (section (c))."""
 
-    counter: Any  # fnlcore.fl.syncs.SyncCounter
+    counter: Any  # fnlcore.syncs.SyncCounter
     cuda_in_steps: int = 0
     cuda_run: int = 0
     where: list[str] = field(default_factory=list)
@@ -479,10 +479,10 @@ class Tally:
 
 
 def _in_step() -> bool:
-    """Whether the engine is inside a marked local step now (fnlcore.fl.syncs keeps that state)."""
-    from ..fl import syncs
+    """Whether the engine is inside a marked local step now."""
+    from ..syncs import in_step
 
-    return getattr(syncs, "_state", {}).get("step", 0) > 0
+    return in_step()
 
 
 @contextlib.contextmanager
@@ -492,7 +492,7 @@ def counting_syncs(device: torch.device):
     debug mode is back at 0 afterwards, whatever happens."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from ..fl.syncs import SyncCounter
+    from ..syncs import SyncCounter
 
     tally = Tally(SyncCounter())
 
@@ -759,10 +759,10 @@ def _sync_note(device: torch.device) -> str:
     if device.type == "cuda":
         return ("Counted during (a)'s device runs. `syncs_in_steps`: warnings of "
                 "`torch.cuda.set_sync_debug_mode(\"warn\")` raised inside a local step as the engines mark it "
-                "(`fnlcore.fl.syncs.step_region`); `syncs_run`: all of the run (server steps, evaluation, "
+                "(`fnlcore.syncs.step_region`); `syncs_run`: all of the run (server steps, evaluation, "
                 "detection passes included); `marked_in_steps`: what the project's CPU counter (`SyncCounter`) "
                 "saw in the same steps, to compare it with the real count. `where`: the first places in a step.")
-    return ("Counted during (a)'s runs with the project's CPU counter (`fnlcore.fl.syncs.SyncCounter`): calls "
+    return ("Counted during (a)'s runs with the project's CPU counter (`fnlcore.syncs.SyncCounter`): calls "
             "that would synchronise on a GPU, inside a marked local step and outside `host_side()`. "
             "`steps_marked` 0 means the engines do not mark their steps yet; on a GPU the real count is "
             "taken from `torch.cuda.set_sync_debug_mode`.")

@@ -13,6 +13,7 @@ writing no output; :func:`train_job` turns that into the exit status
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -140,44 +141,46 @@ def build_context(
     return RunContext(settings, data, pipeline, device, model_name, tuple(image_size), channels, seed, log=log)
 
 
-def train_run(
-    data_dir: str,
-    noise_parquet: str,
-    num_clients: int,
-    settings: TrainSettings,
-    method_params,
-    seed: int,
-    device: str,
-    metrics_path: str,
-    clients_path: str,
-    model_path: str,
-    checkpoint_path: str,
-    progress=None,
-    stop_after: int | None = None,
-    relabels_path: str | None = None,
-    attempt: int = 1,
-    time_budget_s: float | None = None,
-) -> pd.DataFrame:
-    """Train one (dataset, partition, noise, method, seed) run; resumable through ``checkpoint_path``.
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run, as the workflow's train rule hands it to the engine: its inputs (the
+    prepared dataset's folder, the noisy labels, the number of clients), what trains (settings,
+    method parameters, seed, device) and where its outputs and checkpoint go."""
+
+    data_dir: str
+    noise_parquet: str
+    num_clients: int
+    settings: TrainSettings
+    method: object  # a registered method's MethodParams
+    seed: int
+    metrics: str
+    clients: str
+    model: str
+    checkpoint: str
+    relabels: str | None = None
+    device: str = "auto"
+
+
+def train_run(spec: RunSpec, progress=None, stop_after: int | None = None, attempt: int = 1,
+              time_budget_s: float | None = None) -> pd.DataFrame:
+    """Train one (dataset, partition, noise, method, seed) run; resumable through ``spec.checkpoint``.
 
     ``attempt``: the workflow's attempt number of this job; a later attempt after a failure that a
     retry cannot fix fails at once (:func:`fnlcore.app.failures.run_attempt`).
     ``time_budget_s``: seconds this job may run from now (loading the data included); the run
     stops before it with a checkpoint and raises RunIncomplete (the module's docstring)."""
     budget = None if time_budget_s is None else TimeBudget(time_budget_s)
-    return run_attempt(failure_marker(checkpoint_path), attempt, lambda: _train(
-        data_dir, noise_parquet, num_clients, settings, method_params, seed, device, metrics_path, clients_path,
-        model_path, checkpoint_path, progress, stop_after, relabels_path, budget))
+    return run_attempt(failure_marker(spec.checkpoint), attempt, lambda: _train(spec, progress, stop_after, budget))
 
 
-def train_job(*args, **kwargs) -> int:
+def train_job(spec: RunSpec, progress=None, attempt: int = 1, time_budget_s: float | None = None) -> int:
     """:func:`train_run` as a job of the workflow: its exit status. 0: the run's outputs are written;
     EXIT_CONTINUE: stopped before the time limit with a checkpoint, the next job continues.
     A failure raises, as from train_run."""
     try:
-        train_run(*args, **kwargs)
+        train_run(spec, progress=progress, attempt=attempt, time_budget_s=time_budget_s)
     except RunIncomplete as stop:
-        (kwargs.get("progress") or print)(str(stop))
+        (progress or print)(str(stop))
         return EXIT_CONTINUE
     return 0
 
@@ -191,32 +194,37 @@ def write_metrics(metrics: pd.DataFrame, path: str | os.PathLike) -> None:
     write_parquet(metrics, path, metadata={MADE_BY_KEY: json.dumps(made_by(), sort_keys=True).encode()})
 
 
-def _train(data_dir, noise_parquet, num_clients, settings, method_params, seed, device, metrics_path, clients_path,
-           model_path, checkpoint_path, progress, stop_after, relabels_path, budget=None) -> pd.DataFrame:
+def _train(spec: RunSpec, progress, stop_after, budget=None) -> pd.DataFrame:
     from ..datasets import load_prepared
     from ..methods import METHODS
 
-    check_device(device)  # a config error (not retried), not PyTorch's message
-    dev = resolve_device(device)
-    ds = load_prepared(data_dir)
-    data = load_federated_data(data_dir, noise_parquet, num_clients, dev, image_transform=settings.image_transform)
+    check_device(spec.device)  # a config error (not retried), not PyTorch's message
+    dev = resolve_device(spec.device)
+    settings = spec.settings
+    ds = load_prepared(spec.data_dir)
+    data = load_federated_data(spec.data_dir, spec.noise_parquet, spec.num_clients, dev,
+                               image_transform=settings.image_transform)
     log = progress or print
-    ctx = build_context(data, ds.info.name, ds.info.image_size, ds.info.channels, settings, seed, dev, log=log)
-    method = METHODS[method_params.name](method_params, ctx)
+    ctx = build_context(data, ds.info.name, ds.info.image_size, ds.info.channels, settings, spec.seed, dev, log=log)
+    method = METHODS[spec.method.name](spec.method, ctx)
     # what the engine cannot see makes the run too: a checkpoint of other noisy labels is not resumed
-    identity = {"dataset": ds.info.name, "noisy_labels": file_digest(noise_parquet), "num_clients": int(num_clients)}
-    sim = Simulation(method, ctx, checkpoint_path, progress=progress, stop_after=stop_after, identity=identity,
+    identity = {"dataset": ds.info.name, "noisy_labels": file_digest(spec.noise_parquet),
+                "num_clients": int(spec.num_clients)}
+    sim = Simulation(method, ctx, spec.checkpoint, progress=progress, stop_after=stop_after, identity=identity,
                      time_budget=budget)
+    engine = sim.engine.describe()
+    log(f"engine: {engine} on {dev}")
     metrics = sim.run()
     if len(metrics) < method.num_rounds():
         return metrics  # stopped early on purpose (tests)
-    write_metrics(metrics, metrics_path)
+    write_metrics(metrics, spec.metrics)
     clients = method.client_results()
-    write_parquet(clients if clients is not None else pd.DataFrame({"client": pd.Series(dtype="int64")}), clients_path)
-    if relabels_path is not None:  # every label the method changed: sample, client, round, stage, from, to
-        write_parquet(data.relabels.frame(), relabels_path)
-    with atomic_path(model_path, suffix=".pt") as tmp:
-        torch.save({"state_dict": method.eval_model().state_dict(), "model": ctx.model_name, "method": method_params.to_dict()}, tmp)
+    write_parquet(clients if clients is not None else pd.DataFrame({"client": pd.Series(dtype="int64")}), spec.clients)
+    if spec.relabels is not None:  # every label the method changed: sample, client, round, stage, from, to
+        write_parquet(data.relabels.frame(), spec.relabels)
+    with atomic_path(spec.model, suffix=".pt") as tmp:
+        torch.save({"state_dict": method.eval_model().state_dict(), "model": ctx.model_name,
+                    "method": spec.method.to_dict()}, tmp)
     sim.remove_checkpoint()  # outputs are complete; the checkpoint is no longer needed
-    run_journal(checkpoint_path).unlink(missing_ok=True)  # its lines are in this job's log
+    run_journal(spec.checkpoint).unlink(missing_ok=True)  # its lines are in this job's log
     return metrics

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from .context import RunContext
-from .syncs import step_region
+from ..syncs import step_region
 from .data import trim_last_batch
 from .client import epoch_order
 from .stacked import StackedNet, stacked_input, stacked_optimizer

@@ -25,7 +25,7 @@ import torch
 
 from ..errors import ConfigError
 from .context import RunContext
-from .syncs import step_region
+from ..syncs import step_region
 from .state import State, load, snapshot
 
 Streams = dict[str, tuple[torch.Tensor, int]]

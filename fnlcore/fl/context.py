@@ -33,7 +33,7 @@ class RunContext:
     # Random streams, all derived from the training seed and checkpointed. Every one is a CPU
     # stream, whatever the device: a run draws the same on a GPU as on a CPU, a checkpoint
     # resumes on either, and what is decided from draws is decided on the host without a
-    # device sync (fnlcore.fl.syncs); the draws reach the device by non-blocking copies.
+    # device sync (fnlcore.syncs); the draws reach the device by non-blocking copies.
     rng: np.random.RandomState = field(init=False)  # client sampling, method-level numpy draws
     shuffle_gen: torch.Generator = field(init=False)  # mini-batch order
     aug_gen: torch.Generator = field(init=False)  # augmentation parameters, mixup and other per-batch draws

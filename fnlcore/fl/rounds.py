@@ -76,6 +76,22 @@ class RoundEngine:
         )
         self._stacked: dict = {}  # K -> StackedNet, one per chunk size, reused every round
 
+    def describe(self) -> str:
+        """Which engine trains the run, for its log: where batched, its chunk size."""
+        if not self.batched:
+            return "sequential"
+        chunk = self.method.ctx.settings.batched_clients
+        staged = [n for n, st in type(self.method).stages.items() if st.batched_loss is not None]
+        every = len(staged) == len(type(self.method).stages)
+        return (f"batched, {f'up to {chunk}' if chunk else 'all'} of a round's clients at once"
+                f"{'' if every else ' (stages ' + ', '.join(staged) + '; the others sequential)'}")
+
+    def mode(self, r: int, clients: list[int]) -> tuple[str, int]:
+        """How round ``r`` trains ``clients``: ('sequential', 1) or ('batched', clients stacked at once)."""
+        if not self.batched or self.method.current_stage(r).batched_loss is None or not clients:
+            return "sequential", 1
+        return "batched", min(len(clients), self.method.ctx.settings.batched_clients or len(clients))
+
     def updates(self, r: int, clients: list[int]) -> Iterator[ClientUpdate]:
         """The round's client updates, in client order, produced as they are consumed."""
         stage = self.method.current_stage(r)

@@ -193,6 +193,7 @@ class Simulation:
                 st.begin_round(r)
             m.begin_round(r)
             clients = m.select_clients(r)
+            engine, at_once = self.engine.mode(r, clients)
             m.aggregate(r, self.engine.updates(r, clients))
             m.end_round(r)
             for st in self.stores:  # what this round wrote goes to disk, out of memory
@@ -201,11 +202,14 @@ class Simulation:
             if m.should_evaluate(r):
                 row.update(evaluate(ctx, m.eval_model()))
             row.update(m.round_info)
+            # how the round ran (execution, like its seconds: no part of the results)
+            row["engine"], row["clients_at_once"] = engine, at_once
             row["seconds"] = time.perf_counter() - t0
             self.rows.append(row)
             main = "bacc" if "bacc" in row else "acc"
             score = f"{main}={row[main]:.4f}" if main in row else "not evaluated"
-            self.progress(round_line(r, total, f"[{row['stage']}] {score} ({row['seconds']:.1f}s)"))
+            how = f"{engine}, {at_once} at once" if engine == "batched" else engine
+            self.progress(round_line(r, total, f"[{row['stage']}] {score} ({row['seconds']:.1f}s, {how})"))
             done = r + 1
             if budget is not None:
                 budget.round_took(budget.clock() - round_started)

@@ -312,7 +312,7 @@ def _row_starts(numels: tuple[int, ...], k: int, device: torch.device) -> tuple[
 def _clients(like: list[torch.Tensor]) -> torch.Tensor:
     """The client (index along dim 0) of every element of the concatenation of ``like``, (N,) int32, from a
     scatter and a cumulative sum (repeat_interleave needs no sync given its output size, but
-    fnlcore.fl.syncs counts it as one)."""
+    fnlcore.syncs counts it as one)."""
     starts, steps = _row_starts(tuple(t.numel() for t in like), like[0].shape[0], like[0].device)
     index = torch.zeros(sum(t.numel() for t in like), dtype=torch.int32, device=like[0].device)
     return index.scatter_(0, starts, steps).cumsum(0, dtype=torch.int32)

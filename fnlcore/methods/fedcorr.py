@@ -56,7 +56,7 @@ from ..errors import ConfigError, FNLError
 from ..fl.state import parameter_keys, snapshot
 from ..registry import param
 from ..augment import on
-from ..fl.syncs import host_side
+from ..syncs import host_side
 from ..fl.batched import StackedBatch, masked_mean
 from ..fl.local import draw_predict
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import param
-from ..fl.syncs import host_side
+from ..syncs import host_side
 from ..fl.batched import StackedBatch, masked_mean
 from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .parts import batched_js_elementwise, beta_draw, js_elementwise

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..fl.batched import StackedBatch, masked_mean
-from ..fl.syncs import host_side
+from ..syncs import host_side
 from ..registry import param
 from .base import FLMethod, MethodParams, Stage, register
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ..augment import draw_device, on
 from ..fl.local import predict
 from ..fl.stacked import per_client, select_clients_
-from ..fl.syncs import host_side
+from ..syncs import host_side
 from ..randaugment import mixup
 
 

@@ -62,6 +62,11 @@ def step_region():
         _state["step"] -= 1
 
 
+def in_step() -> bool:
+    """Whether a local step is running now (inside :func:`step_region`)."""
+    return _state["step"] > 0
+
+
 def _is_bool_mask(index) -> bool:
     items = index if isinstance(index, tuple) else (index,)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
