@@ -65,14 +65,22 @@ rule all:
 onstart:
     # One workflow at a time per results folder, whichever checkout it runs from (Snakemake's
     # own lock covers its working directory only): fnlcore/app/results_lock.py.
-    from fnlcore.app.results_lock import (ResultsFolderLocked, busy_runs, busy_runs_message, lock_results,
-                                          train_checkpoints)
+    from fnlcore.app.results_lock import (
+        ResultsFolderLocked,
+        busy_runs,
+        busy_runs_message,
+        lock_results,
+        train_checkpoints,
+    )
     from fnlcore.errors import FNLError
 
     try:
         if lock_results(RESULTS) is None:
-            print(f"Warning: the file system of {RESULTS}/ cannot lock files; make sure no other "
-                  "workflow writes into it.", file=sys.stderr)
+            print(
+                f"Warning: the file system of {RESULTS}/ cannot lock files; make sure no other "
+                "workflow writes into it.",
+                file=sys.stderr,
+            )
     except ResultsFolderLocked as err:
         sys.stderr.write(f"\nResults folder locked: {err}\n\n")
         raise SystemExit(1)
@@ -91,11 +99,17 @@ onstart:
 onerror:
     # A train job refused because another process writes its run said so in its own output,
     # long scrolled away by now: repeat who writes which run.
-    from fnlcore.app.results_lock import busy_runs, busy_runs_message, train_checkpoints
+    from fnlcore.app.results_lock import (
+        busy_runs,
+        busy_runs_message,
+        train_checkpoints,
+    )
 
     busy = busy_runs(train_checkpoints(workflow, PLAN, RESULTS))
     if busy:
-        sys.stderr.write(busy_runs_message(busy, "Some runs of this workflow were not started"))
+        sys.stderr.write(
+            busy_runs_message(busy, "Some runs of this workflow were not started")
+        )
 
 
 onsuccess:

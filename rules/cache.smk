@@ -14,12 +14,12 @@ if ON_DISK_DATASETS:
         output:
             pixels=pattern(paths.DATA_DIR, RULE_FILES["pixels"]),
             done=pattern(paths.DATA_DIR, RULE_FILES["done"]),
+        log:
+            pattern("{results}/logs/data/{dataset}/decoded-{split}-{geometry}.log"),
         wildcard_constraints:
             dataset="|".join(ON_DISK_DATASETS),
             split="train|test",
             geometry=r"c[13]-\d+x\d+(-short\d+)?",
-        log:
-            pattern("{results}/logs/data/{dataset}/decoded-{split}-{geometry}.log"),
         conda:
             "../envs/fnl.yaml"
         # decode workers: each core decodes some hundred images a second (benchmarks/README.md)

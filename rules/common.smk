@@ -34,7 +34,9 @@ def pattern(template, suffix="", **fixed):
 def dataset_settings(name):
     from fnlcore.app.plan import DatasetSettings
 
-    return PLAN.datasets.get(name) or DatasetSettings(name=name, raw_dir=f"resources/raw/{name}")
+    return PLAN.datasets.get(name) or DatasetSettings(
+        name=name, raw_dir=f"resources/raw/{name}"
+    )
 
 
 def partition_spec(slug):
@@ -50,7 +52,9 @@ def noise_spec(slug):
     try:
         return PLAN.noises[slug]
     except KeyError:
-        raise ValueError(f"noise {slug!r} is not declared in the configuration; declared: {sorted(PLAN.noises)}")
+        raise ValueError(
+            f"noise {slug!r} is not declared in the configuration; declared: {sorted(PLAN.noises)}"
+        )
 
 
 def annotator_settings(slug):
@@ -60,7 +64,9 @@ def annotator_settings(slug):
     for spec in PLAN.noises.values():
         if spec.annotator_slug() == slug:
             return AnnotatorSettings.from_noise_spec(spec)
-    raise ValueError(f"annotator {slug!r} is not used by any noise model in the configuration")
+    raise ValueError(
+        f"annotator {slug!r} is not used by any noise model in the configuration"
+    )
 
 
 def data_dir(wildcards):
@@ -75,7 +81,10 @@ ON_DISK_DATASETS = sorted(n for n, i in DATASETS.items() if not i.in_memory)
 
 def data_inputs(wildcards):
     """What a job needs of a prepared dataset: arrays too when the set lives in memory."""
-    files = [pattern(paths.DATA_INDEX, dataset=wildcards.dataset), pattern(paths.DATA_META, dataset=wildcards.dataset)]
+    files = [
+        pattern(paths.DATA_INDEX, dataset=wildcards.dataset),
+        pattern(paths.DATA_META, dataset=wildcards.dataset),
+    ]
     if wildcards.dataset in IN_MEMORY_DATASETS:
         files.append(pattern(paths.DATA_ARRAYS, dataset=wildcards.dataset))
     return files
@@ -86,22 +95,40 @@ def data_inputs(wildcards):
 
 def partition_parquet(w):
     suffix = paths.PARTITION_SUFFIXES["parquet"]
-    return pattern(paths.PARTITION, suffix, dataset=w.dataset, partition=w.partition, pseed=w.pseed)
+    return pattern(
+        paths.PARTITION, suffix, dataset=w.dataset, partition=w.partition, pseed=w.pseed
+    )
 
 
 def annotator_inputs(w):
     """The probability files of the annotators the noise spec declares for this draw."""
     spec = noise_spec(w.noise)
-    clients = spec.annotator_clients(partition_spec(w.partition).num_clients, int(w.nseed))
-    fields = dict(dataset=w.dataset, partition=w.partition, pseed=w.pseed, annotator=spec.annotator_slug())
-    return [pattern(paths.ANNOTATOR, paths.ANNOTATOR_SUFFIXES["probs"], client=k, **fields) for k in clients]
+    clients = spec.annotator_clients(
+        partition_spec(w.partition).num_clients, int(w.nseed)
+    )
+    fields = dict(
+        dataset=w.dataset,
+        partition=w.partition,
+        pseed=w.pseed,
+        annotator=spec.annotator_slug(),
+    )
+    return [
+        pattern(paths.ANNOTATOR, paths.ANNOTATOR_SUFFIXES["probs"], client=k, **fields)
+        for k in clients
+    ]
 
 
 # -- training runs (rules/train.smk) --------------------------------------------------
 
 
 def noise_parquet(w):
-    fields = dict(dataset=w.dataset, partition=w.partition, pseed=w.pseed, noise=w.noise, nseed=w.nseed)
+    fields = dict(
+        dataset=w.dataset,
+        partition=w.partition,
+        pseed=w.pseed,
+        noise=w.noise,
+        nseed=w.nseed,
+    )
     return pattern(paths.NOISE, paths.NOISE_SUFFIXES["parquet"], **fields)
 
 
@@ -109,7 +136,9 @@ def training_settings(slug):
     try:
         return PLAN.trainings[slug]
     except KeyError:
-        raise ValueError(f"training settings {slug!r} are not used by any selected table")
+        raise ValueError(
+            f"training settings {slug!r} are not used by any selected table"
+        )
 
 
 def method_params(slug):
@@ -126,7 +155,10 @@ def method_params(slug):
 # for their GPU as gres "gpu:1" (sbatch --gres=gpu:1) and share it. Functions, because the
 # command line's groups are known only once the workflow is parsed.
 def _train_grouped() -> bool:
-    return bool(workflow.group_settings) and "train" in workflow.group_settings.overwrite_groups
+    return (
+        bool(workflow.group_settings)
+        and "train" in workflow.group_settings.overwrite_groups
+    )
 
 
 def _train_gpu(wildcards) -> int:
@@ -144,7 +176,9 @@ def paper_table(w):
     for t in PLAN.tables:
         if t.paper == w.paper and t.table == w.table and t.scale == w.scale:
             return t
-    raise ValueError(f"table {w.paper}/{w.table} at scale {w.scale!r} is not selected in the configuration (keys 'tables', 'scale')")
+    raise ValueError(
+        f"table {w.paper}/{w.table} at scale {w.scale!r} is not selected in the configuration (keys 'tables', 'scale')"
+    )
 
 
 def table_metrics(w):

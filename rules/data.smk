@@ -7,20 +7,20 @@ rule prepare_in_memory_dataset:
         index=pattern(paths.DATA_INDEX),
         meta=pattern(paths.DATA_META),
         arrays=pattern(paths.DATA_ARRAYS),
-    wildcard_constraints:
-        dataset="|".join(IN_MEMORY_DATASETS),
-    params:
-        settings=lambda w: dataset_settings(w.dataset),
-        # the options over the dataset's defaults, tracked by Snakemake (the settings object is
-        # not): a changed option or default prepares the set again, and what depends on it follows
-        identity=lambda w: settings_identity(dataset_settings(w.dataset)),
     log:
         pattern("{results}/logs/data/{dataset}.log"),
+    wildcard_constraints:
+        dataset="|".join(IN_MEMORY_DATASETS),
     conda:
         "../envs/fnl.yaml"
     resources:
         mem_mb=4000,
         runtime=60,
+    params:
+        settings=lambda w: dataset_settings(w.dataset),
+        # the options over the dataset's defaults, tracked by Snakemake (the settings object is
+        # not): a changed option or default prepares the set again, and what depends on it follows
+        identity=lambda w: settings_identity(dataset_settings(w.dataset)),
     script:
         "../workflow_scripts/prepare_dataset.py"
 
@@ -32,17 +32,17 @@ if ON_DISK_DATASETS:
         output:
             index=pattern(paths.DATA_INDEX),
             meta=pattern(paths.DATA_META),
-        wildcard_constraints:
-            dataset="|".join(ON_DISK_DATASETS),
-        params:
-            settings=lambda w: dataset_settings(w.dataset),
-            identity=lambda w: settings_identity(dataset_settings(w.dataset)),  # as above
         log:
             pattern("{results}/logs/data/{dataset}.log"),
+        wildcard_constraints:
+            dataset="|".join(ON_DISK_DATASETS),
         conda:
             "../envs/fnl.yaml"
         resources:
             mem_mb=8000,
             runtime=600,
+        params:
+            settings=lambda w: dataset_settings(w.dataset),
+            identity=lambda w: settings_identity(dataset_settings(w.dataset)),  # as above
         script:
             "../workflow_scripts/prepare_dataset.py"

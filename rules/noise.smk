@@ -15,13 +15,10 @@ rule annotator:
     output:
         checkpoint=pattern(paths.ANNOTATOR, paths.ANNOTATOR_SUFFIXES["checkpoint"]),
         probs=pattern(paths.ANNOTATOR, paths.ANNOTATOR_SUFFIXES["probs"]),
-    params:
-        data_dir=data_dir,
-        settings=lambda w: annotator_settings(w.annotator),
-        # tracked by Snakemake (the settings object is not): a changed default reruns the annotator
-        identity=lambda w: settings_identity(annotator_settings(w.annotator)),
     log:
-        pattern("{results}/logs/annotators/{dataset}/{partition}/pseed{pseed}/{annotator}/client{client}.log"),
+        pattern(
+            "{results}/logs/annotators/{dataset}/{partition}/pseed{pseed}/{annotator}/client{client}.log"
+        ),
     conda:
         "../envs/fnl.yaml"
     threads: 1
@@ -29,6 +26,11 @@ rule annotator:
         mem_mb=4000,
         runtime=120,
         gpu=1,
+    params:
+        data_dir=data_dir,
+        settings=lambda w: annotator_settings(w.annotator),
+        # tracked by Snakemake (the settings object is not): a changed default reruns the annotator
+        identity=lambda w: settings_identity(annotator_settings(w.annotator)),
     script:
         "../workflow_scripts/train_annotator.py"
 
@@ -44,14 +46,37 @@ rule noise:
         summary=pattern(paths.NOISE, paths.NOISE_SUFFIXES["summary"]),
         rates=report(
             pattern(paths.NOISE, paths.NOISE_SUFFIXES["rates"]),
-            caption="../report/noise_rates.rst", category="Noise", subcategory="{dataset}",
-            labels={"partition": "{partition}", "noise": "{noise}", "seed": "{nseed}", "figure": "rates"},
+            caption="../report/noise_rates.rst",
+            category="Noise",
+            subcategory="{dataset}",
+            labels={
+                "partition": "{partition}",
+                "noise": "{noise}",
+                "seed": "{nseed}",
+                "figure": "rates",
+            },
         ),
         matrix=report(
             pattern(paths.NOISE, paths.NOISE_SUFFIXES["matrix"]),
-            caption="../report/noise_matrix.rst", category="Noise", subcategory="{dataset}",
-            labels={"partition": "{partition}", "noise": "{noise}", "seed": "{nseed}", "figure": "matrix"},
+            caption="../report/noise_matrix.rst",
+            category="Noise",
+            subcategory="{dataset}",
+            labels={
+                "partition": "{partition}",
+                "noise": "{noise}",
+                "seed": "{nseed}",
+                "figure": "matrix",
+            },
         ),
+    log:
+        pattern(
+            "{results}/logs/noise/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}.log"
+        ),
+    conda:
+        "../envs/labels.yaml"
+    resources:
+        mem_mb=4000,
+        runtime=30,
     params:
         spec=lambda w: noise_spec(w.noise),
         partition_spec=lambda w: partition_spec(w.partition),
@@ -59,12 +84,5 @@ rule noise:
         # tracked by Snakemake (the spec object is not): a changed default reruns the draw; the
         # partition reaches it as an input file
         identity=lambda w: settings_identity(noise_spec(w.noise)),
-    log:
-        pattern("{results}/logs/noise/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}.log"),
-    conda:
-        "../envs/labels.yaml"
-    resources:
-        mem_mb=4000,
-        runtime=30,
     script:
         "../workflow_scripts/make_noise.py"

@@ -10,14 +10,11 @@ rule partition:
         counts=pattern(paths.PARTITION, paths.PARTITION_SUFFIXES["counts"]),
         figure=report(
             pattern(paths.PARTITION, paths.PARTITION_SUFFIXES["figure"]),
-            caption="../report/partition.rst", category="Partitions", subcategory="{dataset}",
+            caption="../report/partition.rst",
+            category="Partitions",
+            subcategory="{dataset}",
             labels={"partition": "{partition}", "seed": "{pseed}"},
         ),
-    params:
-        spec=lambda w: partition_spec(w.partition),
-        data_dir=data_dir,
-        # tracked by Snakemake (the spec object is not): a changed default reruns the partition
-        identity=lambda w: settings_identity(partition_spec(w.partition)),
     log:
         pattern("{results}/logs/partitions/{dataset}/{partition}/pseed{pseed}.log"),
     conda:
@@ -25,5 +22,10 @@ rule partition:
     resources:
         mem_mb=4000,
         runtime=30,
+    params:
+        spec=lambda w: partition_spec(w.partition),
+        data_dir=data_dir,
+        # tracked by Snakemake (the spec object is not): a changed default reruns the partition
+        identity=lambda w: settings_identity(partition_spec(w.partition)),
     script:
         "../workflow_scripts/make_partition.py"

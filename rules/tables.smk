@@ -16,22 +16,36 @@ rule table:
         md=pattern(TABLE, TABLE_FILES["md"]),
         html=report(
             pattern(TABLE, TABLE_FILES["html"]),
-            caption="../report/table.rst", category="Tables", subcategory="{paper}",
-            labels={"paper": "{paper}", "table": "{table}", "scale": "{scale}", "view": "table"},
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="{paper}",
+            labels={
+                "paper": "{paper}",
+                "table": "{table}",
+                "scale": "{scale}",
+                "view": "table",
+            },
         ),
         curves=report(
             pattern(TABLE, TABLE_FILES["curves"]),
-            caption="../report/curves.rst", category="Tables", subcategory="{paper}",
-            labels={"paper": "{paper}", "table": "{table}", "scale": "{scale}", "view": "curves"},
+            caption="../report/curves.rst",
+            category="Tables",
+            subcategory="{paper}",
+            labels={
+                "paper": "{paper}",
+                "table": "{table}",
+                "scale": "{scale}",
+                "view": "curves",
+            },
         ),
-    params:
-        table=paper_table,
-        content=lambda w: paper_table(w).content_digest(),
-        n_runs=lambda w: len(paper_table(w).runs),
     log:
         pattern("{results}/logs/tables/{scale}/{paper}/{table}.log"),
     conda:
         "../envs/fnl.yaml"
+    params:
+        table=paper_table,
+        content=lambda w: paper_table(w).content_digest(),
+        n_runs=lambda w: len(paper_table(w).runs),
     # A count instead of Snakemake's list of every run's metrics file
     message:
         "table {wildcards.paper}/{wildcards.table}: {params.n_runs} runs' metrics -> {output.md} (log: {log})"

@@ -12,12 +12,37 @@ rule train:
     input:
         data=data_inputs,
         noise=noise_parquet,
-        cache=lambda w: planned_cache_files(data_dir(w), w.dataset, dataset_settings(w.dataset).options, training_settings(w.train).image_transform),
+        cache=lambda w: planned_cache_files(
+            data_dir(w),
+            w.dataset,
+            dataset_settings(w.dataset).options,
+            training_settings(w.train).image_transform,
+        ),
     output:
         metrics=pattern(RUN, RUN_FILES["metrics"]),
         clients=pattern(RUN, RUN_FILES["clients"]),
         relabels=pattern(RUN, RUN_FILES["relabels"]),
         model=pattern(RUN, RUN_FILES["model"]),
+    log:
+        pattern(
+            "{results}/logs/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.log"
+        ),
+    # Predicted from the rehearsal and the step costs, capped by the site (fnlcore/app/resources.py);
+    # a run longer than the site's max_runtime stops before it with a checkpoint (exit 75) and
+    # continues in the next attempt; a failure a retry cannot fix fails its retries at once.
+    retries: train_resources(PLAN, workflow).retries
+    conda:
+        "../envs/fnl.yaml"
+    # One thread per job: small models gain nothing from more, and two 2-thread torch
+    # jobs on two cores thrash (rounds 100x slower). Raise it with --set-threads train=N.
+    threads: 1
+    resources:
+        attempt=lambda wildcards, attempt: attempt,
+        mem_mb=train_resources(PLAN, workflow).mem_mb,
+        disk_mb=train_resources(PLAN, workflow).disk_mb,
+        runtime=train_resources(PLAN, workflow).runtime,
+        gpu=_train_gpu,
+        gres=_train_gres,
     params:
         data_dir=data_dir,
         settings=lambda w: training_settings(w.train),
@@ -26,24 +51,8 @@ rule train:
         checkpoint=lambda w: pattern(CHECKPOINT, **dict(w.items())),
         # The settings with every default filled in (the path holds only the non-default ones):
         # a changed default in the code reruns the run (fnlcore.app.identity.settings_identity).
-        identity=lambda w: train_identity(training_settings(w.train), method_params(w.method), w.dataset),
-    log:
-        pattern("{results}/logs/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.log"),
-    conda:
-        "../envs/fnl.yaml"
-    # One thread per job: small models gain nothing from more, and two 2-thread torch
-    # jobs on two cores thrash (rounds 100x slower). Raise it with --set-threads train=N.
-    threads: 1
-    # Predicted from the rehearsal and the step costs, capped by the site (fnlcore/app/resources.py);
-    # a run longer than the site's max_runtime stops before it with a checkpoint (exit 75) and
-    # continues in the next attempt; a failure a retry cannot fix fails its retries at once.
-    retries: train_resources(PLAN, workflow).retries
-    resources:
-        attempt=lambda wildcards, attempt: attempt,
-        mem_mb=train_resources(PLAN, workflow).mem_mb,
-        disk_mb=train_resources(PLAN, workflow).disk_mb,
-        runtime=train_resources(PLAN, workflow).runtime,
-        gpu=_train_gpu,
-        gres=_train_gres,
+        identity=lambda w: train_identity(
+            training_settings(w.train), method_params(w.method), w.dataset
+        ),
     script:
         "../workflow_scripts/train.py"
