@@ -43,6 +43,7 @@ import pandas as pd
 
 from ..assignment import ClientAssignment
 from ..errors import ChecksumError, ConfigError, DataError
+from ..safe_pickle import AllowListUnpickler
 from .download import RemoteFile, fetch
 
 __all__ = [
@@ -344,16 +345,10 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
     return table
 
 
-class _IndexUnpickler(pickle.Unpickler):
+class _IndexUnpickler(AllowListUnpickler):
     """Unpickler that refuses every global outside the allow-list (no code can run)."""
 
-    _allowed = _allowed_globals()
-
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return self._allowed[(module, name)]
-        except KeyError:
-            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}") from None
+    allowed = _allowed_globals()
 
 
 def read_client_index_npy(path: str | os.PathLike) -> list[np.ndarray]:

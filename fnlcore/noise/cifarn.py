@@ -72,6 +72,7 @@ import numpy as np
 
 from ..datasets.download import RemoteFile, fetch, verify_file
 from ..errors import ChecksumError, ConfigError, DataError
+from ..safe_pickle import AllowListUnpickler
 from ..spec import param
 from .checks import check_num_classes, single_labels
 from .result import NoiseResult, make_result
@@ -206,16 +207,10 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
     }
 
 
-class _LabelUnpickler(pickle.Unpickler):
+class _LabelUnpickler(AllowListUnpickler):
     """Builds dicts, lists, ints, strings and numpy arrays; refuses every other global and any storage."""
 
-    _allowed = _allowed_globals()
-
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return self._allowed[(module, name)]
-        except KeyError:
-            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}") from None
+    allowed = _allowed_globals()
 
     def persistent_load(self, pid: Any) -> Any:
         raise pickle.UnpicklingError("the file holds tensor storages; CIFAR-N's label files hold numpy arrays only")
