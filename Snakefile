@@ -39,6 +39,7 @@ include: "rules/partition.smk"
 include: "rules/noise.smk"
 include: "rules/train.smk"
 include: "rules/tables.smk"
+include: "rules/cross_paper.smk"
 
 
 # Every rule runs in its conda environment (envs/<family>.yaml) with --software-deployment-method
@@ -54,6 +55,7 @@ rule all:
     default_target: True
     input:
         PLAN.targets(),
+        CROSS_PAPER.targets(RESULTS),
         [run.files(RESULTS)["metrics"] for run in PLAN.runs()],
     # A count instead of Snakemake's list of every target (hundreds of paths for a paper)
     message:

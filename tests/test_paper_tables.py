@@ -28,6 +28,7 @@ from fnlcore.app.runs import REPORTED_DIR
 from fnlcore.datasets.decoded_cache import planned_cache_files
 from fnlcore.methods import METHODS
 from fnlcore.tables import load_reported, place_reported, render
+from fnlcore.tables.cross_paper import shared_groups
 from tests.spec_data import shared_dir
 
 TABLES = ("1", "2", "3", "4")
@@ -285,6 +286,8 @@ def expected_jobs(tables) -> dict[str, int]:
         "noise": len(label_sets),
         "train": len(runs),
         "table": len(tables),
+        # one view of the runs that two or more of the tables share (fnlcore.tables.cross_paper)
+        **({"cross_paper": 1} if shared_groups(tables).groups else {}),
         "all": 1,
     }
 
@@ -301,7 +304,8 @@ def test_paper_scale_dry_run_schedules_the_expected_jobs(paper_tables, repo_root
     # ICH reads the official soft-label table and trains none.
     # decoded_cache = train and test of ICH and ISIC (rules/cache.smk); noise = 9 ICH + 3 ISIC label sets; train = 128: every row implemented, Table 3's 14 detection runs included.
     assert counts == {
-        "prepare_on_disk_dataset": 2, "decoded_cache": 4, "partition": 2, "annotator": 12, "noise": 12, "train": 128, "table": 4, "all": 1,
+        "prepare_on_disk_dataset": 2, "decoded_cache": 4, "partition": 2, "annotator": 12, "noise": 12, "train": 128, "table": 4,
+        "cross_paper": 1, "all": 1,  # tables 1/4 and 2/4 share runs
     }
     assert not (tmp_path / "results").exists()  # a dry run writes nothing and reads no dataset
 
