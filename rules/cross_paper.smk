@@ -1,8 +1,8 @@
 # The cross-paper view: results/tables/{scale}/cross_paper.{csv,md}, every run configuration that
 # cells of two or more selected tables hold (dataset, partition, noise, training, method; seeds
-# left out), each table's reported number beside the one reproduction (fnlcore/tables/cross_paper.py).
+# left out), each table's reported number beside the one reproduction (fnlcore/app/cross_paper.py).
 # Its inputs are metrics files of runs the selected tables already need: it adds no run.
-from fnlcore.tables.cross_paper import shared_groups
+from fnlcore.app.cross_paper import shared_groups
 
 CROSS_PAPER = shared_groups(PLAN.tables)
 

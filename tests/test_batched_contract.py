@@ -37,10 +37,12 @@ from fnlcore.errors import ConfigError
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
 from fnlcore.registry import round_fields
+from fnlcore.syncs import SyncCounter
 
 from .engine_helpers import make_ctx
 from .golden import EXECUTION_COLUMNS, _settings, case_id, golden_cases
 from .test_contracts import _fitting_params
+from .test_syncs import assert_sync_free
 
 VARIANT = "long"  # the golden setting that enters every stage (relabelling, detection, sampling)
 
@@ -100,6 +102,7 @@ class EngineRun:
     selected: dict[int, list[int]]  # round -> the clients select_clients chose
     generators: dict[str, torch.Tensor]  # the random streams' states after the run
     batched_stages: dict[str, list[int]]  # stage key -> rounds whose batched loss ran
+    syncs: SyncCounter | None = None  # the host-device synchronisations of its local steps (tests/test_syncs.py)
 
 
 @contextlib.contextmanager
@@ -158,7 +161,8 @@ def run_engine(cls, params, multi: bool, engine: str) -> EngineRun:
                 ctx = make_ctx(settings, seed=0, multi_label=multi)
                 params.check_training(settings)
                 method = cls(params, ctx)
-            metrics = Simulation(method, ctx, progress=lambda s: None).run()
+            with SyncCounter() as syncs:
+                metrics = Simulation(method, ctx, progress=lambda s: None).run()
     finally:
         torch.set_num_threads(threads)
     return EngineRun(
@@ -172,6 +176,7 @@ def run_engine(cls, params, multi: bool, engine: str) -> EngineRun:
         generators={"shuffle": ctx.shuffle_gen.get_state(), "aug": ctx.aug_gen.get_state(),
                     "rng": _numpy_state(ctx.rng)},
         batched_stages={k: sorted(v) for k, v in seen.items()},
+        syncs=syncs,
     )
 
 
@@ -255,18 +260,28 @@ def check_batched_stages_entered(cls, run: EngineRun) -> None:
         "(param(..., rounds=True): contract_params then moves it into the run) so that its run reaches them")
 
 
-def assert_batched_equals_sequential(cls, params, multi: bool) -> dict[str, float]:
-    """The contract for one method class: returns the max differences measured."""
+def contract_runs(cls, params, multi: bool) -> tuple[EngineRun, EngineRun]:
+    """The sequential and the batched run of one method class, each engine entering only its own losses."""
     seq = run_engine(cls, params, multi, "sequential")
     assert not seq.batched_stages, f"the sequential engine ran batched losses: {seq.batched_stages}"
     bat = run_engine(cls, params, multi, "batched")
     check_batched_stages_entered(cls, bat)
-    return compare_runs(seq, bat)
+    return seq, bat
+
+
+def assert_batched_equals_sequential(cls, params, multi: bool) -> dict[str, float]:
+    """The contract for one method class: returns the max differences measured."""
+    return compare_runs(*contract_runs(cls, params, multi))
 
 
 @pytest.mark.parametrize("name,multi", CASES, ids=[case_id(n, m) for n, m in CASES])
 def test_batched_engine_reproduces_the_sequential_engine(name, multi):
-    assert_batched_equals_sequential(METHODS[name], contract_params(name), multi)
+    """... and, from the same two runs, no host-device sync in a local step (tests/test_syncs.py's
+    rule: 0 per step on the batched engine, the declared counts on the sequential one)."""
+    seq, bat = contract_runs(METHODS[name], contract_params(name), multi)
+    compare_runs(seq, bat)
+    for run in (seq, bat):
+        assert_sync_free(name, run.engine, run.syncs)
 
 
 def test_the_contract_covers_every_method_with_a_batched_stage_on_each_label_kind():

@@ -136,24 +136,20 @@ def test_dot_test_label_sets_are_those_of_the_demo_table_at_its_scale(monkeypatc
     assert with_table.tables[0].scale == "test"  # results/tables/test/demo/demo.*
 
 
-@pytest.mark.slow  # 7 jobs, one of them a torch annotator network: about 20 CPU seconds
-def test_dot_test_configuration_runs_end_to_end(tmp_path, monkeypatch):
-    """`snakemake --cores 2 --directory .test --configfile .test/config/config.yaml` in a copy of
-    .test/: the dataset, the partition, the H-IDN annotator and three noisy label sets with their
-    figures, every target of the configuration."""
+def test_dot_test_configuration_plans_its_jobs_and_targets(tmp_path, monkeypatch):
+    """`snakemake --cores 2 --directory .test --configfile .test/config/config.yaml`, dry run in a copy
+    of .test/: the dataset, the partition, the H-IDN annotator and three noisy label sets with their
+    figures. A dry run: executing these very rules on digits is tests/test_workflow.py's data side
+    (every target, annotators for noisy clients only), which keeps the suite within its time."""
     workdir = tmp_path / ".test"
     shutil.copytree(TEST_DIR, workdir, ignore=shutil.ignore_patterns("results", "resources", ".snakemake"))
     configfile = workdir / "config" / "config.yaml"
-    res = run_snakemake(workdir, configfile, cores=2)
+    res = run_snakemake(workdir, configfile, "-n", cores=2)
     out = output_of(res)
     assert res.returncode == 0, out[-5000:]
     assert job_counts(out) == {"prepare_in_memory_dataset": 1, "partition": 1, "annotator": 1, "noise": 3,
                                "all": 1}, out[-5000:]
-
     monkeypatch.chdir(workdir)
     plan = expected_plan(configfile)
-    targets = plan.targets()
-    assert len(targets) == 3 + 3 * 4  # partition files + 3 label sets x 4 noise files
-    missing = [t for t in targets if not (workdir / t).is_file() or (workdir / t).stat().st_size == 0]
-    assert not missing, missing
-    assert len(list((workdir / plan.results_dir).rglob("annotators/*/client*.probs.npz"))) == 1
+    assert len(plan.targets()) == 3 + 3 * 4  # partition files + 3 label sets x 4 noise files
+    assert not (workdir / plan.results_dir).exists()  # a dry run writes nothing

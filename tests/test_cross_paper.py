@@ -1,4 +1,4 @@
-"""The cross-paper view (fnlcore/tables/cross_paper.py, rules/cross_paper.smk): cells of different
+"""The cross-paper view (fnlcore/app/cross_paper.py, rules/cross_paper.smk): cells of different
 tables that resolve to one run configuration, each table's reported number beside one reproduction."""
 
 import math
@@ -7,9 +7,7 @@ import pandas as pd
 import pytest
 
 from fnlcore.app.papers import Scale, load_paper
-from fnlcore.tables.cross_paper import build_cross_paper, config_key, shared_groups
-
-from .workflow_support import job_counts, output_of, run_snakemake, write_config
+from fnlcore.app.cross_paper import build_cross_paper, config_key, shared_groups
 
 PAPERS = ("fednoro", "fedncl", "fedmlp", "fedgr", "feddiv")
 
@@ -92,26 +90,9 @@ def test_pending_runs_and_a_scale_not_compared(tmp_path):
     tables = [t for t in load_paper("feddiv", Scale.load("smoke")) if t.table in ("4", "6")]
     cp = shared_groups(tables)
     assert cp.scale == "smoke" and not cp.compared and len(cp.groups) == 2
-    from fnlcore.tables.cross_paper import cross_paper_long, to_markdown
+    from fnlcore.app.cross_paper import cross_paper_long, to_markdown
 
     long = cross_paper_long(cp, [None] * len(cp.runs()))
     assert set(long.status) == {"not_reported"} and long.reported.isna().all() and (long.n_seeds == 0).all()
     assert "not compared with the reported numbers" in to_markdown(cp, long)
     assert not shared_groups([tables[0]]).groups and shared_groups([tables[0]]).targets("results") == []
-
-
-def test_dry_run_schedules_the_view_and_no_extra_run(tmp_path):
-    tables = ["feddiv/4", "feddiv/6"]
-    cfg = {"results_dir": str(tmp_path / "results"), "tables": tables, "scale": "smoke", "data_grid": []}
-    res = run_snakemake(tmp_path, write_config(tmp_path, cfg), "-n", "--quiet", "rules")
-    out = output_of(res)
-    assert res.returncode == 0, out[-3000:]
-    counts = job_counts(out)
-    smoke = [t for t in load_paper("feddiv", Scale.load("smoke")) if t.name in tables]
-    runs = {tr.run.files("r")["metrics"] for t in smoke for tr in t.runs}
-    assert counts["cross_paper"] == 1 and counts["table"] == 2
-    assert counts["train"] == len(runs)  # the two tables' distinct runs: the view adds none
-    # one table alone shares nothing with itself: no view
-    cfg["tables"] = ["feddiv/6"]
-    res = run_snakemake(tmp_path, write_config(tmp_path, cfg), "-n", "--quiet", "rules")
-    assert res.returncode == 0 and "cross_paper" not in job_counts(output_of(res)), output_of(res)[-3000:]

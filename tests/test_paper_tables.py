@@ -28,7 +28,7 @@ from fnlcore.app.runs import REPORTED_DIR
 from fnlcore.datasets.decoded_cache import planned_cache_files
 from fnlcore.methods import METHODS
 from fnlcore.tables import load_reported, place_reported, render
-from fnlcore.tables.cross_paper import shared_groups
+from fnlcore.app.cross_paper import shared_groups
 from tests.spec_data import shared_dir
 
 TABLES = ("1", "2", "3", "4")
@@ -286,7 +286,7 @@ def expected_jobs(tables) -> dict[str, int]:
         "noise": len(label_sets),
         "train": len(runs),
         "table": len(tables),
-        # one view of the runs that two or more of the tables share (fnlcore.tables.cross_paper)
+        # one view of the runs that two or more of the tables share (fnlcore.app.cross_paper)
         **({"cross_paper": 1} if shared_groups(tables).groups else {}),
         "all": 1,
     }

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(sm.scriptdir).parent))  # this checkout's fnlcore, a
 
 from fnlcore.io import read_parquet  # noqa: E402 (after the path is set)
 from fnlcore.logs import job_log  # noqa: E402 (after the path is set)
-from fnlcore.tables.cross_paper import build_cross_paper  # noqa: E402 (after the path is set)
+from fnlcore.app.cross_paper import build_cross_paper  # noqa: E402 (after the path is set)
 
 with job_log(sm.log[0]) as log:
     view = sm.params.view

@@ -163,7 +163,7 @@ def _summary_rule(run: Any, rule: Any) -> Any:
 
 
 def _reported_cells(table: Any, cache: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    from .reported import load_reported, place_reported
+    from ..tables.reported import load_reported, place_reported
 
     if table.name not in cache:
         reported = load_reported(table.reported) if table.reported is not None else None
@@ -180,7 +180,7 @@ def cross_paper_long(cp: CrossPaper, metrics: Sequence[pd.DataFrame | None]) -> 
     """
     if len(metrics) != len(cp.runs()):
         raise ValueError(f"cross-paper view: {len(metrics)} metrics tables for {len(cp.runs())} runs")
-    from ..app.build_table import metric_definition
+    from .build_table import metric_definition
 
     lines: list[dict] = []
     reported_cache: dict[str, pd.DataFrame] = {}
@@ -301,7 +301,7 @@ def build_cross_paper(cp: CrossPaper, metrics_files: Sequence[str], outputs: Map
     """Write the view from its runs' metrics files (the rule's inputs, in :meth:`CrossPaper.runs`
     order); ``outputs`` maps csv and md to their paths. Both are written to temporary files and
     renamed into place together, the CSV last (a killed job leaves no CSV)."""
-    from ..app.build_table import _written_together
+    from .build_table import _written_together
     from ..io import write_csv
 
     if len(metrics_files) != len(cp.runs()):
