@@ -131,6 +131,13 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.clients)
 
+    def wrong_label_clients(self) -> np.ndarray:
+        """(K,) bool: which clients hold any given label that is not the true one (one copy to the host)."""
+        wrong = (self.given != self.y_true).cpu().numpy()
+        if wrong.ndim > 1:  # multi-label: any class of the sample
+            wrong = wrong.any(axis=1)
+        return np.array([bool(wrong[i.numpy()].any()) for i in self.clients])
+
     def sizes(self) -> np.ndarray:
         return np.array([len(c) for c in self.clients], dtype=np.int64)
 

@@ -116,8 +116,7 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
         self.round_info.update(det_recall=self.rates[0], det_precision=self.rates[1], det_mr=self.rates[2])
 
     def true_noisy(self) -> np.ndarray:
-        flipped = (self.ctx.data.given != self.ctx.data.y_true).cpu().numpy()
-        return np.array([bool(flipped[i.numpy()].any()) for i in self.ctx.data.clients])
+        return self.ctx.data.wrong_label_clients()
 
     def client_results(self):
         if self.features is None:

@@ -130,14 +130,10 @@ def krum(states: list[State], f: int | None = None, multi: int = 1) -> tuple[Sta
 
 def noisy_client_flags(ctx, clients: list[int]) -> list[bool] | None:
     """Whether each client holds any wrong given label (single-label data; None otherwise)."""
-    data = ctx.data
-    if data.multi_label:
+    if ctx.data.multi_label:
         return None
-    flags = []
-    for k in clients:
-        idx = data.clients[k].to(data.given.device)
-        flags.append(bool((data.given[idx] != data.y_true[idx]).any()))
-    return flags
+    wrong = ctx.data.wrong_label_clients()
+    return [bool(wrong[k]) for k in clients]
 
 
 @register
