@@ -31,7 +31,7 @@ def batched_markdown() -> str:
     rows, sequential = [], []
     for name in sorted(builtin):
         stages = builtin[name].stages
-        batched = [s for s, st in stages.items() if st.batched_loss is not None]
+        batched = [s for s, st in stages.items() if st.loss is not None and st.batches]
         if not batched:
             sequential.append(f"`{name}`")
             continue

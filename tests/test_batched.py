@@ -172,14 +172,14 @@ def test_batched_engine_reproduces_the_sequential_engine_under_other_settings(me
     _assert_same_run(_run(method, "sequential", params, **settings), _run(method, "batched", params, **settings), 1e-6)
 
 
-def test_a_round_runs_batched_only_where_its_stage_declares_a_batched_loss(monkeypatch):
-    """FedNoRo's stage table with stage 2's batched form taken out: warm-up rounds batched, stage 2 sequential."""
+def test_a_round_runs_batched_only_where_its_stage_batches(monkeypatch):
+    """FedNoRo's stage table with stage 2 marked ``batches=False``: warm-up rounds batched, stage 2 sequential."""
     from fnlcore.fl import batched, client
     from fnlcore.fl.client import Stage
 
     cls = METHODS["fednoro"]
     st = cls.stages["stage2"]
-    monkeypatch.setattr(cls, "stages", {**cls.stages, "stage2": Stage(loss=st.loss, prepare=st.prepare)})
+    monkeypatch.setattr(cls, "stages", {**cls.stages, "stage2": dataclasses.replace(st, batches=False)})
     calls = {"batched": [], "sequential": []}
     train_clients, train_client = batched.train_clients, client.train_client
     monkeypatch.setattr(batched, "train_clients", lambda ctx, *a, **k: calls["batched"].append(1) or train_clients(ctx, *a, **k))

@@ -2,7 +2,7 @@
 
 Every method (test-only plug-ins included: tests/support/plugins.py joins the registries
 through FNL_PLUGINS) on every label kind it trains on (``golden_cases()``), whose stage table
-declares at least one ``Stage.batched_loss``, runs the golden set's "long" setting (tests/golden.py:
+has at least one stage that batches (``Stage.loss`` with ``batches``), runs the golden set's "long" setting (tests/golden.py:
 SGD with momentum, 8 rounds of 2 local epochs, 3 of 4 clients a round, on the digits MLP of
 tests/engine_helpers.py) on ``engine: sequential`` and on ``engine: batched``. The two runs must
 agree on
@@ -14,12 +14,13 @@ agree on
 * every float (scores, per-client estimates, the final evaluated model's tensors) within
   ``ATOL + RTOL * |sequential|`` (see TOLERANCE below for the measurements behind them).
 
-Each batched stage of the table must be entered by the batched run (its ``batched_loss`` called):
+Each batching stage of the table must be entered by the batched run (its loss called on K clients):
 a stage the setting never reaches is a failure that names the stage, not a silent pass. The
 hyper-parameters are the golden run's, except that a round-valued field the 8 rounds never reach
 (FedLSR's distillation from t_w = 20) is moved into the run (``contract_params``). A new
 method joins this contract the moment it is registered; a method whose batched form computes
-another loss than its sequential one fails it (tests/support/batched_mismatch.py, tested below).
+a loss form that is not per client (it mixes the K clients of a step) fails it (tests/support/batched_mismatch.py,
+tested below).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from fnlcore.errors import ConfigError
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
 from fnlcore.registry import round_fields
+from fnlcore.fl.one_client import OneClientBatch
 from fnlcore.syncs import SyncCounter
 
 from .engine_helpers import make_ctx
@@ -60,7 +62,7 @@ ATOL, RTOL = 1e-6, 1e-5
 
 
 def has_batched_stage(cls) -> bool:
-    return any(st.batched_loss is not None for st in cls.stages.values())
+    return any(st.loss is not None and st.batches for st in cls.stages.values())
 
 
 def contract_cases() -> list[tuple[str, bool]]:
@@ -113,11 +115,12 @@ def instrumented(cls):
     selected: dict[int, list[int]] = {}
 
     def recorded(key, fn):
-        def batched_loss(m, sb):
-            batched.setdefault(key, set()).add(int(sb.r))
+        def loss(m, sb):
+            if not isinstance(sb, OneClientBatch):  # a step of the batched engine (the sequential one: K = 1)
+                batched.setdefault(key, set()).add(int(sb.r))
             return fn(m, sb)
 
-        return batched_loss
+        return loss
 
     select = cls.select_clients
 
@@ -127,7 +130,7 @@ def instrumented(cls):
         return clients
 
     saved = {a: cls.__dict__[a] for a in ("stages", "select_clients") if a in cls.__dict__}
-    cls.stages = {key: dataclasses.replace(st, batched_loss=recorded(key, st.batched_loss)) if st.batched_loss else st
+    cls.stages = {key: dataclasses.replace(st, loss=recorded(key, st.loss)) if st.loss is not None and st.batches else st
                   for key, st in cls.stages.items()}
     cls.select_clients = select_clients
     try:
@@ -251,7 +254,7 @@ def compare_runs(seq: EngineRun, bat: EngineRun) -> dict[str, float]:
 
 
 def check_batched_stages_entered(cls, run: EngineRun) -> None:
-    declared = sorted(k for k, st in cls.stages.items() if st.batched_loss is not None)
+    declared = sorted(k for k, st in cls.stages.items() if st.loss is not None and st.batches)
     missed = [k for k in declared if k not in run.batched_stages]
     assert not missed, (
         f"{cls.Params.name}: batched stage(s) {missed} never ran in the contract's run (entered: "
@@ -295,14 +298,14 @@ def test_the_contract_covers_every_method_with_a_batched_stage_on_each_label_kin
 # (a registered one would need a golden record, pinned slugs, ...): the contract is handed the classes.
 
 
-def test_a_batched_loss_equal_to_the_sequential_loss_passes_the_contract():
+def test_a_per_client_loss_form_passes_the_contract():
     from .support.batched_mismatch import GCE
 
     assert_batched_equals_sequential(GCE, GCE.Params(), multi=False)
 
 
-def test_a_batched_loss_that_differs_from_the_sequential_loss_fails_the_contract():
-    from .support.batched_mismatch import GCEWithCEBatched
+def test_a_loss_form_that_mixes_the_clients_of_a_step_fails_the_contract():
+    from .support.batched_mismatch import GCEStackMean
 
-    with pytest.raises(AssertionError, match=r"metrics\.|model\."):  # the scores and the weights move
-        assert_batched_equals_sequential(GCEWithCEBatched, GCEWithCEBatched.Params(), multi=False)
+    with pytest.raises(AssertionError, match=r"metrics\.|model\.|clients\."):  # the scores and the weights move
+        assert_batched_equals_sequential(GCEStackMean, GCEStackMean.Params(), multi=False)

@@ -191,29 +191,30 @@ def test_feddiv_per_epoch_pcs_stays_sequential_and_equal(monkeypatch):
 
 
 def test_declared_mixup_draws_reproduce_mixup_and_its_generator_state():
-    from fnlcore.methods.parts import MixupDraw, drawn_mixup_cross_entropy, mixup_cross_entropy
+    from fnlcore.methods.parts import MixupDraw, mixup_view
+    from fnlcore.randaugment import mixup
 
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    want, _ = mixup_cross_entropy(model, x, y, 0.7, g1)
-    got, _ = drawn_mixup_cross_entropy(model, x, y, MixupDraw(0.7)(6, g2, x.device))
-    assert torch.equal(want, got) and torch.equal(g1.get_state(), g2.get_state())
+    want_x, want_a, want_b, want_lam = mixup(x, y, 0.7, g1)
+    lam, perm = MixupDraw(0.7)(6, g2, x.device)
+    assert float(lam) == want_lam and torch.equal(y, want_a) and torch.equal(y[perm], want_b)
+    assert torch.equal(mixup_view(x, lam[None], perm[None]), want_x)
+    assert torch.equal(g1.get_state(), g2.get_state())
     assert MixupDraw(0.7) == MixupDraw(0.7) != MixupDraw(1.0)  # a chunk's clients agree on the declaration
 
 
 def test_batched_mixup_keeps_each_client_in_its_own_batch_and_ignores_padded_partners():
-    from fnlcore.methods.parts import batched_mixup_cross_entropy, batched_mixup_view
+    from fnlcore.methods.parts import mixup_cross_entropy, mixup_view
 
     x = torch.arange(2 * 3, dtype=torch.float32).view(6, 1)  # client 0: rows 0-2, client 1: rows 3-4 + a pad
     lam, perm = torch.tensor([0.25, 0.5]), torch.tensor([[2, 0, 1], [1, 0, 9]])  # 9: a padded row's partner
-    mixed = batched_mixup_view(x, lam, perm).view(2, 3)
+    mixed = mixup_view(x, lam, perm).view(2, 3)
     assert mixed[0].tolist() == [0.25 * 0 + 0.75 * 2, 0.25 * 1 + 0.75 * 0, 0.25 * 2 + 0.75 * 1]
     assert mixed[1, :2].tolist() == [0.5 * 3 + 0.5 * 4, 0.5 * 4 + 0.5 * 3]
     logits, y = torch.randn(2, 3, 4), torch.tensor([[0, 1, 2], [3, 2, 0]])
     mask = torch.tensor([[True, True, True], [True, True, False]])
-    got = batched_mixup_cross_entropy(logits, y, lam, perm, mask)
+    got = mixup_cross_entropy(logits, y, lam, perm, mask)
     for i, n in ((0, 3), (1, 2)):
         z, p = logits[i, :n], perm[i, :n]
         want = lam[i] * F.cross_entropy(z, y[i, :n]) + (1 - lam[i]) * F.cross_entropy(z, y[i, :n][p])

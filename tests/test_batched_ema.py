@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 
+from fnlcore.fl.one_client import OneClientBatch
 from fnlcore.methods.base import METHODS
 
 from .test_batched import _assert_same_run, _run
@@ -24,15 +25,16 @@ def _spy_batched(monkeypatch, method: str) -> dict[str, int]:
     calls: dict[str, int] = {}
     table = {}
     for key, st in cls.stages.items():
-        if st.batched_loss is None:
+        if st.loss is None or not st.batches:
             table[key] = st
             continue
 
-        def counted(self, sb, _loss=st.batched_loss, _key=key):
-            calls[_key] = calls.get(_key, 0) + 1
+        def counted(self, sb, _loss=st.loss, _key=key):
+            if not isinstance(sb, OneClientBatch):  # the batched engine's steps, not the sequential K = 1
+                calls[_key] = calls.get(_key, 0) + 1
             return _loss(self, sb)
 
-        table[key] = dataclasses.replace(st, batched_loss=counted)
+        table[key] = dataclasses.replace(st, loss=counted)
     monkeypatch.setattr(cls, "stages", table)
     return calls
 

@@ -1,14 +1,16 @@
 """RoFL on the batched engine: the stacked network's forward_features, the K-client loss and
-centroid update against the one-client parts, and whole runs against the sequential engine."""
+centroid update against a plain per-client reference written here, and whole runs against the
+sequential engine."""
 
 from __future__ import annotations
 
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fnlcore.fl.stacked import stacked_input
-from fnlcore.methods.rofl import batched_rofl_loss, batched_update_centroids, rofl_batch_loss, update_centroids
+from fnlcore.methods.rofl import class_means, rofl_loss, update_centroids
 from tests.test_batched import MODELS, stacked_and_separate, _assert_same_run, _run
 
 
@@ -33,8 +35,33 @@ def test_stacked_forward_features_equals_separate_models_with_padded_rows_and_a_
         assert torch.equal(v, models[2].state_dict()[key]), key
 
 
+def _reference_loss(logits, features, labels, pseudo, centroids, forget_rate, lambda_cen, lambda_e, use_pseudo,
+                    cen_grad):
+    """RoFL's objective on one client's batch, written plainly (§5 step 3): (loss, selected rows
+    smallest loss first, their targets, their mask)."""
+    per_sample = F.cross_entropy(logits, labels, reduction="none")
+    keep = max(int((1.0 - forget_rate) * per_sample.numel()), 1)
+    sel = torch.sort(per_sample.detach(), stable=True).indices[:keep]
+    z, y = logits[sel], labels[sel]
+    phi = features[sel] if cen_grad else features[sel].detach()
+    mask = (F.normalize(phi.detach(), dim=1) @ F.normalize(centroids, dim=1).T).argmax(1) == y
+    targets = torch.where(mask, y, pseudo[sel]) if use_pseudo else y
+    l_c = F.cross_entropy(z, targets)
+    l_cen = (mask.unsqueeze(1) * (phi - centroids[y]).pow(2)).sum()
+    log_p = F.log_softmax(z, dim=1)
+    l_e = -(log_p.exp() * log_p).sum(1).mean()
+    return l_c + lambda_cen * l_cen + lambda_e * l_e, sel, targets, mask
+
+
+def _reference_centroids(centroids, features, labels):
+    """§5 step 4 on one client: f[c] <- (1 − s²) f[c] + s² f̂_c over its selected rows."""
+    means = class_means(features, labels, centroids.shape[0])
+    s2 = F.cosine_similarity(centroids, means, dim=1).pow(2).unsqueeze(1)
+    return (1 - s2) * centroids + s2 * means
+
+
 @pytest.mark.parametrize("use_pseudo,cen_grad", [(False, False), (True, True)])
-def test_batched_loss_and_centroid_update_equal_each_client_alone_with_ties_padding_and_a_rider(use_pseudo, cen_grad):
+def test_loss_and_centroid_update_equal_each_client_alone_with_ties_padding_and_a_rider(use_pseudo, cen_grad):
     gen = torch.Generator().manual_seed(4)
     k, b, c, d = 4, 10, 3, 5
     logits = torch.randn(k, b, c, generator=gen, dtype=torch.float64)
@@ -48,26 +75,26 @@ def test_batched_loss_and_centroid_update_equal_each_client_alone_with_ties_padd
     rows[2, 1:] = False  # a batch of one: at least one row is kept
     rows[3] = False  # a rider
     feats = torch.randn(k, b, d, generator=gen, dtype=torch.float64, requires_grad=True)
-    out = batched_rofl_loss(logits, feats, labels, pseudo, centroids, 0.25, 0.7, 0.8, use_pseudo, cen_grad, rows)
+    out = rofl_loss(logits, feats, labels, pseudo, centroids, 0.25, 0.7, 0.8, use_pseudo, cen_grad, rows)
     y = labels.gather(1, out.order)
     f = feats.detach().gather(1, out.order[:, :, None].expand(k, b, d))
-    updated = batched_update_centroids(centroids, f, y, out.kept)
+    updated = update_centroids(centroids, f, y, out.kept)
     grads = torch.autograd.grad(out.loss.sum(), feats, allow_unused=True)[0] if cen_grad else None
     assert out.loss[3] == 0 and not out.kept[3].any()  # the rider: no loss, nothing counted
     assert torch.allclose(updated[3], centroids[3])
     for i in range(3):
         n = int(rows[i].sum())
         fi = feats[i, :n].detach().clone().requires_grad_(cen_grad)
-        ref = rofl_batch_loss(logits[i, :n], fi, labels[i, :n], pseudo[i, :n], centroids[i], 0.25, 0.7, 0.8,
-                              use_pseudo, cen_grad)
-        assert torch.allclose(out.loss[i], ref.loss, rtol=1e-12, atol=1e-12)
-        assert torch.equal(out.order[i][out.kept[i]], ref.selected)  # the same rows, in the same order
-        assert torch.equal(out.targets[i][out.kept[i]], ref.targets)
-        assert torch.equal(out.mask[i][out.kept[i]], ref.mask) and not out.mask[i][~out.kept[i]].any()
-        ref_cent = update_centroids(centroids[i], feats[i, :n][ref.selected].detach(), labels[i, :n][ref.selected])
+        ref_loss, ref_sel, ref_targets, ref_mask = _reference_loss(
+            logits[i, :n], fi, labels[i, :n], pseudo[i, :n], centroids[i], 0.25, 0.7, 0.8, use_pseudo, cen_grad)
+        assert torch.allclose(out.loss[i], ref_loss, rtol=1e-12, atol=1e-12)
+        assert torch.equal(out.order[i][out.kept[i]], ref_sel)  # the same rows, in the same order
+        assert torch.equal(out.targets[i][out.kept[i]], ref_targets)
+        assert torch.equal(out.mask[i][out.kept[i]], ref_mask) and not out.mask[i][~out.kept[i]].any()
+        ref_cent = _reference_centroids(centroids[i], feats[i, :n][ref_sel].detach(), labels[i, :n][ref_sel])
         assert torch.allclose(updated[i], ref_cent, rtol=1e-12, atol=1e-12)
         if cen_grad:
-            ref_grad = torch.autograd.grad(ref.loss, fi)[0]
+            ref_grad = torch.autograd.grad(ref_loss, fi)[0]
             assert torch.allclose(grads[i, :n], ref_grad, rtol=1e-10, atol=1e-12)
             assert not grads[i, n:].any()  # padded rows add no gradient
 

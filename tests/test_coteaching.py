@@ -11,7 +11,7 @@ from fnlcore.fl.client import train_client, train_epochs
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.state import load, snapshot
-from fnlcore.methods.coteaching import Coteaching, CoteachingParams, exchanged_losses, keep_rate, small_loss_indices
+from fnlcore.methods.coteaching import Coteaching, CoteachingParams, exchanged_losses, keep_rate, small_loss_masks
 
 from .engine_helpers import make_ctx
 
@@ -25,13 +25,15 @@ def test_drop_rate_schedule():
 def test_exchange_trains_each_network_on_the_peers_small_loss_samples():
     l1 = torch.tensor([0.1, 0.5, 0.9, 2.0], requires_grad=True)
     l2 = torch.tensor([0.8, 0.2, 0.3, 1.5], requires_grad=True)
-    assert small_loss_indices(l1, 2).tolist() == [0, 1] and small_loss_indices(l2, 2).tolist() == [1, 2]
-    a, b = exchanged_losses(l1, l2, 2)
+    two = torch.tensor([2.0])  # K = 1 client keeping m = 2
+    assert small_loss_masks(l1[None], two, None)[0].tolist() == [True, True, False, False]
+    assert small_loss_masks(l2[None], two, None)[0].tolist() == [False, True, True, False]
+    a, b = exchanged_losses(l1[None], l2[None], two, None)
     assert a.item() == pytest.approx(0.7) and b.item() == pytest.approx(0.5)
-    (a + b).backward()
+    (a + b).sum().backward()
     assert l1.grad.tolist() == [0.0, 0.5, 0.5, 0.0]  # net1 updated on samples {1, 2}
     assert l2.grad.tolist() == [0.5, 0.5, 0.0, 0.0]  # net2 on {0, 1}
-    full = exchanged_losses(l1, l2, 4)
+    full = exchanged_losses(l1[None], l2[None], torch.tensor([4.0]), None)
     assert full[0].item() == pytest.approx(l1.mean().item()) and full[1].item() == pytest.approx(l2.mean().item())
 
 

@@ -464,7 +464,7 @@ class _CoDivide(FLMethod):
                                 for n, peer in (("net1", "net2"), ("net2", "net1"))],
                         lr={"net1": 0.01, "net2": 0.02})
 
-    stages = {"main": Stage(loss=loss, prepare=prepare)}
+    stages = {"main": Stage(sequential_loss=loss, prepare=prepare)}  # several streams: a one-client loss
 
     def should_evaluate(self, r):
         return r % 2 == 1

@@ -10,14 +10,15 @@ import torch
 
 from fnlcore.errors import ConfigError, FNLError
 from fnlcore.fl.client import Batch, ClientUpdate, LocalJob
+from fnlcore.fl.one_client import one_client_batch
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
 from fnlcore.methods.fedcorr import (
     FedCorr, FedCorrParams, client_split, confident_relabels, estimate_noise_level, lid_scores,
-    mixup_la_cross_entropy, relabel_candidates, stage_schedule,
+    relabel_candidates, stage_schedule,
 )
-from fnlcore.methods.parts import mixup_cross_entropy, proximal_term
+from fnlcore.methods.parts import MixupDraw, mixup_cross_entropy, mixup_view, proximal_term
 
 from .engine_helpers import make_ctx
 
@@ -121,10 +122,17 @@ def test_la_mixup_with_a_uniform_prior_equals_plain_mixup():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
-    plain, _ = mixup_cross_entropy(model, x, y, 1.0, torch.Generator().manual_seed(3))
-    la = mixup_la_cross_entropy(model, x, y, 1.0, torch.Generator().manual_seed(3), torch.log(torch.full((3,), 1 / 3)), 1.0)
+    lam, perm = MixupDraw(1.0)(6, torch.Generator().manual_seed(3), x.device)
+    lam, perm = lam[None], perm[None]  # K = 1 client
+    out = model(mixup_view(x, lam, perm))[None]
+
+    def mix(shift):  # FedCorr+LA's shift: tau log(pi) inside both CE terms
+        return mixup_cross_entropy(out, y[None], lam, perm, None, shift)
+
+    plain = mix(None)
+    la = mix(torch.log(torch.full((1, 1, 3), 1 / 3)))
     assert la.item() == pytest.approx(plain.item(), rel=1e-6)
-    skewed = mixup_la_cross_entropy(model, x, y, 1.0, torch.Generator().manual_seed(3), torch.log(torch.tensor([0.8, 0.1, 0.1])), 1.0)
+    skewed = mix(torch.log(torch.tensor([[[0.8, 0.1, 0.1]]])))
     assert abs(skewed.item() - plain.item()) > 1e-3
 
 
@@ -148,8 +156,9 @@ def test_proximal_term_is_unsquared_scaled_by_mu_and_skips_batch_zero():
     x = ctx.pipeline.eval(ctx.data.train.images[:8])
     idx = torch.arange(8)
 
-    def loss(step, k):  # the pre-processing stage's loss on one batch
-        return m.preprocess_loss(Batch(model, m.workers, x, idx, {}, step, 0, 0, k, LocalJob()))
+    def loss(step, k):  # the pre-processing stage's loss on one batch (K = 1, as the sequential engine runs it)
+        b = Batch(model, m.workers, x, idx, {}, step, 0, 0, k, LocalJob())
+        return m.preprocess_loss(one_client_batch(ctx, b, (model,), m.networks, False, False))[0]
 
     base = loss(0, 2)
     with_prox = loss(1, 2)
@@ -160,7 +169,8 @@ def test_proximal_term_is_unsquared_scaled_by_mu_and_skips_batch_zero():
 def test_unsquared_proximal_term_has_a_nan_gradient_where_the_model_has_not_moved():
     model = torch.nn.Linear(3, 2)
     ref = {k: v.detach().clone() for k, v in model.named_parameters()}
-    proximal_term(model, ref, list(ref), 2.0, "fedcorr_unsquared").backward()
+    params = {n: p.unsqueeze(0) for n, p in model.named_parameters()}  # K = 1 client
+    proximal_term(params, ref, list(ref), 2.0, "fedcorr_unsquared").sum().backward()
     assert all(torch.isnan(p.grad).all() for p in model.parameters())  # d sqrt(s)/ds at s = 0 times 0
 
 

@@ -156,10 +156,10 @@ def test_debias_prior_update_mask_momentum_and_empty_mask():
 
 def test_label_balance_regulariser():
     uniform_mean = torch.log(B([[0.75, 0.25], [0.25, 0.75]]))
-    assert abs(float(label_balance_regulariser(uniform_mean))) < 1e-7
+    assert abs(float(label_balance_regulariser(uniform_mean[None], None))) < 1e-7  # K = 1 client
     skewed = torch.log(B([[0.75, 0.25], [0.75, 0.25]]))
     # (1/2) [log(.5/.75) + log(.5/.25)] = (1/2) log(4/3)
-    assert float(label_balance_regulariser(skewed)) == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
+    assert float(label_balance_regulariser(skewed[None], None)) == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
 
 
 def test_initial_filter_is_seeded_and_nearly_symmetric():

@@ -10,6 +10,7 @@ import torch
 from fnlcore.errors import ConfigError
 from fnlcore.fl.data import FederatedData, ImageSource
 from fnlcore.methods import METHODS, method_from_dict
+from fnlcore.fl.one_client import one_client_batch
 from fnlcore.methods.base import Batch, LocalJob, client_pos_weights, partial_bce
 
 from .engine_helpers import make_ctx
@@ -48,7 +49,8 @@ def test_fedavg_multi_label_default_loss_masks_missing_classes_and_uses_nominal_
         def forward(self, x):
             return logits
 
-    loss = m.loss(Batch(Fixed(), {}, torch.zeros(3, 1, 8, 8), idx, {}, 0, 0, 0, k, LocalJob()))
+    b = Batch(Fixed(), {}, torch.zeros(3, 1, 8, 8), idx, {}, 0, 0, 0, k, LocalJob())
+    loss = m.loss(one_client_batch(ctx, b, (b.model,), ("model",), False, True))  # the one loss form at K = 1
     # zero logits: every entry costs ln 2, a positive one pw * ln 2; the missing classes count as 0
     y = ctx.data.y_true[idx] * ctx.data.active[idx]
     pw = m.pos_weights()[k]
@@ -97,29 +99,33 @@ def test_la_bce_by_hand_and_equal_to_the_codes_probability_form():
 
 
 def test_wpc_loss_by_hand_counts_only_annotated_classes():
+    # one client (K = 1): (1, B, C) logits and labels, (1, C) shift and class mask, no padding
     pi = torch.tensor([0.25, 0.5, 0.5])
-    y = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
-    z = torch.zeros(2, 3, requires_grad=True)
-    loss = wpc_loss(z, y, la_shift(pi, 1.0), torch.tensor([1.0, 1.0, 0.0]), batch_size=4)
+    y = torch.tensor([[[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]])
+    z = torch.zeros(1, 2, 3, requires_grad=True)
+    loss = wpc_loss(z, y, la_shift(pi, 1.0)[None], torch.tensor([[1.0, 1.0, 0.0]]), 4, None)
+    assert loss.shape == (1,)
     # entries: -ln .25, -ln .5, -ln .75, -ln .5 = 3.060270; / (B=4 * |A|=2)
     assert loss.item() == pytest.approx(3.060270 / 8, abs=1e-6)
     loss.backward()
-    assert z.grad[:, 2].abs().sum() == 0  # the missing class gets no gradient
+    assert z.grad[0, :, 2].abs().sum() == 0  # the missing class gets no gradient
 
 
 def test_missing_distillation_by_hand():
-    p = torch.tensor([[0.9, 0.2], [0.5, 0.5]])
-    q = torch.tensor([[0.6, 0.2], [0.5, 0.1]])
-    assert missing_distillation(p, q, torch.tensor([0.0, 1.0]), batch_size=2).item() == pytest.approx(0.16 / 2)
-    assert missing_distillation(p, q, torch.tensor([0.0, 0.0]), batch_size=2).item() == 0.0
+    # one client (K = 1): (1, B, C) probabilities, (1, C) missing classes, no padding
+    p = torch.tensor([[[0.9, 0.2], [0.5, 0.5]]])
+    q = torch.tensor([[[0.6, 0.2], [0.5, 0.1]]])
+    assert missing_distillation(p, q, torch.tensor([[0.0, 1.0]]), 2, None).item() == pytest.approx(0.16 / 2)
+    assert missing_distillation(p, q, torch.tensor([[0.0, 0.0]]), 2, None).item() == 0.0
 
 
 def test_stage2_loss_by_hand_with_and_without_consistency():
-    per = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
-    mse = torch.tensor([[10.0, 20.0], [30.0, 40.0]])
-    s = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
-    assert stage2_loss(per, mse, s).item() == pytest.approx((1 + 3 + 4 + 20) / 4)
-    assert stage2_loss(per, None, s).item() == pytest.approx(8 / 3)
+    # one client (K = 1): (1, B, C) entries, no padding
+    per = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])
+    mse = torch.tensor([[[10.0, 20.0], [30.0, 40.0]]])
+    s = torch.tensor([[[1, 0], [1, 1]]], dtype=torch.bool)
+    assert stage2_loss(per, mse, s, None).item() == pytest.approx((1 + 3 + 4 + 20) / 4)
+    assert stage2_loss(per, None, s, None).item() == pytest.approx(8 / 3)
 
 
 # -- prototypes, learning degree, server averages, threshold rule (§2.4-2.5) ----------------------------
@@ -328,13 +334,18 @@ def test_the_plan_rejects_a_method_on_the_wrong_label_kind():
     _check_method_fits("w", method_from_dict({"name": "fedavg"}), single)
 
 
-def _batch(m, stage: str, model: torch.nn.Module, idx: torch.Tensor, k: int = 0) -> Batch:
-    """A step of client k on samples ``idx`` in ``stage`` (its job from the stage's prepare; round 1)."""
+def _batch(m, stage: str, model: torch.nn.Module, idx: torch.Tensor, k: int = 0):
+    """A step of client k on samples ``idx`` in ``stage`` as the sequential engine hands it to the stage's
+    one loss form (K = 1: its job from the stage's prepare, then the stage's begin hook; round 1)."""
     ctx = m.ctx
-    job = m.stages[stage].prepare(m, 1, k, m.workers)
+    st = m.stages[stage]
+    job = st.prepare(m, 1, k, m.workers)
+    st.begin(m, 1, [k], [job])
     x = ctx.data.train.images[idx]
     v = ctx.pipeline.train(x, ctx.aug_gen)
-    return Batch(model, m.workers, v, idx, {"x": (x, idx)}, 0, 0, 1, k, job, views={"weak:1": v, "weak:2": v})
+    raw = stage == "warmup"  # the warm-up's two declared views; stage 2 trains on the train view
+    b = Batch(model, m.workers, v, idx, {"x": (x, idx)}, 0, 0, 1, k, job, views={"weak:1": v, "weak:2": v})
+    return one_client_batch(ctx, b, (model,), ("model",), raw, True)
 
 
 class _Zero(torch.nn.Module):

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from fnlcore.fl.one_client import one_client_batch
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
@@ -34,7 +35,8 @@ def test_fedavg_pl_gives_missing_classes_no_gradient_and_matches_the_hand_value(
     idx = ctx.data.clients[k][:2]
     z = torch.zeros(2, 4, requires_grad=True)
     model = _Logits(z)
-    loss = m.loss(Batch(model, {"model": model}, torch.zeros(2, 1, 8, 8), idx, {}, 0, 0, 0, k, LocalJob()))
+    b = Batch(model, {"model": model}, torch.zeros(2, 1, 8, 8), idx, {}, 0, 0, 0, k, LocalJob())
+    loss = m.loss(one_client_batch(ctx, b, (model,), ("model",), False, True))  # the one loss form at K = 1
     loss.backward()
     assert z.grad[:, [0, 3]].abs().sum() == 0 and z.grad[:, [1, 2]].abs().sum() > 0
     y = ctx.data.y_true[idx][:, [1, 2]]
@@ -51,13 +53,19 @@ def test_fedavg_pl_with_every_class_annotated_is_fedavg():
 
 
 def test_fixmatch_confident_set_and_hard_labels_by_hand():
-    missing = torch.tensor([1.0, 0.0])
-    p = torch.tensor([[0.9, 0.5], [0.5, 0.5], [0.1, 0.99]])
+    # one client (K = 1): (1, B, C) probabilities, (1, C) missing classes
+    missing = torch.tensor([[1.0, 0.0]])
+    p = torch.tensor([[[0.9, 0.5], [0.5, 0.5], [0.1, 0.99]]])
     conf, hard = confident_pseudo_labels(p, missing, 0.8, 0.2)
-    assert conf.tolist() == [True, False, True]  # the annotated class 1 does not matter
-    assert hard[:, 0].tolist() == [1.0, 0.0, 0.0]
-    conf, _ = confident_pseudo_labels(torch.tensor([[0.9, 0.5]]), torch.tensor([1.0, 1.0]), 0.8, 0.2)
-    assert conf.tolist() == [False]  # must be confident on EVERY missing class
+    assert conf.tolist() == [[True, False, True]]  # the annotated class 1 does not matter
+    assert hard[0, :, 0].tolist() == [1.0, 0.0, 0.0]
+    conf, _ = confident_pseudo_labels(torch.tensor([[[0.9, 0.5]]]), torch.tensor([[1.0, 1.0]]), 0.8, 0.2)
+    assert conf.tolist() == [[False]]  # must be confident on EVERY missing class
+
+
+def _unsup_one(z, hard, confident, missing):
+    """unsupervised_loss of one client (K = 1) from (B, C) logits and labels, (B,) and (C,) masks."""
+    return unsupervised_loss(z[None], hard[None], confident[None], missing[None])[0].item()
 
 
 def test_fixmatch_unsupervised_loss_by_hand():
@@ -65,11 +73,11 @@ def test_fixmatch_unsupervised_loss_by_hand():
     hard = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
     missing = torch.tensor([0.0, 1.0])
     # only sample 0, only class 1: BCE(2, 0) = log(1 + e^2) / (|I| = 1 * |M| = 1)
-    assert unsupervised_loss(z, hard, torch.tensor([True, False]), missing).item() == pytest.approx(2.126928, abs=1e-6)
-    both = unsupervised_loss(z, hard, torch.tensor([True, True]), missing).item()
+    assert _unsup_one(z, hard, torch.tensor([True, False]), missing) == pytest.approx(2.126928, abs=1e-6)
+    both = _unsup_one(z, hard, torch.tensor([True, True]), missing)
     assert both == pytest.approx((2.126928 + 1.313262) / 2, abs=1e-6)  # + log(1 + e^1)
-    assert unsupervised_loss(z, hard, torch.tensor([False, False]), missing).item() == 0.0
-    assert unsupervised_loss(z, hard, torch.tensor([True, True]), torch.zeros(2)).item() == 0.0
+    assert _unsup_one(z, hard, torch.tensor([False, False]), missing) == 0.0
+    assert _unsup_one(z, hard, torch.tensor([True, True]), torch.zeros(2)) == 0.0
 
 
 def test_fixmatch_client_index_pos_weight_is_the_codes():
@@ -204,8 +212,8 @@ def test_cbafed_pseudo_label_selection_and_loss_by_hand():
     assert neg.tolist() == [[False, False], [True, False], [False, False]]  # 1 - 0.8 = 0.2; class 1 annotated
     z = torch.tensor([[2.0, 0.0], [-1.0, 0.0], [0.0, 0.0]])
     # class 0: P = {0}, Q = {1}: pw = 2 / 1; (2 softplus(-2) + softplus(-1)) / 2; class 1: nothing selected
-    loss = cbafed.missing_class_loss(z, pos, neg).item()
-    assert loss == pytest.approx((2 * 0.126928 + 0.313262) / 2, abs=1e-5)
+    loss = cbafed.missing_class_loss(z[None], pos[None], neg[None])  # one client (K = 1) -> (1,)
+    assert loss.shape == (1,) and loss.item() == pytest.approx((2 * 0.126928 + 0.313262) / 2, abs=1e-5)
 
 
 def test_cbafed_residual_aggregation_schedule():

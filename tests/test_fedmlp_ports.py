@@ -63,21 +63,21 @@ def test_fednoro_ml_weight_schedule_by_hand():
 
 def test_fednoro_ml_loss_splits_active_and_missing_classes():
     # one sample, classes [annotated, missing]; z = 0, teacher logit 0.8 -> sigma(1) on the missing class
-    z = torch.zeros(1, 2)
-    zt = torch.tensor([[0.0, 0.8]])
-    y = torch.tensor([[1.0, 0.0]])
-    active = torch.tensor([1.0, 0.0])
-    shift = torch.zeros(2)
+    z = torch.zeros(1, 1, 2)  # K = 1 client, one row
+    zt = torch.tensor([[[0.0, 0.8]]])
+    y = torch.tensor([[[1.0, 0.0]]])
+    active = torch.tensor([[1.0, 0.0]])
+    shift = torch.zeros(1, 2)
     w = 0.25
-    loss = fednoro_ml_loss(z, zt, y, shift, active, w, 0.8)
+    loss = fednoro_ml_loss(z, zt, y, shift, active, w, 0.8, None)
     mse = (0.5 - 1 / (1 + math.exp(-1.0))) ** 2  # / (b |M_k|) = 1
     bce = math.log(2)  # BCE(sigma(0), 1), / (b |A_k|) = 1
     assert loss.item() == pytest.approx(w * mse + (1 - w) * bce, rel=1e-6)
     # the LA shift moves the annotated class only: log(0.25 / 0.75) with tau = 1
-    shifted = fednoro_ml_loss(z, zt, y, torch.tensor([math.log(1 / 3), 0.0]), active, 0.0, 0.8)
+    shifted = fednoro_ml_loss(z, zt, y, torch.tensor([[math.log(1 / 3), 0.0]]), active, 0.0, 0.8, None)
     assert shifted.item() == pytest.approx(-math.log(0.25), rel=1e-6)
     # no missing class: only the supervised term, still scaled by 1 - w
-    full = fednoro_ml_loss(z, zt, y, shift, torch.ones(2), w, 0.8)
+    full = fednoro_ml_loss(z, zt, y, shift, torch.ones(1, 2), w, 0.8, None)
     assert full.item() == pytest.approx((1 - w) * (math.log(2) + math.log(2)) / 2, rel=1e-6)
 
 

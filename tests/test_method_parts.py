@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fnlcore.methods.parts import double_softmax_loss, mixup_cross_entropy, sequential_client_groups
+from fnlcore.methods.parts import MixupDraw, double_softmax_loss, mixup_cross_entropy, mixup_view, sequential_client_groups
 
 
 def test_double_softmax_loss_is_ce_of_probabilities():
@@ -44,9 +44,10 @@ def test_mixup_cross_entropy_matches_a_hand_drawn_mix():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
-    gen = torch.Generator().manual_seed(0)
-    loss, out = mixup_cross_entropy(model, x, y, alpha=1.0, gen=gen)
-    assert out.shape == (5, 3) and loss.ndim == 0 and torch.isfinite(loss)
+    lam_k, perm_k = (d[None] for d in MixupDraw(1.0)(5, torch.Generator().manual_seed(0), x.device))  # K = 1
+    out = model(mixup_view(x, lam_k, perm_k))
+    loss = mixup_cross_entropy(out[None], y[None], lam_k, perm_k, None)
+    assert out.shape == (5, 3) and loss.shape == (1,) and torch.isfinite(loss).all()
     # the same draw by hand: lambda from the generator's two Gammas, then the permutation
     gen = torch.Generator().manual_seed(0)
     g = torch._standard_gamma(torch.full((2,), 1.0), generator=gen)

@@ -41,23 +41,24 @@ def test_proximal_term_values():
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[1.0, -2.0]]))
     ref = {"weight": torch.zeros(1, 2)}
-    assert float(proximal_term(model, ref, ["weight"], 0.1, "squared_half").detach()) == pytest.approx(0.25)
-    t = proximal_term(model, ref, ["weight"], 0.1, "fedcorr_unsquared")
+    params = {n: p.unsqueeze(0) for n, p in model.named_parameters()}  # K = 1 client
+    assert float(proximal_term(params, ref, ["weight"], 0.1, "squared_half").detach()) == pytest.approx(0.25)
+    t = proximal_term(params, ref, ["weight"], 0.1, "fedcorr_unsquared")
     assert float(t.detach()) == pytest.approx(0.1 * math.sqrt(5), abs=1e-4)
-    t.backward()
+    t.sum().backward()
     assert torch.allclose(model.weight.grad, torch.tensor([[0.0447, -0.0894]]), atol=1e-4)
 
 
 def test_logit_adjustment_hand_cases():
     z = torch.zeros(2, 2)
     lp = torch.log(torch.tensor([0.8, 0.2]))
-    losses = [float(la_cross_entropy(z[i : i + 1], torch.tensor([i]), lp, 1.0)) for i in range(2)]
-    assert losses == pytest.approx([0.2231, 1.6094], abs=1e-4)
+    losses = la_cross_entropy(z[:, None], torch.tensor([0, 1]), lp.expand(2, 2), 1.0, None)  # K = 2 of one row
+    assert losses.tolist() == pytest.approx([0.2231, 1.6094], abs=1e-4)
     # uniform prior = plain CE
     logits = torch.randn(8, 5)
     y = torch.randint(0, 5, (8,))
-    uniform = torch.log(torch.full((5,), 0.2))
-    assert torch.allclose(la_cross_entropy(logits, y, uniform, 1.0), F.cross_entropy(logits, y))
+    uniform = torch.log(torch.full((1, 5), 0.2))
+    assert torch.allclose(la_cross_entropy(logits[None], y, uniform, 1.0, None), F.cross_entropy(logits, y))
 
 
 def test_log_priors_absent_class_is_minus_inf():

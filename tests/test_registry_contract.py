@@ -250,6 +250,8 @@ def test_the_readme_one_file_examples_register_and_run(tmp_path):
     section = readme[readme.index("## Extending"):readme.index("## Tests and benchmarks")]
     names = re.findall(r"\*\*A [a-z ]+\*\* — `fnlcore/\w+/(\w+)\.py`:\s*```python\n(.*?)```", section, re.S)
     assert [n for n, _ in names] == ["my_smooth", "my_halfsym", "my_blocks", "my_blobs"]
+    # a FedAvg variant with another loss: one file of at most 40 lines, one loss form for both engines
+    assert len(names[0][1].splitlines()) <= 40 and "batched" not in names[0][1]
     for mod, code in names:
         (tmp_path / f"readme_{mod}.py").write_text(code)
     check = (

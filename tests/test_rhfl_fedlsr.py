@@ -11,7 +11,8 @@ import torch
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.fedlsr import FedLSRParams, fedlsr_loss, js_elementwise, ramp, sharpen_square
+from fnlcore.methods.fedlsr import FedLSRParams, fedlsr_loss, ramp, sharpen_square
+from fnlcore.methods.parts import js_elementwise
 from fnlcore.methods.rhfl import ccr_aggregation_weights, symmetric_ce
 
 from .engine_helpers import make_ctx

@@ -1,6 +1,7 @@
 """RoFL (baselines.md §5): the spec's 'Test' cases plus hand cases of each pure part and a short run."""
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -12,24 +13,33 @@ from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
 from fnlcore.methods.rofl import (
-    aggregate_centroids, centroid_weight_at, class_means, forget_rate_at, nearest_centroid, rofl_batch_loss,
-    small_loss_indices, update_centroids,
+    aggregate_centroids, centroid_weight_at, class_means, forget_rate_at, keep_counts, nearest_centroid, rofl_loss,
+    small_loss_order, update_centroids,
 )
 
 from .engine_helpers import make_ctx
+
+
+def _update_one(centroids, feats, labels):
+    """update_centroids of one client (K = 1) whose rows are all kept."""
+    return update_centroids(centroids[None], feats[None], labels[None], torch.ones(1, len(labels), dtype=torch.bool))[0]
 
 
 def test_centroid_update_hand_cases():
     f = torch.tensor([[1.0, 0.0]])
     y = torch.tensor([0])
     # s = cos([1,0],[1,1]) -> s^2 = 0.5 -> 0.5 [1,0] + 0.5 [1,1] = [1, 0.5]
-    assert torch.allclose(update_centroids(f, torch.tensor([[1.0, 1.0]]), y), torch.tensor([[1.0, 0.5]]))
+    assert torch.allclose(_update_one(f, torch.tensor([[1.0, 1.0]]), y), torch.tensor([[1.0, 0.5]]))
     # orthogonal batch mean: s = 0 -> unchanged
-    assert torch.allclose(update_centroids(f, torch.tensor([[0.0, 1.0]]), y), f)
+    assert torch.allclose(_update_one(f, torch.tensor([[0.0, 1.0]]), y), f)
     # empty class (no sample of class 1 in the batch): f̂ = 0 -> unchanged
     two = torch.tensor([[1.0, 0.0], [0.3, -2.0]])
-    out = update_centroids(two, torch.tensor([[1.0, 1.0]]), y)
+    out = _update_one(two, torch.tensor([[1.0, 1.0]]), y)
     assert torch.equal(out[1], two[1]) and torch.allclose(out[0], torch.tensor([1.0, 0.5]))
+    # rows not kept do not enter the class means
+    feats, labels = torch.tensor([[[1.0, 1.0], [0.0, 1.0]]]), torch.tensor([[0, 0]])
+    kept = torch.tensor([[True, False]])
+    assert torch.allclose(update_centroids(f[None], feats, labels, kept)[0], torch.tensor([[1.0, 0.5]]))
 
 
 def test_class_means_zero_for_empty_classes():
@@ -65,17 +75,25 @@ def test_schedules():
     assert centroid_weight_at(0, 1.0, 0) == 1.0
 
 
+def _small_loss_indices(losses, forget_rate):
+    """The rows one client (K = 1, no padding) keeps, smallest loss first."""
+    keep = keep_counts(torch.tensor([losses.numel()]), forget_rate)
+    order, kept = small_loss_order(losses[None], keep, None)
+    return order[0][kept[0]]
+
+
 def test_small_loss_selection_keeps_the_eight_lowest_of_ten():
     losses = torch.tensor([5.0, 0.1, 9.0, 0.3, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8])
-    sel = small_loss_indices(losses, 0.2)
+    sel = _small_loss_indices(losses, 0.2)
     assert sorted(sel.tolist()) == [1, 3, 4, 5, 6, 7, 8, 9]
-    assert small_loss_indices(torch.tensor([1.0]), 0.2).tolist() == [0]  # never an empty selection
+    assert _small_loss_indices(torch.tensor([1.0]), 0.2).tolist() == [0]  # never an empty selection
 
 
 def test_nearest_centroid_is_by_cosine_not_distance():
     cents = torch.tensor([[10.0, 0.0], [0.0, 0.1], [0.0, 0.0]])  # a zero centroid scores cosine 0
     feats = torch.tensor([[0.2, 1.0], [5.0, 0.1], [-1.0, -1.0]])
     assert nearest_centroid(feats, cents).tolist() == [1, 0, 2]
+    assert nearest_centroid(feats[None], cents[None]).tolist() == [[1, 0, 2]]  # K clients: (K, B, d), (K, C, d)
 
 
 def _batch(n=10, c=3, d=4, seed=0):
@@ -86,10 +104,25 @@ def _batch(n=10, c=3, d=4, seed=0):
     return logits, feats, labels, torch.randn(c, d, generator=g)
 
 
+class _One(NamedTuple):
+    loss: torch.Tensor
+    selected: torch.Tensor  # positions in the batch that entered the loss, smallest loss first
+    targets: torch.Tensor  # y* of the selected samples
+    mask: torch.Tensor  # m_i of the selected samples
+
+
+def _loss_one(logits, feats, labels, pseudo, cents, forget_rate, lambda_cen, lambda_e, use_pseudo, cen_grad):
+    """rofl_loss of one client (K = 1, no padding), read back per selected sample."""
+    out = rofl_loss(logits[None], feats[None], labels[None], pseudo[None], cents[None], forget_rate, lambda_cen,
+                    lambda_e, use_pseudo, cen_grad, None)
+    kept = out.kept[0]
+    return _One(out.loss[0], out.order[0][kept], out.targets[0][kept], out.mask[0][kept])
+
+
 def test_batch_loss_uses_exactly_the_small_loss_samples():
     logits, feats, labels, cents = _batch()
     pseudo = (labels + 1) % 3
-    out = rofl_batch_loss(logits, feats, labels, pseudo, cents, 0.2, 0.0, 0.0, use_pseudo=False, cen_grad=False)
+    out = _loss_one(logits, feats, labels, pseudo, cents, 0.2, 0.0, 0.0, use_pseudo=False, cen_grad=False)
     ce = F.cross_entropy(logits, labels, reduction="none")
     lowest = torch.sort(ce).indices[:8]
     assert sorted(out.selected.tolist()) == sorted(lowest.tolist())
@@ -101,7 +134,7 @@ def test_batch_loss_uses_exactly_the_small_loss_samples():
 def test_batch_loss_after_t_pl_takes_pseudo_labels_where_the_centroid_disagrees():
     logits, feats, labels, cents = _batch(seed=1)
     pseudo = (labels + 1) % 3
-    out = rofl_batch_loss(logits, feats, labels, pseudo, cents, 0.0, 0.0, 0.0, use_pseudo=True, cen_grad=False)
+    out = _loss_one(logits, feats, labels, pseudo, cents, 0.0, 0.0, 0.0, use_pseudo=True, cen_grad=False)
     agree = nearest_centroid(feats[out.selected], cents) == labels[out.selected]
     assert torch.equal(out.mask, agree) and 0 < int(agree.sum()) < 10
     expect = torch.where(agree, labels[out.selected], pseudo[out.selected])
@@ -110,21 +143,21 @@ def test_batch_loss_after_t_pl_takes_pseudo_labels_where_the_centroid_disagrees(
 
 def test_centroid_and_entropy_terms_and_their_gradient_switch():
     logits, feats, labels, cents = _batch(seed=2)
-    base = rofl_batch_loss(logits, feats, labels, labels, cents, 0.0, 0.0, 0.0, False, False)
+    base = _loss_one(logits, feats, labels, labels, cents, 0.0, 0.0, 0.0, False, False)
     m = base.mask.float()
     sel = base.selected
     l_cen = (m.unsqueeze(1) * (feats[sel] - cents[labels[sel]]) ** 2).sum()  # a sum, not a mean
     p = F.softmax(logits[sel], 1)
     l_e = -(p * p.log()).sum(1).mean()
-    full = rofl_batch_loss(logits, feats, labels, labels, cents, 0.0, 0.5, 0.8, False, False)
+    full = _loss_one(logits, feats, labels, labels, cents, 0.0, 0.5, 0.8, False, False)
     assert torch.allclose(full.loss, base.loss + 0.5 * l_cen + 0.8 * l_e, atol=1e-6)
     # code default: features detached, L_cen gives no gradient; paper switch: it does
     f1 = feats.clone().requires_grad_(True)
     z1 = logits.clone().requires_grad_(True)
-    rofl_batch_loss(z1, f1, labels, labels, cents, 0.0, 1.0, 0.0, False, cen_grad=False).loss.backward()
+    _loss_one(z1, f1, labels, labels, cents, 0.0, 1.0, 0.0, False, cen_grad=False).loss.backward()
     assert f1.grad is None or torch.count_nonzero(f1.grad) == 0
     f2 = feats.clone().requires_grad_(True)
-    rofl_batch_loss(logits, f2, labels, labels, cents, 0.0, 1.0, 0.0, False, cen_grad=True).loss.backward()
+    _loss_one(logits, f2, labels, labels, cents, 0.0, 1.0, 0.0, False, cen_grad=True).loss.backward()
     assert int(m.sum()) > 0 and torch.count_nonzero(f2.grad) > 0
 
 

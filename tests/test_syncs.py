@@ -29,20 +29,18 @@ from .golden import _settings, golden_cases
 from .test_contracts import _fitting_params
 
 # method -> (most synchronising calls per sequential step, why). Each is a Python branch of the
-# official code on a count in the batch (its sequential loss keeps it bit for bit); the batched
-# forms compute both branches and select on the device.
+# official code on a count in the batch, in a loss over one client that the sequential engine still
+# runs (FedFixer has no one loss form; RSCFed keeps its sequential form until the engine keeps
+# per-client teachers); the one loss forms compute both branches and select on the device.
 DECLARED = {
     "fedfixer": (12, "selected_mean: int(mask.sum()) and a boolean-mask sum, per network and inner step "
                      "(the code's 'none selected' branch); FedFixer has no batched form"),
-    "fedfixmatch": (2, "unsupervised_loss: 'if |I| == 0 or |M_k| == 0' on the batch's confident rows"),
-    "fedmlp": (1, "the 'no confident row' branch of its pseudo-label loss (m == 0)"),
-    "fednoro_ml": (1, "'if missing.sum() == 0': the client annotates every class"),
     "rscfed": (1, "the 'no confident row' branch of its pseudo-label loss (m == 0)"),
 }
 
 
 def _batched(name: str) -> bool:
-    return any(st.batched_loss is not None for st in METHODS[name].stages.values())
+    return any(st.loss is not None and st.batches for st in METHODS[name].stages.values())
 
 
 # the methods the batched contract does not run (no batched stage), on the sequential engine
@@ -115,8 +113,8 @@ def test_a_plug_in_loss_that_reads_a_value_back_is_caught():
     fedavg = METHODS["fedavg"]
 
     class Reader(fedavg):
-        def loss(self, b: Batch):
-            out = fedavg.loss(self, b)
+        def loss(self, sb):
+            out = fedavg.loss(self, sb)
             out.detach().item()
             return out
 

@@ -128,7 +128,8 @@ class EngineRunner:
     @property
     def batched(self) -> bool:
         """Whether the batched engine trains this run's rounds (engine ``batched`` and a batched stage)."""
-        return self.sim.engine.batched and self.method.current_stage(self.r).batched_loss is not None
+        stage = self.method.current_stage(self.r)
+        return self.sim.engine.batched and stage.loss is not None and stage.batches
 
     def round(self) -> float:
         m, sim, r = self.method, self.sim, self.r

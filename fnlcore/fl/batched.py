@@ -25,78 +25,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from .context import RunContext
 from ..syncs import step_region
 from .data import trim_last_batch
 from .client import epoch_order
-from .stacked import StackedNet, stacked_input, stacked_optimizer
+from .stacked import StackedNet, stacked_optimizer
+from .step import StackedBatch, flatten as _flatten
 
-
-
-@dataclass
-class StackedBatch:
-    """One step of K clients as a batched loss sees it (the batched twin of fnlcore.fl.client.Batch).
-
-    ``logits`` (K, B, classes) of the stacked network on the train view (None for a phase with
-    ``augment="raw"``: the loss runs :meth:`forward` on the views it wants); ``idx`` (K, B)
-    sample ids on the device; ``mask`` (K, B) real rows, or None when every row is real;
-    ``clients`` (K,) client ids; ``x`` the train view of the K batches, client after client
-    ((K * B, C, H, W): a global model's forward on it, viewed as (K, B, classes), is the
-    clients' teacher output), or the raw uint8 batches for ``augment="raw"``;
-    ``epoch_step`` (K,) each client's batch number within its epoch (FedProx skips batch 0);
-    ``net`` the :class:`~fnlcore.fl.stacked.StackedNet` (``net.net`` holds each parameter
-    stacked (K, ...) under the model's own name); ``r`` the round; ``views`` the phase's
-    declared views (name -> (K * B, C, H, W)); ``draws`` its declared draws (a per-batch draw
-    as (K,), a per-sample one as (K, B, ...)); ``jobs`` each client's prepared
-    :class:`~fnlcore.fl.client.LocalJob` (its ``info``), in client order; ``epoch_ends`` the
-    positions of the clients whose step ends one of their epochs, known on the host (a
-    per-epoch decision needs no device sync).
-    """
-
-    logits: torch.Tensor | None
-    idx: torch.Tensor
-    mask: torch.Tensor | None
-    clients: torch.Tensor
-    x: torch.Tensor
-    epoch_step: torch.Tensor
-    net: StackedNet
-    r: int
-    views: dict[str, torch.Tensor] = field(default_factory=dict)
-    draws: tuple = ()
-    jobs: list | None = None
-    networks: tuple[str, ...] = ()
-    epoch_ends: tuple[int, ...] = ()  # positions of the clients whose step ends one of their epochs (host side)
-    epoch_step_host: torch.Tensor | None = None  # ``epoch_step`` on the host (a per-batch decision, no sync)
-    clients_host: torch.Tensor | None = None  # ``clients`` on the host
-
-    def per_client(self, flat: torch.Tensor) -> torch.Tensor:
-        """(K * B, ...) rows of a forward on ``x`` -> (K, B, ...)."""
-        return flat.view(self.idx.shape[0], self.idx.shape[1], *flat.shape[1:])
-
-    def forward(self, view: torch.Tensor) -> torch.Tensor:
-        """The stacked network on a (K * B, C, H, W) view -> (K, B, classes) (padded rows masked);
-        with several trained networks, every network's K clients: (G * K, B, classes), see :meth:`of`."""
-        return self.net(*self._stacked(view))
-
-    def forward_features(self, view: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` returning the model's logits and penultimate features: (K, B, classes) and
-        (K, B, features) (with several trained networks, (G * K, B, ...) each, see :meth:`of`)."""
-        return self.net.forward_features(*self._stacked(view))
-
-    def _stacked(self, view: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The view on the stacked layout, once per trained network, and its real-row mask (B, G * K)."""
-        g = max(len(self.networks), 1)
-        rows = None if self.mask is None else self.mask.t().to(view.dtype).repeat(1, g)
-        x = view if g == 1 else torch.cat([view] * g)
-        return stacked_input(x, g * self.idx.shape[0]), rows
-
-    def of(self, name: str, logits: torch.Tensor | None = None) -> torch.Tensor:
-        """Network ``name``'s (K, B, ...) part of (G * K, B, ...) outputs (default: ``logits``)."""
-        t = self.logits if logits is None else logits
-        k = self.idx.shape[0]
-        g = self.networks.index(name) if self.networks else 0
-        return t[g * k : (g + 1) * k]
 
 
 BatchedLossFn = Callable[[StackedBatch], torch.Tensor]
@@ -219,13 +156,6 @@ def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple[tuple,
 def _at_step(grids: tuple, t: int, w: int) -> list[torch.Tensor]:
     """Step t's leaves: per-sample (K * w, ...) client after client, per-batch (K,)."""
     return [g[t] if g.dim() == 2 else g[t, :, :w].reshape(-1, *g.shape[3:]) for g in grids]
-
-
-def _flatten(params: tuple) -> list[torch.Tensor]:
-    out = []
-    for p in params:
-        out.extend(_flatten(p) if isinstance(p, tuple) else [p])
-    return out
 
 
 def _unflatten(like: tuple, flat: list[torch.Tensor]) -> tuple:
@@ -386,9 +316,21 @@ def _mean_losses(step_losses: list[torch.Tensor], tl: Timeline) -> list[float]:
     return out
 
 
+def clients_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """(K, B, C) logits, (K * B,) or (K, B) labels -> (K,) each client's mean cross-entropy over its
+    real rows. One unmasked client takes ``F.cross_entropy``'s own mean: the same gradient as the
+    masked mean, and the loss value (which Fed-NCL's decision reads) bit for bit the per-client
+    code's."""
+    k, b, c = logits.shape
+    if k == 1 and mask is None:
+        return F.cross_entropy(logits[0], y.reshape(-1)).unsqueeze(0)
+    return masked_mean(F.cross_entropy(logits.reshape(k * b, c), y.reshape(-1), reduction="none").view(k, b), mask)
+
+
 def masked_mean(per_sample: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """(K, B) per-sample losses -> (K,) means over each client's real rows."""
+    """(K, B) per-sample losses -> (K,) means over each client's real rows (``mask`` (K, B), None: every
+    row); also one client's (B,) -> a scalar."""
     if mask is None:
-        return per_sample.mean(1)
+        return per_sample.mean(-1)
     zero = torch.zeros((), dtype=per_sample.dtype, device=per_sample.device)
-    return torch.where(mask, per_sample, zero).sum(1) / mask.sum(1).clamp_min(1).to(per_sample.dtype)
+    return torch.where(mask, per_sample, zero).sum(-1) / mask.sum(-1).clamp_min(1).to(per_sample.dtype)

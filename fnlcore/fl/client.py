@@ -26,6 +26,8 @@ import torch
 from ..errors import ConfigError
 from .context import RunContext
 from ..syncs import step_region
+from .data import trim_last_batch
+from .one_client import one_client_batch
 from .state import State, load, snapshot
 
 Streams = dict[str, tuple[torch.Tensor, int]]
@@ -171,32 +173,49 @@ class Stage:
     The callables are functions of the method's class body, called with the method first:
     ``prepare(r, k, nets) -> LocalJob | None`` runs before client k trains (``nets``: the
     client's working networks, loaded from the global ones); None means the default job.
-    ``loss(batch)`` is the default phase loss. ``upload(r, k, job, nets) -> dict`` is what the
-    client sends besides its networks (default: its mean training loss). ``batched_loss(sb)``,
-    the loss of K clients' step at once (:class:`~fnlcore.fl.batched.StackedBatch` -> (K,)),
-    makes the stage batchable: the engine may then train the round's clients as one stacked
-    computation. A batched stage's ``prepare`` may act (relabel, read a store) and return a job
-    of one phase on one stream with no hooks (``lr_round``, ``info``, the stream's sample ids,
-    ``augment="raw"`` with declared ``views``/``draws``: see ``rounds.client_phase``); its
-    per-step and per-chunk work are ``batched_after_step(sb, stepped)`` (after each stacked
-    optimiser step; ``stepped`` (K,) the clients that moved: an EMA teacher of the K clients)
-    and ``batched_begin(r, clients, jobs)`` / ``batched_end(r, clients, jobs)`` (around a chunk
-    of clients, in client order); its ``upload`` runs on each client's trained network after.
-    An upload that draws random numbers (a detection pass on augmented images) declares
-    ``reserve(r, k, job)``: the batched engine calls it right after the client's training draws,
-    where the sequential engine's upload draws, and it returns those draws (e.g.
-    ``fl.local.draw_predict``) into ``job.reserved`` for the upload to apply; the sequential
-    engine never calls it (``job.reserved`` stays None: the upload draws live).
+    ``loss(sb)`` is the stage's one loss form, written once over K clients
+    (:class:`~fnlcore.fl.batched.StackedBatch` -> (K,)): the batched engine hands it the round's
+    clients on the stacked network, the sequential engine one client (K = 1) on the plain model
+    (:mod:`fnlcore.fl.one_client`). A phase of the job may bring its own loss over one client's
+    :class:`Batch` (``Phase.loss``: several streams, DivideMix's co-divided sets).
+    ``upload(r, k, job, nets) -> dict`` is what the client sends besides its networks (default:
+    its mean training loss).
+
+    ``batches`` (default True): the engine may train the round's clients as one stacked
+    computation; False for a stage whose jobs are not one stacked step (several phases or
+    streams, a per-epoch hook), which the sequential engine runs.
+
+    Per-chunk and per-step work, run by both engines around the one loss form: ``begin(r,
+    clients, jobs)`` before a chunk of clients trains (the batched engine's chunk; the sequential
+    engine's one client), ``after_step(sb, stepped)`` after each optimiser step (``stepped`` (K,)
+    the clients whose parameters moved: a client without a batch rides along), ``end(r, clients,
+    jobs)`` after the chunk trained, before the uploads; the state they keep is the method's, sized
+    by the chunk. A batchable stage's ``prepare`` may act (relabel, read a store) and returns a job
+    of one phase on one stream with no hooks of its own (``lr_round``, ``info``, the stream's sample
+    ids, ``augment="raw"`` with declared ``views``/``draws``: see ``rounds.client_phase``).
+
+    ``sequential_loss`` (a :class:`Batch` loss over one client) is for what the one form cannot
+    say: a stage whose phases read several streams, and, until the engine keeps per-client
+    teachers, the methods whose hooks hold a stacked network of the chunk's teachers (FedGR's EMA
+    models, FedIRM's and RSCFed's teachers). Where set, the sequential engine runs it with the
+    job's own phase hooks and skips ``begin``/``after_step``/``end``; a stage with no ``loss``
+    never batches. ``upload(r, k, job, nets)`` runs on each client's trained networks. An upload that
+    draws random numbers (a detection pass on augmented images) declares ``reserve(r, k, job)``:
+    the batched engine calls it right after the client's training draws, where the sequential
+    engine's upload draws, and it returns those draws (e.g. ``fl.local.draw_predict``) into
+    ``job.reserved`` for the upload to apply; the sequential engine never calls it
+    (``job.reserved`` stays None: the upload draws live).
     """
 
-    loss: LossFn | None = None
+    loss: Callable | None = None  # the one form: StackedBatch -> (K,)
     prepare: Callable[[int, int, dict], LocalJob | None] | None = None
     upload: Callable[[int, int, LocalJob, dict], dict] | None = None
-    batched_loss: Callable | None = None
+    batches: bool = True
     reserve: Callable | None = None
-    batched_begin: Callable | None = None
-    batched_after_step: Callable | None = None
-    batched_end: Callable | None = None
+    begin: Callable | None = None
+    after_step: Callable | None = None
+    end: Callable | None = None
+    sequential_loss: LossFn | None = None
 
 
 @dataclass
@@ -231,16 +250,24 @@ class _Together:
 
 def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torch.nn.Module],
               optimizers: dict[str, torch.optim.Optimizer], default_loss: LossFn | None, idx: torch.Tensor,
-              r: int, k: int) -> float:
-    """Run one phase; returns the mean of its per-step losses."""
+              r: int, k: int, clients_loss: Callable | None = None, clients_after_step: Callable | None = None) -> float:
+    """Run one phase; returns the mean of its per-step losses.
+
+    The phase's own ``loss`` (a :class:`Batch` loss) first; else the stage's one loss form
+    ``clients_loss`` at K = 1 (:mod:`fnlcore.fl.one_client`); else ``default_loss`` (a
+    :class:`Batch` loss: the one-model loops below)."""
     s = ctx.settings
     train = phase.train or (next(iter(nets)),)
     model = nets[train[0]]
     opt = optimizers[train[0]] if len(train) == 1 else _Together([optimizers[n] for n in train])
-    loss_fn = phase.loss or default_loss
-    if loss_fn is None and phase.step is None:
+    one = clients_loss if phase.loss is None and phase.step is None else None
+    loss_fn = phase.loss or (None if one is not None else default_loss)
+    if loss_fn is None and one is None and phase.step is None:
         raise ConfigError("a phase needs a loss (or a step)")
     streams = phase.streams if phase.streams is not None else {"data": (idx, s.batch_size)}
+    if one is not None and len(streams) != 1:
+        raise ConfigError("a phase on several streams needs its own Phase.loss: a stage's one loss form "
+                          "(Stage.loss) takes one stream")
     if phase.augment not in ("train", "raw"):
         raise ConfigError(f"Phase.augment must be 'train' or 'raw', not {phase.augment!r}")
     if phase.augment == "train" and len(streams) != 1:
@@ -249,6 +276,9 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
         raise ConfigError("Phase.views/draws come with augment='raw' (augment='train' gives Batch.x)")
     epochs = s.local_epochs if phase.epochs is None else phase.epochs
     names, lead_idx, lead_bs, cursors = _open(ctx, streams)
+    if one is not None:
+        models = tuple(nets[n] for n in train)
+        moved = torch.ones(1, dtype=torch.bool, device=ctx.device)  # the one client stepped
     augment, aug_gen = ctx.pipeline.train, ctx.aug_gen
     losses = _LossSum()
     amp = ctx.autocast()
@@ -263,6 +293,7 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
                 nets[n].train()  # the hook may have run an evaluation pass
         order = epoch_order(ctx, lead_idx)
         b = Batch(model, nets, None, lead_idx[:0], {}, 0, epoch, r, k, job)  # one per epoch, refilled per step
+        last = _steps(len(trim_last_batch(order, lead_bs, s.drop_last)), lead_bs) - 1
         for step, (xb, bidx) in enumerate(ctx.data.train.batches(order, lead_bs, drop_last=s.drop_last)):
             with step_region():
                 b.idx, b.step = bidx, step
@@ -280,14 +311,24 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
                     loss = phase.step(b)
                 else:
                     with amp:
-                        loss = loss_fn(b)
+                        if one is None:
+                            loss = loss_fn(b)
+                        else:  # the (1,) losses of K = 1 clients; its one entry is this client's
+                            sb = one_client_batch(ctx, b, models, train, phase.augment == "raw", step == last)
+                            loss = one(sb)[0]
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
                 if phase.after_step is not None:
                     phase.after_step()
+                if one is not None and clients_after_step is not None:
+                    clients_after_step(sb, moved)
                 losses.append(loss.detach())
     return losses.mean()
+
+
+def _steps(n: int, batch_size: int) -> int:
+    return -(-n // batch_size)
 
 
 def _open(ctx: RunContext, streams: Streams):
@@ -321,7 +362,13 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
             optimizers[name] = ctx.optimizer(nets[name].parameters(), lr_round, lr=job.lr.get(name))
         return optimizers[name]
 
-    default_loss = MethodType(stage.loss, method) if stage.loss is not None else None
+    # the stage's one loss form at K = 1 with its per-chunk hooks, unless it keeps a sequential form
+    one = stage.loss is not None and stage.sequential_loss is None
+    clients_loss = MethodType(stage.loss, method) if one else None
+    default_loss = MethodType(stage.sequential_loss, method) if stage.sequential_loss is not None else None
+    after = MethodType(stage.after_step, method) if one and stage.after_step is not None else None
+    if one and stage.begin is not None:
+        stage.begin(method, r, [k], [job])
     phases = job.phases if job.phases is not None else [Phase()]
     for phase in phases:
         train = phase.train or (method.networks[0],)
@@ -329,7 +376,9 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
             if n not in nets:
                 raise ConfigError(f"phase trains network {n!r}, which the method does not declare")
             optimizer(n)
-        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, default_loss, idx, r, k))
+        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, default_loss, idx, r, k, clients_loss, after))
+    if one and stage.end is not None:
+        stage.end(method, r, [k], [job])
     uploads = stage.upload(method, r, k, job, nets) if stage.upload is not None else {}
     uploads = {"train_loss": job.train_loss, **uploads}
     return ClientUpdate(k, len(idx), {n: snapshot(nets[n]) for n in method.networks}, uploads)

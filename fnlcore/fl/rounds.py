@@ -3,7 +3,7 @@
 The sequential engine (:func:`~fnlcore.fl.client.train_client`) trains clients one after
 another; the batched engine (:mod:`fnlcore.fl.batched`) trains them as one stacked
 computation. A round runs batched when ``training.engine`` allows it, the run suits it
-(:func:`batched_fits`) and the round's stage has a batched loss (``Stage.batched_loss``);
+(:func:`batched_fits`) and the round's stage has a loss over K clients (``Stage.loss``, the one loss form);
 nothing is inferred from which methods a class overrides.
 """
 
@@ -21,9 +21,9 @@ from .state import load, snapshot
 
 def batched_support(cls) -> str | None:
     """Why the batched engine can never run method class ``cls``, or None when some stage can."""
-    if any(st.batched_loss is not None for st in cls.stages.values()):
+    if any(st.loss is not None and st.batches for st in cls.stages.values()):
         return None
-    return "none of its stages has a batched loss (Stage.batched_loss)"
+    return "none of its stages batches (Stage.batches: its jobs are not one stacked step)"
 
 
 def use_batched_engine(cls, engine: str, where: str = "") -> bool:
@@ -65,6 +65,10 @@ def batched_fits(ctx: RunContext, model: torch.nn.Module, strict: bool) -> bool:
     return True
 
 
+def _batches(stage) -> bool:
+    return stage.loss is not None and stage.batches
+
+
 class RoundEngine:
     """Trains a round's clients for one method: sequentially, or batched where declared and allowed."""
 
@@ -81,21 +85,21 @@ class RoundEngine:
         if not self.batched:
             return "sequential"
         chunk = self.method.ctx.settings.batched_clients
-        staged = [n for n, st in type(self.method).stages.items() if st.batched_loss is not None]
+        staged = [n for n, st in type(self.method).stages.items() if st.loss is not None and st.batches]
         every = len(staged) == len(type(self.method).stages)
         return (f"batched, {f'up to {chunk}' if chunk else 'all'} of a round's clients at once"
                 f"{'' if every else ' (stages ' + ', '.join(staged) + '; the others sequential)'}")
 
     def mode(self, r: int, clients: list[int]) -> tuple[str, int]:
         """How round ``r`` trains ``clients``: ('sequential', 1) or ('batched', clients stacked at once)."""
-        if not self.batched or self.method.current_stage(r).batched_loss is None or not clients:
+        if not self.batched or not _batches(self.method.current_stage(r)) or not clients:
             return "sequential", 1
         return "batched", min(len(clients), self.method.ctx.settings.batched_clients or len(clients))
 
     def updates(self, r: int, clients: list[int]) -> Iterator[ClientUpdate]:
         """The round's client updates, in client order, produced as they are consumed."""
         stage = self.method.current_stage(r)
-        if not self.batched or stage.batched_loss is None or not clients:
+        if not self.batched or not _batches(stage) or not clients:
             return (train_client(self.method, r, k) for k in clients)
         return iter(self._batched(r, clients, stage))
 
@@ -107,8 +111,8 @@ class RoundEngine:
         an augmented pass with the global model) and return a one-phase job (see
         :func:`client_phase`); its ``upload`` runs after training, on each client's trained network
         (an upload that draws random numbers declares them: ``Stage.reserve`` makes them right after
-        the client's training draws). ``Stage.batched_begin``/``batched_end`` run around each
-        chunk, ``Stage.batched_after_step`` after each stacked optimiser step."""
+        the client's training draws). ``Stage.begin``/``end`` run around each chunk,
+        ``Stage.after_step`` after each stacked optimiser step."""
         from .batched import ClientDraws, draw_client, draw_fn, train_clients
         from .stacked import StackedNet
 
@@ -140,14 +144,14 @@ class RoundEngine:
             copies = len(phase.train) * len(part)
             if copies not in self._stacked:
                 self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)
-            if stage.batched_begin is not None:
-                stage.batched_begin(m, r, part, part_jobs)
-            after = None if stage.batched_after_step is None else (lambda sb, stepped: stage.batched_after_step(m, sb, stepped))
-            states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.batched_loss(m, sb), r,
+            if stage.begin is not None:
+                stage.begin(m, r, part, part_jobs)
+            after = None if stage.after_step is None else (lambda sb, stepped: stage.after_step(m, sb, stepped))
+            states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.loss(m, sb), r,
                                            self._stacked[copies], part_ids, phase=phase, jobs=part_jobs, after_step=after,
                                            models=[m.globals[n] for n in phase.train], drawn=part_drawn)
-            if stage.batched_end is not None:
-                stage.batched_end(m, r, part, part_jobs)
+            if stage.end is not None:
+                stage.end(m, r, part, part_jobs)
             for k, job, shape, trained, l in zip(part, part_jobs, shapes[at : at + chunk], states, losses):
                 if shape is not None:  # a client that trains nothing has no loss (as in the sequential engine)
                     job.losses.append(l)
@@ -170,22 +174,22 @@ def client_phase(m, r: int, k: int, job: LocalJob):
     A batched stage's job has at most one phase, which trains the method's first network (or
     several of its networks together) with the stage's loss on one stream (by default the
     client's samples) and has no per-epoch hook; a per-step hook (``after_step``) only where the
-    stage declares its batched twin (``batched_after_step``), which the batched engine runs
+    stage keeps a sequential form whose per-step hook is its ``Stage.after_step``, which the batched engine runs
     instead."""
     from .batched import ChunkPhase
 
-    where = f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss, but"
+    where = f"{type(m).__name__}: stage {m.stage(r)!r} has a loss over K clients (Stage.loss), but"
     phases = job.phases if job.phases is not None else [Phase()]
     if isinstance(phases, (list, tuple)) and not phases:
         return None, torch.zeros(0, dtype=torch.int64)
     if not isinstance(phases, (list, tuple)) or len(phases) != 1:
         raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
     ph = phases[0]
-    # a per-step hook is the sequential twin of the stage's batched_after_step (EMA teachers)
-    hook = ph.after_step is not None and m.current_stage(r).batched_after_step is None
+    # a phase hook is the sequential form's twin of the stage's after_step (EMA teachers)
+    hook = ph.after_step is not None and m.current_stage(r).after_step is None
     if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or hook:
         raise ConfigError(f"{where} its job has a phase loss/step/on_epoch/after_step (client {k}); "
-                          "a batched stage declares them as Stage.batched_loss / batched_after_step")
+                          "a batchable stage declares them as Stage.loss / Stage.after_step")
     train = tuple(ph.train or (m.networks[0],))
     if any(n not in m.networks for n in train) or job.lr:
         raise ConfigError(f"{where} its job trains working networks or sets per-network learning rates (client "
@@ -207,7 +211,7 @@ def chunk_phase(m, r: int, shapes: list):
 
     real = [sh for sh in shapes if sh is not None]
     if any(sh != real[0] for sh in real[1:]):
-        raise ConfigError(f"{type(m).__name__}: stage {m.stage(r)!r} declares a batched loss, but its clients' "
+        raise ConfigError(f"{type(m).__name__}: stage {m.stage(r)!r} has a loss over K clients (Stage.loss), but its clients' "
                           "jobs differ in shape (augmentation, views, draws, epochs, batch size or learning-rate "
                           "round) within one batched chunk")
     return real[0] if real else ChunkPhase(train=(m.networks[0],))

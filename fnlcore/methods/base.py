@@ -37,14 +37,14 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..registry import Registry
 from ..fl import sampling
-from ..fl.batched import StackedBatch, masked_mean
+from ..fl.batched import StackedBatch, clients_cross_entropy, masked_mean
 from ..fl.client import Batch, ClientUpdate, LocalJob, Phase, Stage
 from ..fl.context import RunContext
 from ..fl.persist import ClientStore, load_method_state, method_state, persistent_names
 from ..fl.state import RunningAverage, load
 from ..spec import Spec
 from .costs import CostStage
-from .multilabel import batched_partial_bce, client_pos_weights, partial_bce
+from .multilabel import client_pos_weights, partial_bce
 
 
 @dataclass(frozen=True)
@@ -84,39 +84,32 @@ class FLMethod:
     # Attributes that carry across rounds, saved and restored by the engine (fnlcore.fl.persist).
     persistent: ClassVar[tuple[str, ...]] = ()
 
-    def loss(self, b: Batch) -> torch.Tensor:
-        """Local objective on one batch.
+    def loss(self, sb: StackedBatch) -> torch.Tensor:
+        """The local objective of K clients' step (:class:`~fnlcore.fl.batched.StackedBatch`) -> (K,)
+        losses; the sequential engine runs it at K = 1 on the plain model (:mod:`fnlcore.fl.one_client`).
 
-        Single-label: cross-entropy on the given labels. Multi-label: FedMLP's FedAvg loss
-        (fedmlp.md §6 "FedAvg", baselines.md §14): BCE-with-logits with pos_weight N_k / n_c^+
-        over ALL classes, unannotated (missing) classes as 0 (fedmlp.md §1), sum / (B * C)
-        with B the nominal batch size even for a smaller last batch (fedmlp.md §1).
+        Single-label: each client's mean cross-entropy on the given labels over its real rows.
+        Multi-label: FedMLP's FedAvg loss (fedmlp.md §6 "FedAvg", baselines.md §14):
+        BCE-with-logits with pos_weight N_k / n_c^+ over ALL classes, unannotated (missing)
+        classes as 0 (fedmlp.md §1), sum / (B * C) with B the nominal batch size even for a
+        smaller last batch (fedmlp.md §1).
         """
-        if self.ctx.data.multi_label:
-            return partial_bce(b.model(b.x), self.multi_label_targets(b.idx), self.pos_weights()[b.k],
-                               self.ctx.settings.batch_size)
-        return F.cross_entropy(b.model(b.x), self.labels(b.idx))
-
-    def batched_loss(self, sb: StackedBatch) -> torch.Tensor:
-        """:meth:`loss` for the batched engine: K clients' step (:class:`~fnlcore.fl.batched.StackedBatch`)
-        -> (K,) losses, each the mean over the client's real rows (:func:`~fnlcore.fl.batched.masked_mean`)."""
         k, b, c = sb.logits.shape
         if self.ctx.data.multi_label:
             y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
-            return batched_partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size,
+            return partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size,
                                        sb.mask)
-        per = F.cross_entropy(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), reduction="none")
-        return masked_mean(per.view(k, b), sb.mask)
+        return clients_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), sb.mask)
 
     # stage name -> what the stage does (fnlcore.fl.client.Stage); functions of this class body
-    stages: ClassVar[dict[str, Stage]] = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages: ClassVar[dict[str, Stage]] = {"main": Stage(loss=loss)}
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
         if "loss" in cls.__dict__ and "stages" not in cls.__dict__:
             raise TypeError(
                 f"{cls.__name__} defines loss but no stage table: add "
-                "`stages = {\"main\": Stage(loss=loss)}` to its class body (and batched_loss=... when it has one)"
+                "`stages = {\"main\": Stage(loss=loss)}` to its class body"
             )
 
     @classmethod

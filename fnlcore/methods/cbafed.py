@@ -36,7 +36,7 @@ from ..fl.batched import StackedBatch
 from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
 from .base import FLMethod, LocalJob, MethodParams, Stage, register
-from .multilabel import batched_partial_bce, client_active_classes, partial_bce
+from .multilabel import client_active_classes, partial_bce
 
 
 @dataclass(frozen=True)
@@ -78,22 +78,15 @@ def residual_mix(new, rec, share_new: float):
 
 
 def select_missing(p: torch.Tensor, tau: torch.Tensor, missing: torch.Tensor):
-    """(positives, confident negatives), (B, C) bool: p > tau_c / p < 1 - tau_c on missing classes."""
-    m = missing.bool()[None]
-    return (p > tau[None]) & m, (p < 1 - tau[None]) & m
+    """(positives, confident negatives), bool: p > tau_c / p < 1 - tau_c where ``missing`` (the
+    missing classes, broadcast against p: (K, B, C) probabilities, (C,) thresholds)."""
+    m = missing.bool()
+    return (p > tau) & m, (p < 1 - tau) & m
 
 
 def missing_class_loss(z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
-    """sum_c mean_{i in P_c u Q_c} BCE_pw(z_ic, 1[i in P_c]), pw_c = |P_c u Q_c| / |P_c| (1 if P_c is empty)."""
-    sel = (pos | neg).float()
-    n_sel, n_pos = sel.sum(0), pos.float().sum(0)
-    pw = torch.where(n_pos > 0, n_sel / n_pos.clamp_min(1), torch.ones_like(n_pos))
-    per = F.binary_cross_entropy_with_logits(z.float(), pos.float(), pos_weight=pw, reduction="none")
-    return ((per * sel).sum(0) / n_sel.clamp_min(1)).sum()
-
-
-def batched_missing_class_loss(z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
-    """:func:`missing_class_loss` of K clients: (K, B, C) logits and selections (real rows only) -> (K,)."""
+    """sum_c mean_{i in P_c u Q_c} BCE_pw(z_ic, 1[i in P_c]), pw_c = |P_c u Q_c| / |P_c| (1 if P_c is
+    empty), of K clients: (K, B, C) logits and selections (real rows only) -> (K,)."""
     sel = (pos | neg).float()
     n_sel, n_pos = sel.sum(1), pos.float().sum(1)
     pw = torch.where(n_pos > 0, n_sel / n_pos.clamp_min(1), torch.ones_like(n_pos))
@@ -117,7 +110,7 @@ class CBAFed(FLMethod):
         self.active = client_active_classes(ctx.data)
         self.thresholds: torch.Tensor | None = None  # (C,)
         self.w_rec: dict | None = None
-        self._tally: tuple[torch.Tensor, torch.Tensor] | None = None  # batched chunk: (K,) rows, (K, C) pseudo-labels
+        self._tally: tuple[torch.Tensor, torch.Tensor] | None = None  # a chunk's (K,) rows, (K, C) pseudo-labels
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "pseudo"
@@ -126,70 +119,48 @@ class CBAFed(FLMethod):
         # label entries used: the batch sizes on the annotated classes, pseudo-labels on the missing ones
         return LocalJob(info={"active": 0, "pseudo": torch.zeros(self.ctx.data.num_classes, device=self.ctx.device)})
 
-    def pseudo_prepare(self, r, k, nets):
-        job = self.prepare(r, k, nets)
-        job.info.update(tau=self.thresholds.to(self.ctx.device, torch.float32), missing=1.0 - self.active[k])
-        return job
-
-    def _supervised(self, b):
-        b.job.info["active"] += len(b.idx)
-        z = b.model(b.x)
-        return partial_bce(z, self.multi_label_targets(b.idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
-                           classes=self.active[b.k]), z
-
-    def warmup_loss(self, b):
-        return self._supervised(b)[0]
-
-    def pseudo_loss(self, b):
-        info = b.job.info
-        loss, z = self._supervised(b)
-        pos, neg = select_missing(torch.sigmoid(z.detach().float()), info["tau"], info["missing"])
-        info["pseudo"] += (pos | neg).float().sum(0)
-        return loss + missing_class_loss(z, pos, neg)
-
     def upload(self, r, k, job, nets):
         pseudo = job.info["pseudo"].double().cpu()
         counts = self.active[k].double().cpu() * job.info["active"] + pseudo
         return {"counts": counts, "data": float(counts.sum()), "pseudo": float(pseudo.sum())}
 
-    def batched_begin(self, r, clients, jobs):
+    # the one loss form over a chunk of K clients (the sequential engine: K = 1), with its hooks
+    def begin_chunk(self, r, clients, jobs):
         # the chunk's label entries used, written into each job's info at its end
         k, c = len(clients), self.ctx.data.num_classes
         dev = self.ctx.device
         self._tally = (torch.zeros(k, dtype=torch.int64, device=dev), torch.zeros(k, c, device=dev))
 
-    def _batched_supervised(self, sb: StackedBatch) -> torch.Tensor:
+    def _supervised(self, sb: StackedBatch) -> torch.Tensor:
         k, b, c = sb.logits.shape
         self._tally[0].add_(b if sb.mask is None else sb.mask.sum(1))
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
-        return batched_partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
-                                   classes=self.active[sb.clients])
+        return partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
+                           classes=self.active[sb.clients])
 
-    def batched_warmup_loss(self, sb: StackedBatch):
-        return self._batched_supervised(sb)
+    def warmup_loss(self, sb: StackedBatch):
+        return self._supervised(sb)
 
-    def batched_pseudo_loss(self, sb: StackedBatch):
-        loss = self._batched_supervised(sb)
+    def pseudo_loss(self, sb: StackedBatch):
+        loss = self._supervised(sb)
         p = torch.sigmoid(sb.logits.detach().float())
         tau = self.thresholds.to(self.ctx.device, torch.float32, non_blocking=True)
         missing = (self.active[sb.clients] == 0)[:, None, :]
         if sb.mask is not None:
             missing = missing & sb.mask[:, :, None]  # padded rows select nothing
-        pos, neg = (p > tau) & missing, (p < 1 - tau) & missing
+        pos, neg = select_missing(p, tau, missing)
         self._tally[1].add_((pos | neg).float().sum(1))
-        return loss + batched_missing_class_loss(sb.logits, pos, neg)
+        return loss + missing_class_loss(sb.logits, pos, neg)
 
-    def batched_end(self, r, clients, jobs):
+    def end_chunk(self, r, clients, jobs):
         rows, pseudo = self._tally
         for job, n, counts in zip(jobs, rows.tolist(), pseudo):
             job.info["active"] += n
             job.info["pseudo"] += counts
 
     stages = {
-        "warmup": Stage(loss=warmup_loss, prepare=prepare, upload=upload, batched_loss=batched_warmup_loss,
-                        batched_begin=batched_begin, batched_end=batched_end),
-        "pseudo": Stage(loss=pseudo_loss, prepare=pseudo_prepare, upload=upload, batched_loss=batched_pseudo_loss,
-                        batched_begin=batched_begin, batched_end=batched_end),
+        "warmup": Stage(prepare=prepare, upload=upload, loss=warmup_loss, begin=begin_chunk, end=end_chunk),
+        "pseudo": Stage(prepare=prepare, upload=upload, loss=pseudo_loss, begin=begin_chunk, end=end_chunk),
     }
 
     def aggregate(self, r, updates):

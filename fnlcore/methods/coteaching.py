@@ -21,7 +21,6 @@ none and give a NaN mean).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 
 from ..fl.local import evaluate as evaluate_model
 from ..registry import param
-from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
 
 
 @dataclass(frozen=True)
@@ -53,14 +52,9 @@ def keep_rate(r: int, tau: float, t_k: int, c: float = 1.0) -> float:
     return 1.0 - tau * min(r**c / t_k, 1.0)
 
 
-def small_loss_indices(losses: torch.Tensor, m: int) -> torch.Tensor:
-    """Positions of the m smallest losses (ties broken by position: a stable sort)."""
-    return torch.argsort(losses.detach(), stable=True)[:m]
-
-
 def small_loss_masks(losses: torch.Tensor, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """(K, B) bool: each client's m_k smallest losses among its real rows (a stable sort, as
-    :func:`small_loss_indices`: padded rows sort last)."""
+    """(K, B) bool: each client's m_k smallest losses among its real rows (a stable sort: ties broken by
+    position, padded rows last)."""
     k, b = losses.shape
     keyed = losses.detach() if mask is None else torch.where(mask, losses.detach(), float("inf"))
     order = torch.argsort(keyed, dim=1, stable=True)
@@ -68,10 +62,14 @@ def small_loss_masks(losses: torch.Tensor, m: torch.Tensor, mask: torch.Tensor |
     return torch.zeros_like(order, dtype=torch.bool).scatter_(1, order, ranks < m[:, None])
 
 
-def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean l1 over S2, mean l2 over S1): each network learns from its peer's small-loss samples."""
-    s1, s2 = small_loss_indices(l1, m), small_loss_indices(l2, m)
-    return l1[s2].mean(), l2[s1].mean()
+def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: torch.Tensor,
+                     mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean l1 over S2, mean l2 over S1) of K clients, each (K,): each network learns from its peer's m_k
+    small-loss samples; l1, l2 (K, B) per-sample losses, m (K,), mask (K, B) real rows or None."""
+    s1, s2 = small_loss_masks(l1, m, mask), small_loss_masks(l2, m, mask)
+    zero = torch.zeros((), dtype=l1.dtype, device=l1.device)
+    m = m.to(l1.dtype)
+    return torch.where(s2, l1, zero).sum(1) / m, torch.where(s1, l2, zero).sum(1) / m
 
 
 @register
@@ -97,32 +95,23 @@ class Coteaching(FLMethod):
         super().begin_round(r)
         self.round_info["keep_rate"] = keep_rate(r, self.params.tau, self.params.t_k, self.params.c)  # a client with tau
 
-    def loss(self, b: Batch) -> torch.Tensor:
-        y = self.labels(b.idx)
-        l1 = F.cross_entropy(b.nets["net1"](b.x), y, reduction="none")
-        l2 = F.cross_entropy(b.nets["net2"](b.x), y, reduction="none")
-        m = max(1, math.floor(b.job.info * len(y)))  # info: the client's keep rate R(r)
-        a, c = exchanged_losses(l1, l2, m)
-        return a + c  # disjoint parameters: each network gets only its own term's gradient
-
-    def batched_loss(self, sb) -> torch.Tensor:
+    def loss(self, sb) -> torch.Tensor:
+        """Both networks' per-sample CE on the same batches, exchanged (:func:`exchanged_losses`) -> (K,)."""
         k, b = sb.idx.shape
         y = self.labels(sb.idx.reshape(-1))
         l1, l2 = (F.cross_entropy(sb.of(n).reshape(k * b, -1), y, reduction="none").view(k, b) for n in self.networks)
         rows = torch.full((k,), b, device=l1.device) if sb.mask is None else sb.mask.sum(1)
         rates = torch.tensor([job.info for job in sb.jobs], dtype=torch.float64).to(l1.device, non_blocking=True)
-        m = torch.floor(rates * rows).clamp_min(1)  # floor(R |B|) in float64, as the sequential loss's Python floats
-        s1, s2 = small_loss_masks(l1, m, sb.mask), small_loss_masks(l2, m, sb.mask)
-        zero = torch.zeros((), dtype=l1.dtype, device=l1.device)
-        m = m.to(l1.dtype)
-        return torch.where(s2, l1, zero).sum(1) / m + torch.where(s1, l2, zero).sum(1) / m
+        m = torch.floor(rates * rows).clamp_min(1)  # m_k = max(1, floor(R(r) |B_k|)), in float64 (job.info: R(r))
+        a, c = exchanged_losses(l1, l2, m, sb.mask)
+        return a + c  # disjoint parameters: each network gets only its own term's gradient
 
     def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
         """Both networks step together on the same batches (one optimiser each)."""
         rate = keep_rate(r, self.client_tau(k), self.params.t_k, self.params.c)
         return LocalJob(phases=[Phase(train=("net1", "net2"))], info=rate)
 
-    stages = {"main": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}
+    stages = {"main": Stage(prepare=prepare, loss=loss)}
 
     def end_round(self, r: int) -> None:
         super().end_round(r)

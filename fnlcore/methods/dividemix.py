@@ -281,8 +281,8 @@ class DivideMix(FLMethod):
         n_x = 2 * len(il)
         return mixmatch_loss(logits[:n_x], mixed_targets[:n_x], logits[n_x:], mixed_targets[n_x:], weight_u)
 
-    stages = {"warmup": Stage(loss=FLMethod.loss, prepare=warm_up),
-              "dividemix": Stage(loss=FLMethod.loss, prepare=co_divide)}
+    stages = {"warmup": Stage(loss=FLMethod.loss, prepare=warm_up, batches=False),
+              "dividemix": Stage(loss=FLMethod.loss, prepare=co_divide, batches=False)}
 
     # -- server side, outputs --------------------------------------------------------------------
     def end_round(self, r: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import FLMethod, MethodParams, Stage, register
-from .multilabel import batched_partial_bce, client_active_classes, partial_bce
+from .multilabel import client_active_classes, partial_bce
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,10 @@ class FedAvgPL(FLMethod):
         super().__init__(params, ctx)
         self.active = client_active_classes(ctx.data)
 
-    def loss(self, b):
-        return partial_bce(b.model(b.x), self.multi_label_targets(b.idx), self.pos_weights()[b.k],
-                           self.ctx.settings.batch_size, classes=self.active[b.k])
-
-    def batched_loss(self, sb):
+    def loss(self, sb):
         k, b, c = sb.logits.shape
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
-        return batched_partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
-                                   classes=self.active[sb.clients])
+        return partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
+                           classes=self.active[sb.clients])
 
-    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages = {"main": Stage(loss=loss)}

@@ -57,13 +57,13 @@ from ..fl.state import parameter_keys, snapshot
 from ..registry import param
 from ..augment import on
 from ..syncs import host_side
-from ..fl.batched import StackedBatch, masked_mean
+from ..fl.batched import StackedBatch, clients_cross_entropy
 from ..fl.local import draw_predict
-from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import CostStage
-from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
-from .parts import (MixupDraw, batched_mixup_cross_entropy, batched_mixup_view, batched_proximal_term, client_outputs,
-                    drawn_mixup_cross_entropy, group_shape, lid_scores, proximal_term, sequential_client_groups)
+from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .parts import (MixupDraw, client_outputs, group_shape, lid_scores, mixup_cross_entropy, mixup_view, proximal_term,
+                    sequential_client_groups)
 
 STAGES = ("preprocess", "finetune", "usual")
 PASS_BATCH = 100  # the code's per-sample detection passes (client_outputs) run in batches of 100
@@ -170,12 +170,6 @@ def stage_schedule(r: int, iterations1: int, groups_per_iteration: int, rounds1:
     return Slot("usual", None, None)
 
 
-def mixup_la_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, alpha: float,
-                           gen: torch.Generator | None, log_prior: torch.Tensor, tau: float) -> torch.Tensor:
-    """lambda LA-CE(f(x~), y) + (1 - lambda) LA-CE(f(x~), y[pi]) (FedCorr+LA with mixup; baselines.md §8)."""
-    return drawn_mixup_cross_entropy(model, x, y, MixupDraw(alpha)(len(x), gen, x.device), tau * log_prior)[0]
-
-
 # -- the method --------------------------------------------------------------------------------
 
 
@@ -264,51 +258,34 @@ class FedCorr(LogitAdjusted, FLMethod):
         phase = Phase(augment="raw", views=("weak",), draws=MixupDraw(p.mixup_alpha)) if p.mixup else Phase()
         return LocalJob(phases=[phase], lr_round=max(r - self.pre_rounds, 0))
 
-    def loss(self, b: Batch) -> torch.Tensor:
-        p, y, model = self.params, self.labels(b.idx), b.model
-        shift = p.la_tau * self.log_prior[b.k] if p.logit_adjust else None  # FedCorr+LA: every CE term
-        if p.mixup:
-            return drawn_mixup_cross_entropy(model, b.views["weak"], y, b.draws, shift)[0]
-        if p.logit_adjust:
-            return la_cross_entropy(model(b.x), y, self.log_prior[b.k], p.la_tau)
-        return F.cross_entropy(model(b.x), y)
-
-    def batched_loss(self, sb: StackedBatch) -> torch.Tensor:
-        """:meth:`loss` of K clients (every stage; pre-processing adds its proximal term)."""
+    def loss(self, sb: StackedBatch) -> torch.Tensor:
+        """The local loss of K clients -> (K,) (every stage; pre-processing adds its proximal term): mixup CE
+        on the engine's draws, or CE; with ``logit_adjust`` (FedCorr+LA) every CE term logit-adjusted."""
         p = self.params
         y = self.labels(sb.idx.reshape(-1)).view(sb.idx.shape)
         if p.mixup:
             lam, perm = sb.draws
             shift = p.la_tau * self.log_prior[sb.clients][:, None, :] if p.logit_adjust else None
-            out = sb.forward(batched_mixup_view(sb.views["weak"], lam, perm))
-            return batched_mixup_cross_entropy(out, y, lam, perm, sb.mask, shift)
+            out = sb.forward(mixup_view(sb.views["weak"], lam, perm))
+            return mixup_cross_entropy(out, y, lam, perm, sb.mask, shift)
         if p.logit_adjust:
-            return batched_la_cross_entropy(sb.logits, y.reshape(-1), self.log_prior[sb.clients], p.la_tau, sb.mask)
-        k, b, c = sb.logits.shape
-        return masked_mean(F.cross_entropy(sb.logits.reshape(k * b, c), y.reshape(-1), reduction="none").view(k, b),
-                           sb.mask)
+            return la_cross_entropy(sb.logits, y, self.log_prior[sb.clients], p.la_tau, sb.mask)
+        return clients_cross_entropy(sb.logits, y, sb.mask)
 
-    def preprocess_loss(self, b: Batch) -> torch.Tensor:
-        """The local loss plus beta * mu_k * ||w - w_g||, on every batch but the first of each epoch (the code)."""
-        loss = self.loss(b)
-        mu = self.params.beta * float(self.noise_level[b.k])
-        if mu > 0 and b.step > 0:
-            loss = loss + proximal_term(b.model, self._ref, self._keys, mu, "fedcorr_unsquared")
-        return loss
-
-    def batched_preprocess_loss(self, sb: StackedBatch) -> torch.Tensor:
-        """:meth:`preprocess_loss` of K clients: each client's mu_k, no term at an epoch's first batch."""
-        loss = self.batched_loss(sb)
+    def preprocess_loss(self, sb: StackedBatch) -> torch.Tensor:
+        """:meth:`loss` plus beta * mu_k * ||w - w_g|| (mu_k the client's estimated noise level), on every batch
+        but the first of each epoch (the code)."""
+        loss = self.loss(sb)
         # mu_k and the skip decided on the host (the noise levels and the timeline's epoch steps are
         # host values: no device sync), then one copy of each
         with host_side():
             clients = sb.clients_host
-            mu = (self.params.beta * torch.as_tensor(self.noise_level)[clients]).to(loss.dtype)  # as the sequential float
+            mu = (self.params.beta * torch.as_tensor(self.noise_level)[clients]).to(loss.dtype)  # rounded as a Python float is
             skip = (mu <= 0) | (sb.epoch_step_host == 0)
             if bool(skip.all()):
                 return loss
         mu, skip = on(mu, loss.device), on(skip, loss.device)
-        return loss + batched_proximal_term(sb.net, self._ref, self._keys, mu, "fedcorr_unsquared", skip)
+        return loss + proximal_term(sb.parameters(), self._ref, self._keys, mu, "fedcorr_unsquared", skip)
 
     def detection_reserve(self, r: int, k: int, job: LocalJob) -> list[tuple] | None:
         """The augmentation of :meth:`detection_upload`'s pass, drawn where the sequential upload draws it."""
@@ -321,10 +298,10 @@ class FedCorr(LogitAdjusted, FLMethod):
         probs, losses = self._per_sample(nets["model"], self.ctx.data.clients[k], job.reserved)
         return {"lid": float(lid_scores(probs, self.params.lid_k).mean()), "losses": losses.cpu().numpy()}
 
-    stages = {"preprocess": Stage(loss=preprocess_loss, prepare=prepare, upload=detection_upload,
-                                  batched_loss=batched_preprocess_loss, reserve=detection_reserve),
-              "finetune": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss),
-              "usual": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}
+    stages = {"preprocess": Stage(prepare=prepare, upload=detection_upload,
+                                  loss=preprocess_loss, reserve=detection_reserve),
+              "finetune": Stage(prepare=prepare, loss=loss),
+              "usual": Stage(prepare=prepare, loss=loss)}
 
     # -- server ------------------------------------------------------------------------------
     def aggregate(self, r: int, updates) -> None:

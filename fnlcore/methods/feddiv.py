@@ -55,9 +55,9 @@ from ..fl import sampling
 from ..fl.batched import StackedBatch
 from ..fl.local import draw_predict
 from ..registry import param
-from .base import Batch, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .parts import (MixupDraw, batched_mixup_cross_entropy, batched_mixup_view, client_outputs, double_softmax_loss,
-                    drawn_mixup_cross_entropy, group_shape, sequential_client_groups)
+from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .parts import (MixupDraw, client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy, mixup_view,
+                    sequential_client_groups)
 from .costs import CostStage
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
@@ -233,16 +233,10 @@ def debias_prior_update(logits: torch.Tensor, probs: torch.Tensor, prior: torch.
     return labels, momentum * prior + (1.0 - momentum) * probs[mask].mean(0)
 
 
-def label_balance_regulariser(logits: torch.Tensor) -> torch.Tensor:
-    """L_reg = sum_c (1/C) log((1/C) / q_c), q = batch mean of softmax (Eq. 14); 0 when q is uniform."""
-    c = logits.shape[1]
-    q = F.softmax(logits, dim=1).mean(0)
-    return (torch.log(torch.tensor(1.0 / c, device=logits.device)) - torch.log(q)).sum() / c
-
-
-def batched_label_balance_regulariser(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`label_balance_regulariser` of K clients: logits (K, B, C), mask (K, B) real rows or None -> (K,);
-    q is the mean over each client's real rows (a client riding along without a batch: uniform, 0)."""
+def label_balance_regulariser(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """L_reg = sum_c (1/C) log((1/C) / q_c), q = batch mean of softmax (Eq. 14); 0 when q is uniform. K clients:
+    logits (K, B, C), mask (K, B) real rows or None -> (K,); q is the mean over each client's real rows (a
+    client riding along without a batch: uniform, 0)."""
     c = logits.shape[-1]
     probs = F.softmax(logits, dim=-1)
     if mask is None:
@@ -366,34 +360,21 @@ class FedDiv(FLMethod):
         the batched engine draws them ahead in the sequential order)."""
         return Phase(augment="raw", views=("weak",), draws=MixupDraw(self.params.mixup_alpha), **kw)
 
-    def loss(self, b: Batch) -> torch.Tensor:
-        """MixUp CE on the plan's labels, + eta L_reg (eta = reg_coef**2: the code multiplies by reg_coef twice)."""
-        p = self.params
-        y = b.job.info.labels[b.idx.to(self.ctx.device, non_blocking=True)]
-        x = b.views["weak"]
-        if p.bn_extra_forward:
-            with torch.no_grad():
-                b.model(x)  # output unused: the code's extra pass, it moves the BN running statistics
-        loss, out = drawn_mixup_cross_entropy(b.model, x, y, b.draws)
-        eta = p.reg_coef * p.reg_coef
-        if eta > 0:
-            loss = loss + eta * label_balance_regulariser(out)
-        return loss
-
-    def batched_loss(self, sb: StackedBatch) -> torch.Tensor:
-        """:meth:`loss` of K clients (warm-up and main rounds)."""
+    def loss(self, sb: StackedBatch) -> torch.Tensor:
+        """MixUp CE on the plan's labels, + eta L_reg (eta = reg_coef**2: the code multiplies by reg_coef twice),
+        of K clients -> (K,) (warm-up and main rounds)."""
         p = self.params
         y = torch.stack([job.info.labels[sb.idx[i]] for i, job in enumerate(sb.jobs)])
         x = sb.views["weak"]
         if p.bn_extra_forward:
             with torch.no_grad():
-                sb.forward(x)
+                sb.forward(x)  # output unused: the code's extra pass, it moves the BN running statistics
         lam, perm = sb.draws
-        out = sb.forward(batched_mixup_view(x, lam, perm))
-        loss = batched_mixup_cross_entropy(out, y, lam, perm, sb.mask)
+        out = sb.forward(mixup_view(x, lam, perm))
+        loss = mixup_cross_entropy(out, y, lam, perm, sb.mask)
         eta = p.reg_coef * p.reg_coef
         if eta > 0:
-            loss = loss + eta * batched_label_balance_regulariser(out, sb.mask)
+            loss = loss + eta * label_balance_regulariser(out, sb.mask)
         return loss
 
     def warm_up(self, r: int, k: int, nets: dict) -> LocalJob:
@@ -478,10 +459,9 @@ class FedDiv(FLMethod):
     # main rounds batch: the prepare's detection pass draws at its place (the engine draws each client's
     # training right after its prepare), the upload's is reserved (main_reserve) right after the training
     # draws, and a client whose gated set is at most one batch trains nothing (no phase: a rider)
-    stages = {"warmup": Stage(loss=loss, prepare=warm_up, batched_loss=batched_loss),
-              "main": Stage(loss=loss, prepare=prepare_main, upload=main_upload, batched_loss=batched_loss,
-                            reserve=main_reserve),
-              "main_epoch_pcs": Stage(loss=loss, prepare=prepare_main, upload=main_upload)}
+    stages = {"warmup": Stage(prepare=warm_up, loss=loss),
+              "main": Stage(prepare=prepare_main, upload=main_upload, loss=loss, reserve=main_reserve),
+              "main_epoch_pcs": Stage(prepare=prepare_main, upload=main_upload, loss=loss, batches=False)}
 
     def _apply_relabels(self, r: int, k: int, idx: torch.Tensor, relabel: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
         """Write R' <- global argmax; returns the label array training reads (working labels, or a round copy)."""

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..fl.batched import StackedBatch
 from ..registry import param
 from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .multilabel import batched_partial_bce, client_active_classes, partial_bce
+from .multilabel import client_active_classes, partial_bce
 
 
 @dataclass(frozen=True)
@@ -40,25 +40,17 @@ class FedFixMatchParams(MethodParams):
 
 
 def confident_pseudo_labels(p_weak: torch.Tensor, missing: torch.Tensor, upper: float, lower: float):
-    """(confident sample mask (B,), hard labels (B, C)): confident on every missing class; 1[p > 0.5]."""
-    sure = (p_weak > upper) | (p_weak < lower) | ~missing.bool()[None]
-    return sure.all(1), (p_weak > 0.5).float()
+    """K clients' (confident sample mask (K, B), hard labels (K, B, C)) from weak-view probabilities
+    (K, B, C) and missing classes (K, C): confident on every missing class; 1[p > 0.5]."""
+    sure = (p_weak > upper) | (p_weak < lower) | ~missing.bool()[:, None, :]
+    return sure.all(2), (p_weak > 0.5).float()
 
 
-def unsupervised_loss(z_strong: torch.Tensor, hard: torch.Tensor, confident: torch.Tensor, missing: torch.Tensor,
-                      pos_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """sum_{i in I} sum_{c in M_k} BCE(z_s, y^) / (|I| |M_k|); 0 when I or M_k is empty."""
-    n_i, n_m = confident.sum(), missing.sum()
-    if n_i == 0 or n_m == 0:
-        return z_strong.sum() * 0.0
-    per = F.binary_cross_entropy_with_logits(z_strong.float(), hard, pos_weight=pos_weight, reduction="none")
-    return (per * confident.float()[:, None] * missing[None]).sum() / (n_i * n_m)
-
-
-def batched_unsupervised_loss(z_strong: torch.Tensor, hard: torch.Tensor, confident: torch.Tensor,
-                              missing: torch.Tensor, pos_weight: torch.Tensor | None) -> torch.Tensor:
-    """:func:`unsupervised_loss` of K clients: z, hard (K, B, C), confident (K, B) (real rows only),
-    missing and pos_weight (K, C) -> (K,); 0 for a client whose I or M_k is empty."""
+def unsupervised_loss(z_strong: torch.Tensor, hard: torch.Tensor, confident: torch.Tensor,
+                      missing: torch.Tensor, pos_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_{i in I} sum_{c in M_k} BCE(z_s, y^) / (|I| |M_k|) of K clients: z, hard (K, B, C),
+    confident (K, B) (real rows only), missing and pos_weight (K, C) -> (K,); 0 for a client whose
+    I or M_k is empty."""
     n = confident.sum(1) * missing.sum(1)
     pw = None if pos_weight is None else pos_weight[:, None, :]
     per = F.binary_cross_entropy_with_logits(z_strong.float(), hard, pos_weight=pw, reduction="none")
@@ -75,8 +67,8 @@ class FedFixMatch(FLMethod):
     def __init__(self, params: FedFixMatchParams, ctx):
         super().__init__(params, ctx)
         self.active = client_active_classes(ctx.data)
-        self._tally: torch.Tensor | None = None  # batched chunk: (K, 2) confident and seen counts
-        self._upw: torch.Tensor | None = None  # batched chunk: (K, C) unsupervised pos weights (None: none)
+        self._tally: torch.Tensor | None = None  # a chunk's (K, 2) confident and seen counts
+        self._upw: torch.Tensor | None = None  # a chunk's (K, C) unsupervised pos weights (None: none)
 
     def _unsup_pos_weight(self, k: int) -> torch.Tensor | None:
         if self.params.unsup_pos_weight == "none" or k >= self.ctx.data.num_classes:
@@ -87,48 +79,36 @@ class FedFixMatch(FLMethod):
 
     def prepare(self, r, k, nets):
         # raw batches: a weak and a strong view, declared so the batched engine can draw them ahead
-        info = {"missing": 1.0 - self.active[k], "upw": self._unsup_pos_weight(k), "confident": 0, "seen": 0}
+        info = {"upw": self._unsup_pos_weight(k), "confident": 0, "seen": 0}
         return LocalJob([Phase(augment="raw", views=("weak", "strong"))], info=info)
 
-    def loss(self, b):
-        p, info = self.params, b.job.info
-        missing = info["missing"]
-        z_w = b.model(b.views["weak"])
-        loss = partial_bce(z_w, self.multi_label_targets(b.idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
-                           classes=self.active[b.k])
-        confident, hard = confident_pseudo_labels(torch.sigmoid(z_w.detach().float()), missing, p.upper, p.lower)
-        info["confident"] += confident.sum()
-        info["seen"] += len(b.idx)
-        if p.lambda_u > 0:
-            loss = loss + p.lambda_u * unsupervised_loss(b.model(b.views["strong"]), hard, confident, missing, info["upw"])
-        return loss
-
-    def batched_begin(self, r, clients, jobs):
+    # the one loss form over a chunk of K clients (the sequential engine: K = 1), with its hooks
+    def begin_chunk(self, r, clients, jobs):
         # the chunk's per-client tallies (confident, seen), written into each job's info at its end
         self._tally = torch.zeros(len(clients), 2, dtype=torch.int64, device=self.ctx.device)
         upw = [j.info["upw"] for j in jobs]
         ones = torch.ones(self.ctx.data.num_classes, device=self.ctx.device)
         self._upw = None if all(w is None for w in upw) else torch.stack([ones if w is None else w for w in upw])
 
-    def batched_loss(self, sb: StackedBatch):
+    def loss(self, sb: StackedBatch):
         p = self.params
         z_w = sb.forward(sb.views["weak"])
         k, b, c = z_w.shape
         active = self.active[sb.clients]
         missing = 1.0 - active
-        loss = batched_partial_bce(z_w, self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c),
-                                   self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask, classes=active)
-        p_weak = torch.sigmoid(z_w.detach().float())
-        sure = (p_weak > p.upper) | (p_weak < p.lower) | ~missing.bool()[:, None, :]
-        confident = sure.all(2) if sb.mask is None else sure.all(2) & sb.mask
+        loss = partial_bce(z_w, self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c),
+                           self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask, classes=active)
+        confident, hard = confident_pseudo_labels(torch.sigmoid(z_w.detach().float()), missing, p.upper, p.lower)
+        if sb.mask is not None:
+            confident = confident & sb.mask
         seen = torch.full((k,), b, device=z_w.device) if sb.mask is None else sb.mask.sum(1)
         self._tally += torch.stack([confident.sum(1), seen], 1)
         if p.lambda_u > 0:
             z_s = sb.forward(sb.views["strong"])
-            loss = loss + p.lambda_u * batched_unsupervised_loss(z_s, (p_weak > 0.5).float(), confident, missing, self._upw)
+            loss = loss + p.lambda_u * unsupervised_loss(z_s, hard, confident, missing, self._upw)
         return loss
 
-    def batched_end(self, r, clients, jobs):
+    def end_chunk(self, r, clients, jobs):
         for job, (confident, seen) in zip(jobs, self._tally.tolist()):
             job.info["confident"] += confident
             job.info["seen"] += seen
@@ -136,8 +116,7 @@ class FedFixMatch(FLMethod):
     def upload(self, r, k, job, nets):
         return {"confident": float(job.info["confident"]), "seen": float(job.info["seen"])}
 
-    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload, batched_loss=batched_loss,
-                            batched_begin=batched_begin, batched_end=batched_end)}
+    stages = {"main": Stage(prepare=prepare, upload=upload, loss=loss, begin=begin_chunk, end=end_chunk)}
 
     def aggregate(self, r, updates):
         ups = self.fedavg(updates)

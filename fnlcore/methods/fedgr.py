@@ -657,11 +657,11 @@ class FedGR(FLMethod):
         self._local_sieve(r, idx, nets["model"])
         return {}
 
-    _batched = dict(batched_begin=batched_begin, batched_after_step=batched_after_step, batched_end=batched_end)
+    _batched = dict(begin=batched_begin, after_step=batched_after_step, end=batched_end)
     stages = {
-        "warmup": Stage(loss=warmup_loss, prepare=prepare_warmup, upload=upload, batched_loss=batched_warmup_loss,
+        "warmup": Stage(prepare=prepare_warmup, upload=upload, loss=batched_warmup_loss, sequential_loss=warmup_loss,
                         **_batched),
-        "main": Stage(loss=main_loss, prepare=prepare_main, upload=upload, batched_loss=batched_main_loss, **_batched),
+        "main": Stage(prepare=prepare_main, upload=upload, loss=batched_main_loss, sequential_loss=main_loss, **_batched),
     }
 
     def _local_sieve(self, r: int, idx: torch.Tensor, model: torch.nn.Module) -> None:

@@ -45,7 +45,7 @@ from ..fl.stacked import StackedNet, stacked_input
 from ..fl.state import load
 from ..registry import param
 from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .multilabel import batched_partial_bce, client_active_classes, partial_bce
+from .multilabel import client_active_classes, partial_bce
 from .parts import batched_ema_update, ema_update
 
 
@@ -244,8 +244,8 @@ class FedIRM(FLMethod):
         active, pw, bs = self.active[sb.clients], self.pos_weights()[sb.clients], self.ctx.settings.batch_size
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, bsz, -1)
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
-        loss = batched_partial_bce(z1, y, pw, bs, sb.mask, classes=active) + \
-            batched_partial_bce(z2, y, pw, bs, sb.mask, classes=active)
+        loss = partial_bce(z1, y, pw, bs, sb.mask, classes=active) + \
+            partial_bce(z2, y, pw, bs, sb.mask, classes=active)
         return loss, z1, (y > 0.5) & active.bool()[:, None, :]
 
     def batched_supervised_loss(self, sb: StackedBatch):
@@ -340,12 +340,12 @@ class FedIRM(FLMethod):
         return {"masked": float(info["masked"]), "seen": float(info["seen"]), **self.rows_upload(r, k, job, nets)}
 
     stages = {
-        "supervised": Stage(loss=supervised_loss, prepare=prepare, batched_loss=batched_supervised_loss),
-        "collect": Stage(loss=collect_loss, prepare=collect_prepare, upload=rows_upload,
-                         batched_loss=batched_collect_loss),
-        "relation": Stage(loss=relation_loss, prepare=relation_prepare, upload=relation_upload,
-                          batched_loss=batched_relation_loss, batched_begin=batched_begin,
-                          batched_after_step=batched_after_step, batched_end=batched_end),
+        "supervised": Stage(prepare=prepare, loss=batched_supervised_loss),
+        "collect": Stage(prepare=collect_prepare, upload=rows_upload,
+                         loss=batched_collect_loss),
+        "relation": Stage(prepare=relation_prepare, upload=relation_upload,
+                          loss=batched_relation_loss, sequential_loss=relation_loss, begin=batched_begin,
+                          after_step=batched_after_step, end=batched_end),
     }
 
     def aggregate(self, r, updates):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..registry import param
 from .base import FLMethod, MethodParams, Stage, register
-from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
+from .logit_adjust import LogitAdjusted, la_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,8 @@ class FedLA(LogitAdjusted, FLMethod):
         super().begin_round(r)
         self.refresh_priors()
 
-    def loss(self, b):
-        return la_cross_entropy(b.model(b.x), self.labels(b.idx), self.log_prior[b.k], self.params.tau)
+    def loss(self, sb):
+        return la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
+                                self.params.tau, sb.mask)
 
-    def batched_loss(self, sb):
-        return batched_la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
-                                        self.params.tau, sb.mask)
-
-    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages = {"main": Stage(loss=loss)}

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..registry import param
-from ..syncs import host_side
+from ..augment import on
 from ..fl.batched import StackedBatch, masked_mean
-from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .parts import batched_js_elementwise, beta_draw, js_elementwise
+from ..registry import param
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .parts import beta_draw, js_elementwise
 
 
 @dataclass(frozen=True)
@@ -56,41 +56,24 @@ def entropy_per_sample(p: torch.Tensor) -> torch.Tensor:
     return -(p * p.clamp_min(1e-12).log()).sum(-1)
 
 
-def entropy(p: torch.Tensor) -> torch.Tensor:
-    """Mean over the batch of -sum_c p_c log p_c."""
-    return entropy_per_sample(p).mean()
-
-
 def ramp(r: int, gamma: float, t_w: int) -> float:
     return gamma * r / t_w if r < t_w else gamma
 
 
-def fedlsr_loss(z1, z2, y, lam: float, gamma_t: float, p: FedLSRParams) -> torch.Tensor:
-    scale = 1.0 / p.distill_temperature
-    q1 = F.softmax(z1 * scale, dim=1).clamp(1e-6, 1.0)
-    q2 = F.softmax(z2 * scale, dim=1).clamp(1e-6, 1.0)
-    mixed = lam * F.softmax(z1, dim=1) + (1.0 - lam) * F.softmax(z2, dim=1)
-    ps = sharpen_square(mixed)
-    cls = F.cross_entropy(ps, y) if p.cls_on_probs else F.nll_loss(ps.clamp_min(1e-12).log(), y)
-    loss = cls + gamma_t * js_elementwise(q1, q2)
-    if p.lambda_e > 0:
-        ent = entropy(F.softmax(q1, dim=1)) if p.entropy_on == "tempered_probs" else entropy(F.softmax(z1, dim=1))
-        loss = loss + p.lambda_e * ent
-    return loss
-
-
-def batched_fedlsr_loss(z1, z2, y, lam: torch.Tensor, gamma_t: float, p: FedLSRParams,
-                        mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`fedlsr_loss` of K clients at once: z (K, B, C), y (K, B), lam (K,) -> (K,)."""
-    k, b, c = z1.shape
+def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The FedLSR loss of K clients: logits z (K, B, C) of the two views, labels y (K, B), lam (K,)
+    (each client's batch draw), mask (K, B) real rows or None -> (K,); a single client's (B, C)
+    logits, (B,) labels and a float lam give its loss (0-dim)."""
+    c = z1.shape[-1]
     scale = 1.0 / p.distill_temperature
     q1 = F.softmax(z1 * scale, dim=-1).clamp(1e-6, 1.0)
     q2 = F.softmax(z2 * scale, dim=-1).clamp(1e-6, 1.0)
-    lam = lam.to(z1.dtype)[:, None, None]
+    if isinstance(lam, torch.Tensor):
+        lam = lam.to(z1.dtype)[..., None, None]
     ps = sharpen_square(lam * F.softmax(z1, dim=-1) + (1.0 - lam) * F.softmax(z2, dim=-1))
     logits = ps if p.cls_on_probs else ps.clamp_min(1e-12).log()
-    per = (F.cross_entropy if p.cls_on_probs else F.nll_loss)(logits.reshape(k * b, c), y.reshape(-1), reduction="none")
-    loss = masked_mean(per.view(k, b), mask) + gamma_t * batched_js_elementwise(q1, q2, mask)
+    per = (F.cross_entropy if p.cls_on_probs else F.nll_loss)(logits.reshape(-1, c), y.reshape(-1), reduction="none")
+    loss = masked_mean(per.view(y.shape), mask) + gamma_t * js_elementwise(q1, q2, mask)
     if p.lambda_e > 0:
         target = F.softmax(q1, dim=-1) if p.entropy_on == "tempered_probs" else F.softmax(z1, dim=-1)
         loss = loss + p.lambda_e * masked_mean(entropy_per_sample(target), mask)
@@ -112,17 +95,11 @@ class FedLSR(FLMethod):
         # raw images: two weak views, then lam, declared so the batched engine draws them ahead
         return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=_lam)])
 
-    def loss(self, b: Batch):
-        v = b.views
-        z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
-        with host_side():  # a host draw: no device sync
-            lam = float(b.draws[0])
-        return fedlsr_loss(z1, z2, self.labels(b.idx), lam, ramp(b.r, self.params.gamma, self.params.t_w), self.params)
-
-    def batched_loss(self, sb: StackedBatch):
+    def loss(self, sb: StackedBatch):
+        """The one loss form over K clients; the sequential engine runs it at K = 1."""
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
         y = self.labels(sb.idx.reshape(-1)).view(sb.idx.shape)
-        return batched_fedlsr_loss(z1, z2, y, sb.draws[0], ramp(sb.r, self.params.gamma, self.params.t_w),
-                                   self.params, sb.mask)
+        lam = on(sb.draws[0], z1.device)  # the batch's lam, (K,) (the sequential engine's stays on the host)
+        return fedlsr_loss(z1, z2, y, lam, ramp(sb.r, self.params.gamma, self.params.t_w), self.params, sb.mask)
 
-    stages = {"main": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}
+    stages = {"main": Stage(prepare=prepare, loss=loss)}

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..augment import on
 from ..fl.batched import StackedBatch
 from ..registry import param
-from ..syncs import host_side
-from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .parts import batched_js_elementwise, beta_draw, js_elementwise
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .parts import beta_draw, js_elementwise
 
 
 @dataclass(frozen=True)
@@ -53,39 +53,27 @@ def ramp(r: int, gamma: float, t_w: int) -> float:
     return gamma * min(r / t_w, 1.0)
 
 
-def fedlsr_ml_loss(z1, z2, y, pos_weight, lam: float, beta_t: float, batch_size: int, p: FedLSRMLParams) -> torch.Tensor:
+def fedlsr_ml_loss(z1, z2, y, pos_weight, lam, beta_t: float, batch_size: int, p: FedLSRMLParams,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The loss of K clients: logits z and targets y (K, B, C), pos_weight (K, C), lam (K,) (each
+    client's batch draw), mask (K, B) real rows or None -> (K,); a single client's (B, C) logits
+    and targets, (C,) pos_weight and a float lam give its loss (0-dim)."""
     z1, z2 = z1.float(), z2.float()
+    if isinstance(lam, torch.Tensor):
+        lam = lam.to(z1.dtype)[..., None, None]
     ps = sharpen_binary(lam * torch.sigmoid(z1) + (1.0 - lam) * torch.sigmoid(z2))
-    if p.cls_on_probs:
-        per = F.binary_cross_entropy_with_logits(ps, y, pos_weight=pos_weight, reduction="none")
-    else:
-        per = F.binary_cross_entropy(ps, y, reduction="none") * (1 + (pos_weight - 1) * y)
-    cls = per.sum() / (batch_size * z1.shape[1])
-    scale = 1.0 / p.distill_temperature
-    q1 = torch.sigmoid(z1 * scale).clamp(1e-6, 1.0)
-    q2 = torch.sigmoid(z2 * scale).clamp(1e-6, 1.0)
-    return cls + beta_t * js_elementwise(q1, q2)
-
-
-def batched_fedlsr_ml_loss(z1, z2, y, pos_weight, lam: torch.Tensor, beta_t: float, batch_size: int,
-                           p: FedLSRMLParams, mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`fedlsr_ml_loss` of K clients at once: z, y (K, B, C), pos_weight (K, C), lam (K,), mask (K, B) -> (K,)."""
-    z1, z2 = z1.float(), z2.float()
-    lam = lam.to(z1.dtype)[:, None, None]
-    ps = sharpen_binary(lam * torch.sigmoid(z1) + (1.0 - lam) * torch.sigmoid(z2))
-    pw = pos_weight[:, None, :]
+    pw = pos_weight.unsqueeze(-2)  # over the rows
     if p.cls_on_probs:
         per = F.binary_cross_entropy_with_logits(ps, y, pos_weight=pw, reduction="none")
     else:
         per = F.binary_cross_entropy(ps, y, reduction="none") * (1 + (pw - 1) * y)
-    per = per.sum(2)
     if mask is not None:
-        per = torch.where(mask, per, torch.zeros_like(per))
-    cls = per.sum(1) / (batch_size * z1.shape[2])
+        per = torch.where(mask[..., None], per, torch.zeros((), dtype=per.dtype, device=per.device))
+    cls = per.sum((-2, -1)) / (batch_size * z1.shape[-1])
     scale = 1.0 / p.distill_temperature
     q1 = torch.sigmoid(z1 * scale).clamp(1e-6, 1.0)
     q2 = torch.sigmoid(z2 * scale).clamp(1e-6, 1.0)
-    return cls + beta_t * batched_js_elementwise(q1, q2, mask)
+    return cls + beta_t * js_elementwise(q1, q2, mask)
 
 
 def _lam(n: int, gen, device) -> tuple[torch.Tensor]:
@@ -103,20 +91,14 @@ class FedLSRML(FLMethod):
         # raw images: two weak views, then lam, declared so the batched engine can draw them ahead
         return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=_lam)])
 
-    def loss(self, b: Batch):
-        p = self.params
-        z1, z2 = b.model(b.views["weak:1"]), b.model(b.views["weak:2"])
-        with host_side():  # a host draw: no device sync
-            lam = float(b.draws[0])
-        return fedlsr_ml_loss(z1, z2, self.multi_label_targets(b.idx), self.pos_weights()[b.k], lam,
-                              ramp(b.r, p.gamma, p.t_w), self.ctx.settings.batch_size, p)
-
-    def batched_loss(self, sb: StackedBatch):
+    def loss(self, sb: StackedBatch):
+        """The one loss form over K clients; the sequential engine runs it at K = 1."""
         p = self.params
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
         k, b, c = z1.shape
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
-        return batched_fedlsr_ml_loss(z1, z2, y, self.pos_weights()[sb.clients], sb.draws[0], ramp(sb.r, p.gamma, p.t_w),
-                                      self.ctx.settings.batch_size, p, sb.mask)
+        lam = on(sb.draws[0], z1.device)  # the batch's lam, (K,) (the sequential engine's stays on the host)
+        return fedlsr_ml_loss(z1, z2, y, self.pos_weights()[sb.clients], lam, ramp(sb.r, p.gamma, p.t_w),
+                              self.ctx.settings.batch_size, p, sb.mask)
 
-    stages = {"main": Stage(loss=loss, prepare=prepare, batched_loss=batched_loss)}
+    stages = {"main": Stage(prepare=prepare, loss=loss)}

@@ -79,9 +79,9 @@ from ..errors import ConfigError
 from ..fl.batched import StackedBatch
 from ..fl.local import draw_predict, forward_bounded
 from ..registry import param
-from .base import Batch, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .logit_adjust import la_bce, la_shift
-from .multilabel import batched_partial_bce, client_active_classes, partial_bce
+from .multilabel import client_active_classes, partial_bce
 
 UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
 
@@ -122,33 +122,7 @@ class FedMLPParams(MethodParams):
             )
 
 
-# -- losses ---------------------------------------------------------------------------------
-
-
-def wpc_loss(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, active: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """L_WPC = sum_i sum_{c in A_k} l_LA / (B |A_k|) (fedmlp.md §2.2); ``active`` a (C,) 0/1 mask."""
-    per = la_bce(logits, y, shift)
-    return (per * active).sum() / (batch_size * active.sum().clamp_min(1))
-
-
-def missing_distillation(p: torch.Tensor, p_global: torch.Tensor, missing: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """D = sum_i sum_{c in M_k} (p - p^G)^2 / (B |M_k|) (fedmlp.md §2.3); 0 when nothing is missing."""
-    m = missing.sum()
-    if m == 0:
-        return p.sum() * 0.0
-    return (((p - p_global) ** 2) * missing).sum() / (batch_size * m)
-
-
-def stage2_loss(per_entry: torch.Tensor, mse: torch.Tensor | None, supervised: torch.Tensor) -> torch.Tensor:
-    """[sum s l + sum u mse] / [sum s + sum u] (fedmlp.md §2.6); ``mse`` None: sum s l / sum s (no CR)."""
-    s = supervised.float()
-    if mse is None:
-        return (per_entry * s).sum() / s.sum().clamp_min(1)
-    u = 1.0 - s
-    return ((per_entry * s).sum() + (mse * u).sum()) / (s.sum() + u.sum()).clamp_min(1)
-
-
-# the batched twins: K clients at once, (K, B, C) entries, (K, C) class masks, (K, B) real rows (None: all) -> (K,)
+# -- losses: K clients at once, (K, B, C) entries, (K, C) class masks, (K, B) real rows (None: all) -> (K,)
 
 
 def _real(entries: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -158,21 +132,24 @@ def _real(entries: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return entries.sum((1, 2))
 
 
-def batched_wpc_loss(logits, y, shift, active, batch_size: int, mask) -> torch.Tensor:
-    """:func:`wpc_loss` of K clients; ``shift`` and ``active`` (K, C)."""
+def wpc_loss(logits, y, shift, active, batch_size: int, mask) -> torch.Tensor:
+    """L_WPC = sum_i sum_{c in A_k} l_LA / (B |A_k|) (fedmlp.md §2.2); ``shift`` and ``active`` (K, C),
+    ``active`` 0/1."""
     per = la_bce(logits, y, shift[:, None, :]) * active[:, None, :]
     return _real(per, mask) / (batch_size * active.sum(1).clamp_min(1))
 
 
-def batched_missing_distillation(p, p_global, missing, batch_size: int, mask) -> torch.Tensor:
-    """:func:`missing_distillation` of K clients; ``missing`` (K, C); 0 for a client that misses nothing."""
+def missing_distillation(p, p_global, missing, batch_size: int, mask) -> torch.Tensor:
+    """D = sum_i sum_{c in M_k} (p - p^G)^2 / (B |M_k|) (fedmlp.md §2.3); ``missing`` (K, C); 0 for a
+    client that misses nothing."""
     m = missing.sum(1)
     total = _real(((p - p_global) ** 2) * missing[:, None, :], mask)
     return torch.where(m > 0, total / (batch_size * m).clamp_min(1), torch.zeros_like(total))
 
 
-def batched_stage2_loss(per_entry, mse, supervised, mask) -> torch.Tensor:
-    """:func:`stage2_loss` of K clients; ``supervised`` (K, B, C) bool."""
+def stage2_loss(per_entry, mse, supervised, mask) -> torch.Tensor:
+    """[sum s l + sum u mse] / [sum s + sum u] (fedmlp.md §2.6); ``supervised`` (K, B, C) bool; ``mse``
+    None: sum s l / sum s (no CR)."""
     s = supervised.float()
     if mse is None:
         return _real(per_entry * s, mask) / _real(s, mask).clamp_min(1)
@@ -253,7 +230,7 @@ class FedMLP(FLMethod):
         self.degree_g: torch.Tensor | None = None  # (C,) global learning degrees
         self._round_start = (0, 0)  # pseudo-positives / -negatives when the round began
         self._dropped = 0  # pseudo-positives pos_needs_neg discarded this round
-        self._shifts: torch.Tensor | None = None  # batched chunk: (K, C) the clients' LA shifts
+        self._shifts: torch.Tensor | None = None  # a chunk's (K, C) LA shifts of its clients
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "stage2"
@@ -292,46 +269,11 @@ class FedMLP(FLMethod):
             self._detect(k, self.ctx.data.clients[k])
         return LocalJob(info=self._shift(k))  # one train view of the client's samples
 
-    def loss_warmup(self, b: Batch) -> torch.Tensor:
-        p, ctx = self.params, self.ctx
-        bs = ctx.settings.batch_size
-        active = self.active[b.k]
-        missing = 1.0 - active
-        pw = self.pos_weights()[b.k]
-        y = self.multi_label_targets(b.idx)
-        total = 0.0
-        for v in (b.views["weak:1"], b.views["weak:2"]):
-            z = b.model(v)
-            sup = wpc_loss(z, y, b.job.info, active, bs) if p.wpc else partial_bce(z, y, pw, bs)
-            total = total + 0.5 * sup
-            if p.cr in ("both", "warmup"):
-                total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), self._teacher_probs(v), missing, bs)
-        return total
-
-    def loss_stage2(self, b: Batch) -> torch.Tensor:
-        p = self.params
-        bs = self.ctx.settings.batch_size
-        active = self.active[b.k].bool()[None]
-        pw = self.pos_weights()[b.k]
-        consistency = p.cr == "both"
-        pseudo = self.pseudo[b.idx.to(self.ctx.device, non_blocking=True)]
-        labelled = pseudo != UNLABELLED
-        # targets: annotated classes their labels, missing ones their pseudo-labels, else 0
-        y = torch.where(active | ~labelled, self.multi_label_targets(b.idx), pseudo.float())
-        supervised = active | labelled
-        z = b.model(b.x)
-        if not p.wpc and not consistency:  # FedAvg + MLD: BCE(pos_weight) over all entries / (B C)
-            return partial_bce(z, y, pw, bs)
-        per = la_bce(z, y, b.job.info) if p.wpc else F.binary_cross_entropy_with_logits(
-            z.float(), y, pos_weight=pw, reduction="none"
-        )
-        mse = (torch.sigmoid(z.float()) - self._teacher_probs(b.x)) ** 2 if consistency else None
-        return stage2_loss(per, mse, supervised)
-
-    def batched_begin(self, r, clients, jobs):
+    # the one loss form over a chunk of K clients (the sequential engine: K = 1), with its hook
+    def begin_chunk(self, r, clients, jobs):
         self._shifts = torch.stack([job.info for job in jobs])
 
-    def batched_loss_warmup(self, sb: StackedBatch) -> torch.Tensor:
+    def loss_warmup(self, sb: StackedBatch) -> torch.Tensor:
         p, bs = self.params, self.ctx.settings.batch_size
         active = self.active[sb.clients]
         missing = 1.0 - active
@@ -340,15 +282,15 @@ class FedMLP(FLMethod):
         total = 0.0
         for v in (sb.views["weak:1"], sb.views["weak:2"]):
             z = sb.forward(v)
-            sup = (batched_wpc_loss(z, y, self._shifts, active, bs, sb.mask) if p.wpc else
-                   batched_partial_bce(z, y, self.pos_weights()[sb.clients], bs, sb.mask))
+            sup = (wpc_loss(z, y, self._shifts, active, bs, sb.mask) if p.wpc else
+                   partial_bce(z, y, self.pos_weights()[sb.clients], bs, sb.mask))
             total = total + 0.5 * sup
             if p.cr in ("both", "warmup"):
                 teacher = sb.per_client(self._teacher_probs(v))
-                total = total + 0.5 * batched_missing_distillation(torch.sigmoid(z.float()), teacher, missing, bs, sb.mask)
+                total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), teacher, missing, bs, sb.mask)
         return total
 
-    def batched_loss_stage2(self, sb: StackedBatch) -> torch.Tensor:
+    def loss_stage2(self, sb: StackedBatch) -> torch.Tensor:
         p, bs = self.params, self.ctx.settings.batch_size
         k, b, c = sb.logits.shape
         active = self.active[sb.clients].bool()[:, None, :]
@@ -360,12 +302,12 @@ class FedMLP(FLMethod):
         y = torch.where(active | ~labelled, self.multi_label_targets(flat).view(k, b, c), pseudo.float())
         z = sb.logits
         if not p.wpc and not consistency:
-            return batched_partial_bce(z, y, pw, bs, sb.mask)
+            return partial_bce(z, y, pw, bs, sb.mask)
         per = la_bce(z, y, self._shifts[:, None, :]) if p.wpc else F.binary_cross_entropy_with_logits(
             z.float(), y, pos_weight=pw[:, None, :], reduction="none"
         )
         mse = (torch.sigmoid(z.float()) - sb.per_client(self._teacher_probs(sb.x))) ** 2 if consistency else None
-        return batched_stage2_loss(per, mse, active | labelled, sb.mask)
+        return stage2_loss(per, mse, active | labelled, sb.mask)
 
     def upload(self, r: int, k: int, job: LocalJob, nets) -> dict:
         """From the last warm-up round on: the trained model's dual prototypes of the annotated classes
@@ -387,10 +329,8 @@ class FedMLP(FLMethod):
         return draw_predict(self.ctx, len(self.ctx.data.clients[k]), self.ctx.settings.eval_batch_size)
 
     stages = {
-        "warmup": Stage(loss=loss_warmup, prepare=prepare_warmup, upload=upload, batched_loss=batched_loss_warmup,
-                        reserve=reserve, batched_begin=batched_begin),
-        "stage2": Stage(loss=loss_stage2, prepare=prepare_stage2, upload=upload, batched_loss=batched_loss_stage2,
-                        reserve=reserve, batched_begin=batched_begin),
+        "warmup": Stage(prepare=prepare_warmup, upload=upload, loss=loss_warmup, reserve=reserve, begin=begin_chunk),
+        "stage2": Stage(prepare=prepare_stage2, upload=upload, loss=loss_stage2, reserve=reserve, begin=begin_chunk),
     }
 
     @torch.no_grad()

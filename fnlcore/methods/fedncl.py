@@ -202,7 +202,7 @@ class FedNCL(FLMethod):
             self.relabel_client(r, k)
 
     # plain CE, batchable: the relabelling is a side effect of prepare
-    stages = {"main": Stage(loss=FLMethod.loss, prepare=prepare, batched_loss=FLMethod.batched_loss)}
+    stages = {"main": Stage(prepare=prepare, loss=FLMethod.loss)}
 
     def relabel_client(self, r: int, k: int) -> None:
         idx = self.ctx.data.clients[k]

@@ -39,7 +39,7 @@ from ..fl.state import load, per_tensor_distance, weighted_average
 from ..registry import param
 from .base import FLMethod, MethodParams, Stage, register
 from .costs import warm_up_then
-from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
+from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import class_loss_matrix, minmax_columns
 
 
@@ -128,7 +128,6 @@ class FedNoRo(LogitAdjusted, FLMethod):
     # benchmarks/README.md, bench_methods.py: stage 2 (DaAgg, per-client LA, distances);
     # warm-up rounds about 1.0x (cost_stages)
     round_cost = 1.4
-    client_networks = ("teacher",)  # stage 2: the frozen global model a noisy client distils from
     persistent = ("noisy", "loss_matrix")
 
     @classmethod
@@ -160,57 +159,37 @@ class FedNoRo(LogitAdjusted, FLMethod):
         self.refresh_priors()
         if self.stage(r) == "stage2":
             self.round_info["kd_lambda"] = ramp_weight(r, *self.ramp, self.params.lambda_max)
-            # which clients distil, once a round for the batched loss (the noisy set is fixed after warm-up)
+            # which clients distil, once a round (the noisy set is fixed after warm-up)
             self._distil = torch.as_tensor([self.distils(k) for k in range(self.ctx.data.num_clients)],
                                            device=self.ctx.device)
 
-    # -- local objectives --------------------------------------------------------------
-    def la_loss(self, b):
-        return la_cross_entropy(b.model(b.x), self.labels(b.idx), self.log_prior[b.k], self.params.tau)
-
-    def la_batched_loss(self, sb):
-        return batched_la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
-                                        self.params.tau, sb.mask)
+    # -- local objectives (each the one loss form over K clients; the sequential engine runs it at K = 1) --
+    def la_loss(self, sb):
+        """Stage 1, and a clean client in stage 2: logit-adjusted CE."""
+        return la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
+                                self.params.tau, sb.mask)
 
     def distils(self, k: int) -> bool:
         """Stage 2: a noisy client distils from the round's global model; a clean one keeps LA-CE."""
         return self.params.use_kd and k in self.noisy
 
-    def prepare_stage2(self, r, k, nets):
-        if self.distils(k):
-            load(nets["teacher"], self.global_model.state_dict())
-            nets["teacher"].eval()
-
-    def stage2_loss(self, b):
-        return self.distill_loss(b) if self.distils(b.k) else self.la_loss(b)
-
-    def stage2_batched_loss(self, sb):
-        la = self.la_batched_loss(sb)
+    def stage2_loss(self, sb):
+        """A distilling client: lambda(r) KL(softmax(f_G / T) || p_LA) + (1 - lambda(r)) NLL(p_LA) (fednoro.md
+        §4.3), f_G the round's global model, frozen; the others :meth:`la_loss`."""
+        la = self.la_loss(sb)
         if not self.params.use_kd or not self.noisy:
             return la
         with torch.no_grad():  # the teacher: the round's global model, frozen (eval mode)
             target = F.softmax(sb.per_client(self.global_model.eval()(sb.x)) / self.params.kd_temperature, dim=2)
         log_p = F.log_softmax(sb.logits + self.log_prior[sb.clients][:, None, :], dim=2)
-        log_p = torch.where(torch.isinf(log_p), torch.zeros_like(log_p), log_p)
+        log_p = torch.where(torch.isinf(log_p), torch.zeros_like(log_p), log_p)  # absent classes (code)
         kl = F.kl_div(log_p, target, reduction="none").sum(2)
         nll = -log_p.gather(2, self.labels(sb.idx.reshape(-1)).view(*sb.idx.shape, 1)).squeeze(2)
         lam = self.round_info["kd_lambda"]
         kd = lam * masked_mean(kl, sb.mask) + (1 - lam) * masked_mean(nll, sb.mask)
         return torch.where(self._distil[sb.clients], kd, la)
 
-    def distill_loss(self, b):
-        """lambda(r) KL(softmax(f_G / T) || p_LA) + (1 - lambda(r)) NLL(p_LA) (fednoro.md §4.3)."""
-        with torch.no_grad():
-            target = F.softmax(b.nets["teacher"](b.x) / self.params.kd_temperature, dim=1)
-        log_p = F.log_softmax(b.model(b.x) + self.log_prior[b.k], dim=1)
-        log_p = torch.where(torch.isinf(log_p), torch.zeros_like(log_p), log_p)  # absent classes (code)
-        lam = self.round_info["kd_lambda"]
-        return lam * F.kl_div(log_p, target, reduction="batchmean") + (1 - lam) * F.nll_loss(log_p, self.labels(b.idx))
-
-    stages = {
-        "warmup": Stage(loss=la_loss, batched_loss=la_batched_loss),
-        "stage2": Stage(loss=stage2_loss, prepare=prepare_stage2, batched_loss=stage2_batched_loss),
-    }
+    stages = {"warmup": Stage(loss=la_loss), "stage2": Stage(loss=stage2_loss)}
 
     # -- server --------------------------------------------------------------------------
     def aggregate(self, r, updates):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ..fl.local import predict
 from ..registry import param
 from .base import FLMethod, MethodParams, Stage, register
-from .logit_adjust import LogitAdjusted, batched_la_cross_entropy, la_cross_entropy
+from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import class_loss_matrix, lid_scores, minmax_columns
 
 
@@ -91,19 +91,13 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
         if self.params.logit_adjust:
             self.refresh_priors()
 
-    def loss(self, b):
-        z, y = b.model(b.x), self.labels(b.idx)
-        if self.params.logit_adjust:
-            return la_cross_entropy(z, y, self.log_prior[b.k], self.params.tau)
-        return F.cross_entropy(z, y)
-
-    def batched_loss(self, sb):
+    def loss(self, sb):
         if not self.params.logit_adjust:
-            return FLMethod.batched_loss(self, sb)
-        return batched_la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
-                                        self.params.tau, sb.mask)
+            return FLMethod.loss(self, sb)
+        return la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
+                                self.params.tau, sb.mask)
 
-    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages = {"main": Stage(loss=loss)}
 
     def end_round(self, r):
         if r != self.num_rounds() - 1:

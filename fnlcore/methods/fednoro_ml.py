@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import param
-from .base import Batch, FLMethod, MethodParams, Stage, register
+from .base import FLMethod, MethodParams, Stage, register
 from .logit_adjust import la_bce, la_shift
 from .multilabel import client_active_classes
 
@@ -46,15 +46,21 @@ def distill_weight(r: int, lambda_max: float, r0: int, r1: int) -> float:
     return lambda_max * math.exp(-5.0 * (1.0 - t) ** 2)
 
 
-def fednoro_ml_loss(z, z_teacher, y, shift, active, w: float, temperature: float) -> torch.Tensor:
-    z = z.float()
-    b = z.shape[0]
+def fednoro_ml_loss(z, z_teacher, y, shift, active, w: float, temperature: float,
+                    mask: torch.Tensor | None) -> torch.Tensor:
+    """The loss of K clients -> (K,): z, z_teacher, y (K, B, C), shift and active (K, C), mask (K, B) real rows
+    (None: all). A client with no missing class has no MSE term (its mean would be 0 / 0)."""
+    z, z_teacher = z.float(), z_teacher.float()
+    k, b, _ = z.shape
+    rows = torch.ones(k, b, 1, device=z.device) if mask is None else mask[:, :, None].to(z.dtype)
+    n = rows.sum((1, 2))
+    active = active[:, None, :]
     missing = 1.0 - active
-    sup = (la_bce(z, y, shift) * active).sum() / (b * active.sum().clamp_min(1))
-    if missing.sum() == 0:
-        return (1.0 - w) * sup
-    mse = ((torch.sigmoid(z) - torch.sigmoid(z_teacher.float() / temperature)) ** 2 * missing).sum() / (b * missing.sum())
-    return w * mse + (1.0 - w) * sup
+    sup = (la_bce(z, y, shift[:, None, :]) * active * rows).sum((1, 2))
+    sup = sup / (n * active.sum((1, 2)).clamp_min(1))
+    mse = (((torch.sigmoid(z) - torch.sigmoid(z_teacher / temperature)) ** 2) * missing * rows).sum((1, 2))
+    mse = mse / (n * missing.sum((1, 2))).clamp_min(1)  # clamped: no 0/0 where nothing is missing
+    return torch.where(missing.sum((1, 2)) == 0, (1.0 - w) * sup, w * mse + (1.0 - w) * sup)
 
 
 @register
@@ -75,30 +81,14 @@ class FedNoRoML(FLMethod):
         # classes a client does not annotate get no LA shift (their prior is unused: masked out)
         self.shift = torch.where(self.active > 0, shift, torch.zeros_like(shift))
 
-    def loss(self, b: Batch):
-        p = self.params
-        with torch.no_grad():
-            zt = self.global_model.eval()(b.x)
-        w = distill_weight(b.r, p.lambda_max, p.ramp_begin, p.ramp_end)
-        return fednoro_ml_loss(b.model(b.x), zt, self.multi_label_targets(b.idx), self.shift[b.k], self.active[b.k], w,
-                               p.kd_temperature)
-
-    def batched_loss(self, sb):
+    def loss(self, sb):
         p = self.params
         with torch.no_grad():
             zt = sb.per_client(self.global_model.eval()(sb.x)).float()
         w = distill_weight(sb.r, p.lambda_max, p.ramp_begin, p.ramp_end)
         k, b, c = sb.logits.shape
-        z = sb.logits.float()
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
-        rows = torch.ones(k, b, 1, device=z.device) if sb.mask is None else sb.mask[:, :, None].to(z.dtype)
-        n = rows.sum((1, 2))
-        active = self.active[sb.clients][:, None, :]
-        missing = 1.0 - active
-        sup = (la_bce(z, y, self.shift[sb.clients][:, None, :]) * active * rows).sum((1, 2))
-        sup = sup / (n * active.sum((1, 2)).clamp_min(1))
-        mse = (((torch.sigmoid(z) - torch.sigmoid(zt / p.kd_temperature)) ** 2) * missing * rows).sum((1, 2))
-        mse = mse / (n * missing.sum((1, 2))).clamp_min(1)  # clamped: no 0/0 where nothing is missing
-        return torch.where(missing.sum((1, 2)) == 0, (1.0 - w) * sup, w * mse + (1.0 - w) * sup)
+        return fednoro_ml_loss(sb.logits, zt, y, self.shift[sb.clients], self.active[sb.clients], w, p.kd_temperature,
+                               sb.mask)
 
-    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages = {"main": Stage(loss=loss)}

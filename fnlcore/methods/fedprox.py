@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.nn.functional as F
-
-from ..fl.batched import masked_mean
+from ..augment import on
+from ..fl.batched import clients_cross_entropy
 from ..fl.state import parameter_keys, snapshot
 from ..registry import param
+from ..syncs import host_side
 from .base import FLMethod, MethodParams, Stage, register
-from .parts import batched_proximal_term, proximal_term
+from .parts import proximal_term
 
 
 @dataclass(frozen=True)
@@ -45,21 +45,19 @@ class FedProx(FLMethod):
         self._ref = snapshot(self.global_model)
         self._keys = parameter_keys(self.global_model)
 
-    def loss(self, b):
-        loss = F.cross_entropy(b.model(b.x), self.labels(b.idx))
+    def loss(self, sb):
+        """Each client's mean CE plus its proximal term to the round's global model -> (K,)."""
+        loss = clients_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), sb.mask)
         p = self.params
-        if p.mu > 0 and not (p.skip_first_batch and b.step == 0):
-            loss = loss + proximal_term(b.model, self._ref, self._keys, p.mu, p.form)
-        return loss
+        if p.mu <= 0:
+            return loss
+        skip = None
+        if p.skip_first_batch:  # decided on the host (the timeline's epoch steps: no device sync)
+            with host_side():
+                first = sb.epoch_step_host == 0
+                if bool(first.all()):
+                    return loss
+                skip = on(first, loss.device) if bool(first.any()) else None
+        return loss + proximal_term(sb.parameters(), self._ref, self._keys, p.mu, p.form, skip)
 
-    def batched_loss(self, sb):
-        k, b, c = sb.logits.shape
-        per = F.cross_entropy(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), reduction="none")
-        loss = masked_mean(per.view(k, b), sb.mask)
-        p = self.params
-        if p.mu > 0:
-            skip = sb.epoch_step == 0 if p.skip_first_batch else None
-            loss = loss + batched_proximal_term(sb.net, self._ref, self._keys, p.mu, p.form, skip)
-        return loss
-
-    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages = {"main": Stage(loss=loss)}

@@ -1,9 +1,6 @@
-"""FedAvg with the generalized cross-entropy (Zhang & Sabuncu, NeurIPS 2018) as the local loss.
-
-L_q(f(x), y) = (1 - p_y^q) / q with p = softmax(f(x)): CE as q -> 0, the mean absolute error at
-q = 1; the paper's q = 0.7 (its CIFAR experiments; FedNoisy's GCE baseline keeps it). The
-truncated variant (L_q cut at a loss threshold k, with its pruning epochs) is not ported.
-"""
+"""FedAvg with the generalized cross-entropy (Zhang & Sabuncu, NeurIPS 2018) as the local loss:
+L_q = (1 - p_y^q) / q, CE as q -> 0, MAE at q = 1; the paper's q = 0.7 (FedNoisy's GCE baseline keeps
+it). The truncated variant (L_q cut at a loss threshold, with its pruning epochs) is not ported."""
 
 from __future__ import annotations
 
@@ -12,9 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.batched import masked_mean
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
+from .api import FLMethod, MethodParams, Stage, masked_mean, param, register
 
 
 @dataclass(frozen=True)
@@ -36,12 +31,9 @@ class GCE(FLMethod):
     paper = "Zhang & Sabuncu, NeurIPS 2018 (generalized cross-entropy); FedAvg's server; FNBench and FedNoisy baseline"
     round_cost = 1.0  # FedAvg's round with another per-sample loss
 
-    def loss(self, b):
-        return gce_per_sample(b.model(b.x), self.labels(b.idx), self.params.q).mean()
-
-    def batched_loss(self, sb):  # the same per-sample loss, each client's mean over its real rows
+    def loss(self, sb):  # the one loss form: each client's mean over its real rows -> (K,)
         k, b, c = sb.logits.shape
         per = gce_per_sample(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), self.params.q)
         return masked_mean(per.view(k, b), sb.mask)
 
-    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages = {"main": Stage(loss=loss)}

@@ -56,45 +56,40 @@ class JointOptParams(MethodParams):
 # -- pure parts ----------------------------------------------------------------------------
 
 
-def soft_cross_entropy(log_probs: torch.Tensor, soft_labels: torch.Tensor) -> torch.Tensor:
-    """−mean_i Σ_c ỹ_ic log s_c."""
-    return -(soft_labels * log_probs).sum(1).mean()
+def soft_cross_entropy(log_probs: torch.Tensor, soft_labels: torch.Tensor, mask: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """−mean_i Σ_c ỹ_ic log s_c: (..., B, C) -> (...) (each client's real rows, mask (K, B))."""
+    return masked_mean(-(soft_labels * log_probs).sum(-1), mask)
 
 
-def prior_penalty(probs: torch.Tensor) -> torch.Tensor:
-    """Σ_c π_c log(π_c / s̄_c) with π uniform and s̄ the batch-mean prediction (0 when s̄ is uniform)."""
-    c = probs.shape[1]
-    mean = probs.mean(0)
-    uniform = torch.log(torch.tensor(1.0 / c, dtype=probs.dtype)).to(probs.device, non_blocking=True)
-    return (uniform - mean.log()).mean()
-
-
-def entropy_penalty(log_probs: torch.Tensor) -> torch.Tensor:
-    """mean_i H(s_i) = −mean_i Σ_c s_ic log s_ic (0 for one-hot predictions)."""
-    return -(log_probs.exp() * log_probs).sum(1).mean()
-
-
-def jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
-    log_p = F.log_softmax(logits, dim=1)
-    return soft_cross_entropy(log_p, soft_labels) + alpha * prior_penalty(log_p.exp()) + beta * entropy_penalty(log_p)
-
-
-def batched_jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float, beta: float,
-                          mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`jointopt_loss` of K clients: logits and soft labels (K, B, C), mask (K, B) real rows or None -> (K,)."""
-    log_p = F.log_softmax(logits, dim=-1)
-    probs = log_p.exp()
-    ce = masked_mean(-(soft_labels * log_p).sum(-1), mask)
-    ent = masked_mean(-(probs * log_p).sum(-1), mask)
-    c = logits.shape[-1]
+def prior_penalty(probs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ_c π_c log(π_c / s̄_c) with π uniform and s̄ the batch-mean prediction (0 when s̄ is uniform):
+    (..., B, C) -> (...); s̄ over each client's real rows (mask (K, B)), uniform for a client
+    riding along without a batch (a finite 0)."""
+    c = probs.shape[-1]
     if mask is None:
-        mean = probs.mean(1)
-    else:  # a client without a batch (riding along) gets the uniform mean: a finite 0 penalty
-        rows = mask.sum(1, keepdim=True)
-        mean = torch.where(mask[..., None], probs, torch.zeros((), dtype=probs.dtype, device=probs.device)).sum(1)
+        mean = probs.mean(-2)
+    else:
+        rows = mask.sum(-1, keepdim=True)
+        mean = torch.where(mask[..., None], probs, torch.zeros((), dtype=probs.dtype, device=probs.device)).sum(-2)
         mean = torch.where(rows > 0, mean / rows.clamp_min(1).to(probs.dtype), torch.full_like(mean, 1.0 / c))
     uniform = torch.log(torch.tensor(1.0 / c, dtype=probs.dtype)).to(probs.device, non_blocking=True)
-    return ce + alpha * (uniform - mean.log()).mean(-1) + beta * ent
+    return (uniform - mean.log()).mean(-1)
+
+
+def entropy_penalty(log_probs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """mean_i H(s_i) = −mean_i Σ_c s_ic log s_ic (0 for one-hot predictions): (..., B, C) -> (...)."""
+    return masked_mean(-(log_probs.exp() * log_probs).sum(-1), mask)
+
+
+def jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float, beta: float,
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The loss of K clients: logits and soft labels (K, B, C), mask (K, B) real rows or None -> (K,)
+    (one client's (B, C) -> 0-dim). The prior and entropy terms take s = exp(log s) each (two
+    exponentials, as the per-client code: one shared would round the gradient differently)."""
+    log_p = F.log_softmax(logits, dim=-1)
+    return (soft_cross_entropy(log_p, soft_labels, mask) + alpha * prior_penalty(log_p.exp(), mask)
+            + beta * entropy_penalty(log_p, mask))
 
 
 def record_predictions(history: torch.Tensor, counts: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor) -> None:
@@ -128,48 +123,38 @@ class JointOpt(FLMethod):
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "joint"
 
-    def loss(self, b):
-        dev_idx = b.idx.to(self.ctx.device, non_blocking=True)
-        logits = b.model(b.x)
-        record_predictions(self.history, self.counts, dev_idx, F.softmax(logits.detach().float(), dim=1))
-        return jointopt_loss(logits, self.soft[dev_idx], self.params.alpha, self.params.beta)
-
-    def joint_loss(self, b):
-        if b.epoch > 0 and b.step == 0:  # the end of the previous epoch: labels <- prediction history
-            self._update_labels(b.k)
-        return self.loss(b)
-
-    def batched_loss(self, sb: StackedBatch):
-        """:meth:`loss` of K clients; each client's real rows record their predictions."""
+    def loss(self, sb: StackedBatch):
+        """The one loss form over K clients (the sequential engine runs it at K = 1); each client's
+        real rows record their predictions."""
         k, b, c = sb.logits.shape
         probs = F.softmax(sb.logits.detach().float(), dim=-1)
         if sb.mask is None:
             record_predictions(self.history, self.counts, sb.idx.reshape(-1), probs.reshape(k * b, c))
         else:  # real rows only; the clients hold disjoint samples
             record_predictions(self.history, self.counts, sb.idx[sb.mask], probs[sb.mask])
-        return batched_jointopt_loss(sb.logits, self.soft[sb.idx], self.params.alpha, self.params.beta, sb.mask)
+        return jointopt_loss(sb.logits, self.soft[sb.idx], self.params.alpha, self.params.beta, sb.mask)
 
     def _update_labels(self, k: int) -> None:
         idx = self.ctx.data.clients[k].to(self.ctx.device, non_blocking=True)
         self.soft[idx] = history_mean(self.history[idx], self.counts[idx])
 
-    def batched_after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
-        """A client whose step ended one of its epochs updates its labels (the sequential joint_loss does
-        it before the next epoch's first step: nothing of the client runs in between)."""
+    def epoch_end(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
+        """After each step: a client whose step ended one of its epochs (``sb.epoch_ends``) sets its
+        labels to its prediction history's mean (the per-client code did it before the next epoch's
+        first step: nothing of the client runs in between)."""
         with host_side():  # the epoch ends and the client ids are host values: no device sync
             ends = [int(sb.clients_host[i]) for i in sb.epoch_ends]
         for k in ends:
             self._update_labels(k)
 
     def upload_joint(self, r, k, job, nets):
-        self._update_labels(k)  # the end of the last epoch (batched: done already; the same values again)
+        self._update_labels(k)  # the end of the last epoch: done already (epoch_end), the same values again
         idx = self.ctx.data.clients[k]
         return {"relabelled": self.ctx.data.relabel(idx, self.soft[idx.to(self.ctx.device)].argmax(1), r, self.stage(r), k)}
 
     stages = {
-        "warmup": Stage(loss=loss, batched_loss=batched_loss),
-        "joint": Stage(loss=joint_loss, upload=upload_joint, batched_loss=batched_loss,
-                       batched_after_step=batched_after_step),
+        "warmup": Stage(loss=loss),
+        "joint": Stage(loss=loss, upload=upload_joint, after_step=epoch_end),
     }
 
     def end_round(self, r: int) -> None:

@@ -14,10 +14,6 @@ def log_priors(counts: torch.Tensor) -> torch.Tensor:
     return torch.log(counts / counts.sum(1, keepdim=True).clamp_min(1)).float()
 
 
-def la_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor, tau: float) -> torch.Tensor:
-    return F.cross_entropy(logits + tau * log_prior, y)
-
-
 class LogitAdjusted:
     """Mixin: client log-priors from the current given labels, recomputed at each round start."""
 
@@ -37,10 +33,10 @@ def la_bce(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor) -> torch.
     return F.binary_cross_entropy(torch.sigmoid(logits.float() + shift), y, reduction="none")
 
 
-def batched_la_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor, tau: float,
-                             mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`la_cross_entropy` of K clients at once: (K, B, C) logits, (K * B,) labels, (K, C) log-priors,
-    (K, B) real rows (None: all) -> (K,) means over each client's real rows."""
+def la_cross_entropy(logits: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor, tau: float,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+    """Logit-adjusted CE of K clients, CE(z + tau log(pi_k), y): (K, B, C) logits, (K * B,) or (K, B) labels,
+    (K, C) log-priors, (K, B) real rows (None: all) -> (K,) means over each client's real rows."""
     k, b, c = logits.shape
-    per = F.cross_entropy((logits + tau * log_prior[:, None, :]).reshape(k * b, c), y, reduction="none")
+    per = F.cross_entropy((logits + tau * log_prior[:, None, :]).reshape(k * b, c), y.reshape(-1), reduction="none")
     return masked_mean(per.view(k, b), mask)

@@ -41,32 +41,23 @@ def client_active_classes(data) -> torch.Tensor:
 
 def partial_bce(
     logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor | None, batch_size: int,
-    classes: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None, classes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """FedMLP's FedAvg / FedAvg-PL loss (fedmlp.md §6, baselines.md §14).
+    """FedMLP's FedAvg / FedAvg-PL loss of K clients (fedmlp.md §6, baselines.md §14) -> (K,).
 
-    Σ_i Σ_{c} BCEwithlogits_pw(z_ic, y_ic) / (B * C), or with ``classes`` (a (C,) 0/1 mask of
-    the client's annotated classes, FedAvg-PL) the sum over those classes / (B * |A_k|);
-    B = the nominal batch size (``batch_size``), also for a smaller last batch.
+    Σ_i Σ_{c} BCEwithlogits_pw(z_ic, y_ic) / (B * C), or with ``classes`` (0/1 masks of each client's
+    annotated classes, FedAvg-PL) the sum over those classes / (B * |A_k|); B = the nominal batch
+    size (``batch_size``), also for a smaller last batch. (K, B, C) logits and targets, (K, C)
+    pos_weight and class masks, (K, B) real rows (None: all); without the client axis ((B, C),
+    (C,)) one batch's loss, a scalar.
     """
-    per = F.binary_cross_entropy_with_logits(logits.float(), y, pos_weight=pos_weight, reduction="none")
-    if classes is None:
-        return per.sum() / (batch_size * logits.shape[1])
-    return (per * classes).sum() / (batch_size * classes.sum().clamp_min(1))
-
-
-def batched_partial_bce(
-    logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor, batch_size: int, mask: torch.Tensor | None,
-    classes: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """:func:`partial_bce` of K clients at once: (K, B, C) logits and targets, (K, C) pos_weight and
-    class masks, (K, B) real rows (None: all) -> (K,)."""
-    per = F.binary_cross_entropy_with_logits(logits.float(), y, pos_weight=pos_weight[:, None, :], reduction="none")
+    pw = None if pos_weight is None else pos_weight[..., None, :]
+    per = F.binary_cross_entropy_with_logits(logits.float(), y, pos_weight=pw, reduction="none")
     if classes is not None:
-        per = per * classes[:, None, :]
-    per = per.sum(2)
+        per = per * classes[..., None, :]
+    per = per.sum(-1)
     if mask is not None:
         per = torch.where(mask, per, torch.zeros_like(per))
     if classes is None:
-        return per.sum(1) / (batch_size * logits.shape[2])
-    return per.sum(1) / (batch_size * classes.sum(1).clamp_min(1))
+        return per.sum(-1) / (batch_size * logits.shape[-1])
+    return per.sum(-1) / (batch_size * classes.sum(-1).clamp_min(1))

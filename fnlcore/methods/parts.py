@@ -11,11 +11,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..augment import draw_device, on
+from ..augment import draw_device
 from ..fl.local import predict
 from ..fl.stacked import per_client, select_clients_
 from ..syncs import host_side
-from ..randaugment import mixup
 
 
 def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -26,17 +25,6 @@ def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     on 10 classes) is what their GMMs and rankings saw (fedcorr.md §4, A2).
     """
     return F.cross_entropy(probs.float(), labels, reduction="none")
-
-
-def mixup_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, alpha: float,
-                        gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """lambda CE(f(x~), y) + (1 - lambda) CE(f(x~), y[pi]) with one forward pass on x~ (FedCorr, FedDiv).
-
-    Returns (loss, logits of the mixed batch) so a caller can add terms on the same output.
-    """
-    xm, ya, yb, lam = mixup(x, y, alpha, gen)
-    out = model(xm)
-    return lam * F.cross_entropy(out, ya) + (1.0 - lam) * F.cross_entropy(out, yb), out
 
 
 def group_shape(num_clients: int, fraction: float | None) -> tuple[int, int]:
@@ -92,24 +80,23 @@ def client_outputs(ctx, model: torch.nn.Module, idx: torch.Tensor, augment: bool
     return logits, probs, double_softmax_loss(probs, labels)
 
 
-def batched_proximal_term(net, ref: dict[str, torch.Tensor], keys: list[str], mu: float, form: str,
-                          skip: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`proximal_term` of the K clients of a :class:`~fnlcore.fl.stacked.StackedNet` at once -> (K,);
-    0 where ``skip`` (K,) is set, with no gradient (the square root's at 0 would be infinite)."""
-    params = dict(net.net.named_parameters())
-    sq = sum(((params[k] - ref[k].unsqueeze(0)) ** 2).flatten(1).sum(1) for k in keys)
+def proximal_term(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], keys: list[str], mu,
+                  form: str, skip: torch.Tensor | None = None) -> torch.Tensor:
+    """The proximal term of K clients -> (K,): ``params`` each trainable parameter (K, ...) by name
+    (``StackedBatch.parameters()``), ``ref`` the round's global values; ``form`` "squared_half":
+    mu/2 ||w - w_g||^2, else mu ||w - w_g|| (FedCorr's un-squared form); ``mu`` a float or (K,).
+    0 where ``skip`` (K,) is set, with no gradient (the square root's at 0 would be infinite).
+
+    Each client's squares are summed over all but the client axis in one reduction: at K = 1 the
+    same order, and so the same bits, as a whole-tensor ``sum()`` of one model's parameter."""
+    sq = 0
+    for k in keys:
+        d = (params[k] - ref[k].unsqueeze(0)) ** 2
+        sq = sq + d.sum(tuple(range(1, d.dim())))
     if skip is not None:
         sq = torch.where(skip, torch.ones_like(sq), sq)
     out = 0.5 * mu * sq if form == "squared_half" else mu * torch.sqrt(sq)
     return out if skip is None else torch.where(skip, torch.zeros_like(out), out)
-
-
-def proximal_term(model: torch.nn.Module, ref: dict[str, torch.Tensor], keys: list[str], mu: float, form: str) -> torch.Tensor:
-    params = dict(model.named_parameters())
-    sq = sum(((params[k] - ref[k]) ** 2).sum() for k in keys)
-    if form == "squared_half":
-        return 0.5 * mu * sq
-    return mu * torch.sqrt(sq)
 
 
 def ema_update(teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
@@ -123,21 +110,21 @@ def ema_update(teacher: torch.nn.Module, student: torch.nn.Module, decay: float)
                 t.copy_(s[key])
 
 
-def js_elementwise(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
-    """1/2 [KL(q1 || m) + KL(q2 || m)], m = (q1 + q2) / 2, each KL averaged over all B*C elements (code)."""
+def js_elementwise(q1: torch.Tensor, q2: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """1/2 [KL(q1 || m) + KL(q2 || m)], m = (q1 + q2) / 2, each KL summed and divided by a client's
+    B * C elements (the code's deprecated 'mean', spelled out): q (..., B, C) -> (...), a client's
+    real rows only (mask (K, B)). ``F.kl_div`` per entry, as the code: a hand-written KL rounds
+    its gradient differently."""
     log_m = ((q1 + q2) / 2).log()
-    n = q1.numel()  # reduction 'sum' / numel: torch's deprecated 'mean' spelled out (it will change meaning)
-    return 0.5 * (F.kl_div(log_m, q1, reduction="sum") + F.kl_div(log_m, q2, reduction="sum")) / n
-
-
-def batched_js_elementwise(q1: torch.Tensor, q2: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`js_elementwise` of K clients: q (K, B, C) -> (K,), each over its real rows' B_k * C elements."""
-    log_m = ((q1 + q2) / 2).log()
-    per = (q1 * (q1.log() - log_m) + q2 * (q2.log() - log_m)).sum(-1)  # (K, B): KL sums per row
-    rows = torch.full(per.shape[:1], per.shape[1], dtype=per.dtype, device=per.device) if mask is None else mask.sum(1)
-    if mask is not None:
-        per = torch.where(mask, per, torch.zeros((), dtype=per.dtype, device=per.device))
-    return 0.5 * per.sum(1) / (rows.to(per.dtype) * q1.shape[-1])
+    kl1, kl2 = F.kl_div(log_m, q1, reduction="none"), F.kl_div(log_m, q2, reduction="none")
+    c = q1.shape[-1]
+    if mask is None:
+        n = q1.shape[-2] * c
+    else:
+        zero = torch.zeros((), dtype=kl1.dtype, device=kl1.device)
+        kl1, kl2 = torch.where(mask[..., None], kl1, zero), torch.where(mask[..., None], kl2, zero)
+        n = mask.sum(-1).clamp_min(1).to(kl1.dtype) * c  # a client riding along without a batch: 0, not 0/0
+    return 0.5 * (kl1.sum((-2, -1)) + kl2.sum((-2, -1))) / n
 
 
 def beta_draw(alpha: float, gen: torch.Generator, device) -> float:
@@ -252,21 +239,9 @@ class MixupDraw:
         return g[0] / (g[0] + g[1]), torch.randperm(n, generator=gen, device=device)
 
 
-def drawn_mixup_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, draws: tuple,
-                              shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`mixup_cross_entropy` with the batch's :class:`MixupDraw` draws; ``shift`` is added to the
-    logits inside both CE terms (logit adjustment). Returns (loss, logits of the mixed batch)."""
-    with host_side():  # the batch's draws are host tensors in a run
-        lam = float(draws[0])
-    perm = on(draws[1], x.device)
-    out = model(lam * x + (1.0 - lam) * x[perm])
-    z = out if shift is None else out + shift
-    return lam * F.cross_entropy(z, y) + (1.0 - lam) * F.cross_entropy(z, y[perm]), out
-
-
-def batched_mixup_view(view: torch.Tensor, lam: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """K clients' mixed inputs: view (K * B, ...), lam (K,), perm (K, B) within each client's batch ->
-    lam_k x + (1 - lam_k) x[perm_k], (K * B, ...) client after client."""
+def mixup_view(view: torch.Tensor, lam: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """K clients' mixed inputs from their :class:`MixupDraw` draws: view (K * B, ...), lam (K,), perm (K, B)
+    within each client's batch -> lam_k x + (1 - lam_k) x[perm_k], (K * B, ...) client after client."""
     k, b = perm.shape
     x = view.reshape(k, b, *view.shape[1:])
     partner = x[torch.arange(k, device=x.device)[:, None], _real_partners(perm)]
@@ -274,10 +249,11 @@ def batched_mixup_view(view: torch.Tensor, lam: torch.Tensor, perm: torch.Tensor
     return (lam * x + (1.0 - lam) * partner).reshape(view.shape)
 
 
-def batched_mixup_cross_entropy(logits: torch.Tensor, y: torch.Tensor, lam: torch.Tensor, perm: torch.Tensor,
-                                mask: torch.Tensor | None, shift: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`drawn_mixup_cross_entropy`'s loss of K clients: logits (K, B, C) of the mixed batches, y (K, B),
-    lam (K,), perm (K, B), mask (K, B) real rows or None, shift (K, 1, C) or None -> (K,)."""
+def mixup_cross_entropy(logits: torch.Tensor, y: torch.Tensor, lam: torch.Tensor, perm: torch.Tensor,
+                        mask: torch.Tensor | None, shift: torch.Tensor | None = None) -> torch.Tensor:
+    """lambda CE(f(x~), y) + (1 - lambda) CE(f(x~), y[pi]) of K clients (FedCorr, FedDiv): logits (K, B, C) of
+    the mixed batches (:func:`mixup_view`), y (K, B), lam (K,), perm (K, B), mask (K, B) real rows or None,
+    ``shift`` (K, 1, C) added to the logits inside both CE terms (logit adjustment) or None -> (K,)."""
     from ..fl.batched import masked_mean
 
     k, b, c = logits.shape

@@ -82,12 +82,6 @@ class RHFL(FLMethod):
         super().__init__(params, ctx)
         self.prev_loss = np.full(ctx.data.num_clients, np.nan)  # L_k of the client's last participation
 
-    def loss(self, b):
-        z, y = b.model(b.x), self.labels(b.idx)
-        if self.params.local_loss == "ce":
-            return F.cross_entropy(z, y)
-        return symmetric_ce(z, y, self.params.alpha, self.params.beta_s)
-
     def upload(self, r, k, job, nets):
         """L_k^t: the mean SCE of the trained model on the client's data (eval mode, no augmentation)."""
         idx = self.ctx.data.clients[k]
@@ -95,7 +89,7 @@ class RHFL(FLMethod):
         y = self.ctx.data.given[idx.to(self.ctx.device)]
         return {"mean_loss": float(symmetric_ce(logits, y, self.params.alpha, self.params.beta_s))}
 
-    def batched_loss(self, sb):
+    def loss(self, sb):
         k, b, c = sb.logits.shape
         z, y = sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1))
         if self.params.local_loss == "ce":
@@ -104,7 +98,7 @@ class RHFL(FLMethod):
             per = symmetric_ce(z, y, self.params.alpha, self.params.beta_s, reduction="none")
         return masked_mean(per.view(k, b), sb.mask)
 
-    stages = {"main": Stage(loss=loss, upload=upload, batched_loss=batched_loss)}
+    stages = {"main": Stage(upload=upload, loss=loss)}
 
     def aggregate(self, r, updates):
         ups = list(updates)  # CCR needs every client's loss before weighting

@@ -28,8 +28,9 @@ Decided where the spec is silent: the pseudo-label / round-0 feature pass runs o
 images; at least one sample of each batch is kept (⌊0.8 · 1⌋ = 0 would make an empty mean, NaN);
 the centroid update uses the features of the step's forward pass (before the step).
 
-Batched engine: the K clients' selections, losses and centroid updates at once (centroids stacked
-(K, C, d), updated only for clients that stepped); equal per client to the sequential engine's.
+One loss form over K clients (the batched engine's chunk; the sequential engine: K = 1 with the same
+hooks): their selections, losses and centroid updates at once (centroids stacked (K, C, d), updated
+only for the clients that stepped).
 """
 
 from __future__ import annotations
@@ -101,13 +102,6 @@ def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) 
     return sums / counts.clamp_min(1).unsqueeze(1)
 
 
-def update_centroids(centroids: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """f[c] <- (1 − s²) f[c] + s² f̂_c, s = cos(f[c], f̂_c), f̂_c = batch mean of class c (zero: unchanged)."""
-    batch_means = class_means(features, labels, centroids.shape[0])
-    s2 = F.cosine_similarity(centroids, batch_means, dim=1).pow(2).unsqueeze(1)
-    return (1 - s2) * centroids + s2 * batch_means
-
-
 def aggregate_centroids(global_old: torch.Tensor, client_centroids: torch.Tensor) -> torch.Tensor:
     """f_G[c] = Σ_k s_kc f_k[c] / Σ_k s_kc, s_kc = cos(f_G_old[c], f_k[c]); (K, C, d) clients.
 
@@ -121,50 +115,21 @@ def aggregate_centroids(global_old: torch.Tensor, client_centroids: torch.Tensor
     return num / den.unsqueeze(1)
 
 
-def small_loss_indices(losses: torch.Tensor, forget_rate: float) -> torch.Tensor:
-    """Positions of the ⌊(1 − r)|B|⌋ smallest losses (at least one), smallest first."""
-    keep = max(int((1.0 - forget_rate) * losses.numel()), 1)
-    return torch.sort(losses.detach(), stable=True).indices[:keep]
-
-
 def nearest_centroid(features: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """argmax_c cos(f[c], φ_i) for every row of ``features`` (one matmul of unit vectors)."""
-    return (F.normalize(features, dim=1) @ F.normalize(centroids, dim=1).T).argmax(1)
-
-
-class BatchLoss(NamedTuple):
-    loss: torch.Tensor
-    selected: torch.Tensor  # positions in the batch that entered the loss
-    targets: torch.Tensor  # y* of the selected samples
-    mask: torch.Tensor  # m_i of the selected samples (bool)
-
-
-def rofl_batch_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, pseudo: torch.Tensor,
-                    centroids: torch.Tensor, forget_rate: float, lambda_cen: float, lambda_e: float,
-                    use_pseudo: bool, cen_grad: bool) -> BatchLoss:
-    """RoFL's local objective on one batch (§5 step 3-4); ``pseudo`` are the global pseudo-labels."""
-    per_sample = F.cross_entropy(logits, labels, reduction="none")
-    sel = small_loss_indices(per_sample, forget_rate)
-    z, y = logits[sel], labels[sel]
-    phi = features[sel] if cen_grad else features[sel].detach()
-    mask = nearest_centroid(phi.detach(), centroids) == y
-    targets = torch.where(mask, y, pseudo[sel]) if use_pseudo else y
-    l_c = F.cross_entropy(z, targets)
-    l_cen = (mask.unsqueeze(1) * (phi - centroids[y]).pow(2)).sum()
-    log_p = F.log_softmax(z, dim=1)
-    l_e = -(log_p.exp() * log_p).sum(1).mean()
-    return BatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, sel, targets, mask)
+    """argmax_c cos(f[c], φ_i) for every row of ``features`` (K, B, d) against its client's ``centroids``
+    (K, C, d) -> (K, B) (one batched matmul of unit vectors; also (B, d) against (C, d))."""
+    return (F.normalize(features, dim=-1) @ F.normalize(centroids, dim=-1).transpose(-1, -2)).argmax(-1)
 
 
 def keep_counts(rows: torch.Tensor, forget_rate: float) -> torch.Tensor:
-    """(K,) ⌊(1 − r)|B_k|⌋ (at least one) of each client's real rows, as :func:`small_loss_indices`
-    computes it in Python floats (float64 here); a client without rows (a rider) keeps none."""
+    """(K,) ⌊(1 − r)|B_k|⌋ (at least one) of each client's real rows, computed as in Python floats
+    (float64 here); a client without rows (a rider) keeps none."""
     keep = torch.floor(rows.double() * (1.0 - forget_rate)).clamp_min(1)
     return torch.where(rows > 0, keep, torch.zeros_like(keep))
 
 
 def small_loss_order(losses: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None):
-    """K clients' :func:`small_loss_indices`: (order (K, B) of the rows by loss, a stable sort with
+    """The small-loss selection of K clients: (order (K, B) of the rows by loss, a stable sort with
     padded rows last; kept (K, B) bool in that order, the first ``keep`` (K,) of each client)."""
     k, b = losses.shape
     keyed = losses.detach() if mask is None else torch.where(mask, losses.detach(), float("inf"))
@@ -173,7 +138,7 @@ def small_loss_order(losses: torch.Tensor, keep: torch.Tensor, mask: torch.Tenso
     return order, kept
 
 
-class StackedBatchLoss(NamedTuple):
+class BatchLoss(NamedTuple):
     loss: torch.Tensor  # (K,)
     order: torch.Tensor  # (K, B) rows sorted by loss: the tensors below are in this order
     kept: torch.Tensor  # (K, B) bool: the selected rows
@@ -181,11 +146,12 @@ class StackedBatchLoss(NamedTuple):
     mask: torch.Tensor  # (K, B) bool m_i (False outside the selection)
 
 
-def batched_rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, pseudo: torch.Tensor,
-                      centroids: torch.Tensor, forget_rate: float, lambda_cen: float, lambda_e: float,
-                      use_pseudo: bool, cen_grad: bool, rows: torch.Tensor | None) -> StackedBatchLoss:
-    """:func:`rofl_batch_loss` of K clients at once: logits (K, B, C), features (K, B, d), labels and
-    pseudo-labels (K, B), centroids (K, C, d), ``rows`` (K, B) real rows or None; one loss per client."""
+def rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, pseudo: torch.Tensor,
+              centroids: torch.Tensor, forget_rate: float, lambda_cen: float, lambda_e: float,
+              use_pseudo: bool, cen_grad: bool, rows: torch.Tensor | None) -> BatchLoss:
+    """RoFL's local objective (§5 step 3) of K clients: logits (K, B, C), features (K, B, d), labels
+    and global pseudo-labels (K, B), centroids (K, C, d), ``rows`` (K, B) real rows or None; one
+    loss per client."""
     k, b, c = logits.shape
     per_sample = F.cross_entropy(logits.reshape(k * b, c), labels.reshape(-1), reduction="none").view(k, b)
     n_rows = torch.full((k,), b, device=logits.device) if rows is None else rows.sum(1)
@@ -194,8 +160,7 @@ def batched_rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torc
     z, y = logits.gather(1, order[:, :, None].expand(k, b, c)), labels.gather(1, order)
     f = features.gather(1, order[:, :, None].expand(k, b, features.shape[2]))
     phi = f if cen_grad else f.detach()
-    sims = F.normalize(phi.detach(), dim=2) @ F.normalize(centroids, dim=2).transpose(1, 2)
-    mask = (sims.argmax(2) == y) & kept
+    mask = (nearest_centroid(phi.detach(), centroids) == y) & kept
     targets = torch.where(mask, y, pseudo.gather(1, order)) if use_pseudo else y
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
     denom = keep.clamp_min(1).to(z.dtype)
@@ -206,13 +171,14 @@ def batched_rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torc
     log_p = F.log_softmax(z, dim=2)
     entropy = -(log_p.exp() * log_p).sum(2)
     l_e = torch.where(kept, entropy, zero).sum(1) / denom
-    return StackedBatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, order, kept, targets, mask)
+    return BatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, order, kept, targets, mask)
 
 
-def batched_update_centroids(centroids: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
-                             kept: torch.Tensor) -> torch.Tensor:
-    """:func:`update_centroids` of K clients: centroids (K, C, d), the rows' features (K, B, d) and
-    labels (K, B) with ``kept`` (K, B) the selected ones; the class sums add the rows in their order."""
+def update_centroids(centroids: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+                     kept: torch.Tensor) -> torch.Tensor:
+    """§5 step 4 for K clients: f[c] <- (1 − s²) f[c] + s² f̂_c, s = cos(f[c], f̂_c), f̂_c the mean of
+    the kept rows of class c (zero, f[c] unchanged, when there are none); centroids (K, C, d), the
+    rows' features (K, B, d) and labels (K, B), ``kept`` (K, B); the class sums add the rows in order."""
     k, c, d = centroids.shape
     # Rows not kept go to one spare slot (k * c), dropped after: fixed shapes, no device sync; each
     # real slot still adds its rows in their order.
@@ -251,7 +217,7 @@ class RoFL(FLMethod):
         gen = torch.Generator().manual_seed(int(ctx.rng.randint(0, 2**31 - 1)))
         self.f_g = torch.randn(ctx.data.num_classes, self.global_model.feature_dim, generator=gen).to(ctx.device)
         self._pseudo = torch.zeros(len(ctx.data.train), dtype=torch.int64, device=ctx.device)
-        # a batched chunk's centroids (K, C, d) and its last step's (features, labels, kept) in loss order
+        # a chunk's centroids (K, C, d) and its last step's (features, labels, kept) in loss order
         self._chunk_centroids: torch.Tensor | None = None
         self._chunk_step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -277,46 +243,25 @@ class RoFL(FLMethod):
             centroids = class_means(feats, ctx.data.given[dev_idx], ctx.data.num_classes)
         else:
             centroids = self.f_g.clone()
-        # the client's centroids, and the selected features and labels of the last step (for after_step)
-        info = {"centroids": centroids, "step": None}
-
-        def centroid_step() -> None:  # §5 step 4 (the batched engine runs batched_after_step instead)
-            info["centroids"] = update_centroids(info["centroids"], *info["step"])
-
-        # the train augmentation declared as the "weak" view: the batched loss runs forward_features on it
-        return LocalJob(phases=[Phase(augment="raw", views=("weak",), after_step=centroid_step)], info=info)
-
-    def loss(self, b):
-        p, info = self.params, b.job.info
-        dev_idx = b.idx.to(self.ctx.device, non_blocking=True)
-        labels = self.ctx.data.given[dev_idx]
-        logits, feats = b.model.forward_features(b.views["weak"])
-        out = rofl_batch_loss(logits, feats, labels, self._pseudo[dev_idx], info["centroids"], self._forget,
-                              self._lambda_cen, p.lambda_e, b.r >= p.t_pl, p.cen_grad)
-        y = labels[out.selected]
-        info["step"] = (feats[out.selected].detach().float(), y)
-        self._counts += torch.stack([
-            torch.tensor(float(out.selected.numel()), dtype=torch.float64).to(y.device, non_blocking=True),
-            out.mask.sum().double(), (out.targets != y).sum().double(),
-        ])
-        return out.loss
+        # the train augmentation declared as the "weak" view: the loss runs forward_features on it
+        return LocalJob(phases=[Phase(augment="raw", views=("weak",))], info={"centroids": centroids})
 
     def upload(self, r, k, job, nets):
         return {"centroids": job.info["centroids"]}
 
-    # -- the same for K clients at once (the batched engine) -------------------------------------
-    def batched_begin(self, r, clients, jobs):
-        """The chunk's centroids stacked (K, C, d), updated after every stacked step."""
+    # the one loss form over a chunk of K clients (the sequential engine: K = 1), with its hooks
+    def begin_chunk(self, r, clients, jobs):
+        """The chunk's centroids stacked (K, C, d), updated after every step."""
         self._chunk_centroids = torch.stack([job.info["centroids"] for job in jobs])
 
-    def batched_loss(self, sb):
+    def loss(self, sb):
         p = self.params
         k, b = sb.idx.shape
         i = sb.idx.reshape(-1)
         labels = self.ctx.data.given[i].view(k, b)
         logits, feats = sb.forward_features(sb.views["weak"])
-        out = batched_rofl_loss(logits, feats, labels, self._pseudo[i].view(k, b), self._chunk_centroids,
-                                self._forget, self._lambda_cen, p.lambda_e, sb.r >= p.t_pl, p.cen_grad, sb.mask)
+        out = rofl_loss(logits, feats, labels, self._pseudo[i].view(k, b), self._chunk_centroids,
+                        self._forget, self._lambda_cen, p.lambda_e, sb.r >= p.t_pl, p.cen_grad, sb.mask)
         f = feats.detach().float().gather(1, out.order[:, :, None].expand(k, b, feats.shape[2]))
         y = labels.gather(1, out.order)
         self._chunk_step = (f, y, out.kept)
@@ -324,20 +269,20 @@ class RoFL(FLMethod):
                                      ((out.targets != y) & out.kept).sum().double()])
         return out.loss
 
-    def batched_after_step(self, sb, stepped):
+    def after_step(self, sb, stepped):
+        """§5 step 4 on the step's selected features, for the clients that stepped."""
         feats, labels, kept = self._chunk_step
-        new = batched_update_centroids(self._chunk_centroids, feats, labels, kept)
+        new = update_centroids(self._chunk_centroids, feats, labels, kept)
         self._chunk_centroids = torch.where(stepped[:, None, None], new, self._chunk_centroids)
         self._chunk_step = None
 
-    def batched_end(self, r, clients, jobs):
+    def end_chunk(self, r, clients, jobs):
         for job, centroids in zip(jobs, self._chunk_centroids):
             job.info["centroids"] = centroids.clone()
         self._chunk_centroids = None
 
-    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload, batched_loss=batched_loss,
-                            batched_begin=batched_begin, batched_after_step=batched_after_step,
-                            batched_end=batched_end)}
+    stages = {"main": Stage(prepare=prepare, upload=upload, loss=loss, begin=begin_chunk, after_step=after_step,
+                            end=end_chunk)}
 
     def aggregate(self, r: int, updates) -> None:
         stacked = torch.stack([u.uploads["centroids"] for u in self.fedavg(updates)])

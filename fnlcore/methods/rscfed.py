@@ -39,7 +39,7 @@ from ..fl.stacked import StackedNet, stacked_input
 from ..fl.state import load, snapshot, weighted_average
 from ..registry import param
 from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .multilabel import batched_partial_bce, client_active_classes, partial_bce
+from .multilabel import client_active_classes, partial_bce
 from .parts import batched_ema_update, ema_update
 
 
@@ -167,7 +167,7 @@ class RSCFed(FLMethod):
         k, bsz = sb.idx.shape
         z = sb.forward(sb.views["weak:1"])
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, bsz, -1)
-        loss = batched_partial_bce(z, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
+        loss = partial_bce(z, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
                                    classes=self.active[sb.clients])
         with torch.no_grad():
             pt = torch.sigmoid(self._chunk(stacked_input(sb.views["weak:2"], k)).float())
@@ -196,8 +196,8 @@ class RSCFed(FLMethod):
         self.teachers.put(k, teacher if teacher is not None else nets["teacher"].state_dict())  # stays with the client
         return {}
 
-    stages = {"main": Stage(loss=loss, prepare=prepare, upload=upload, batched_loss=batched_loss,
-                            batched_begin=batched_begin, batched_after_step=batched_after_step, batched_end=batched_end)}
+    stages = {"main": Stage(prepare=prepare, upload=upload, loss=batched_loss, sequential_loss=loss,
+                            begin=batched_begin, after_step=batched_after_step, end=batched_end)}
 
     def aggregate(self, r, updates):
         got = {u.client: u for u in updates}

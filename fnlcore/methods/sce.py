@@ -50,12 +50,9 @@ class SCE(FLMethod):
         p = self.params
         return sce_per_sample(logits, y, p.alpha, p.beta, LOG_ZERO[p.log_zero])
 
-    def loss(self, b):
-        return self._per_sample(b.model(b.x), self.labels(b.idx)).mean()
-
-    def batched_loss(self, sb):  # the same per-sample loss, each client's mean over its real rows
+    def loss(self, sb):  # each client's mean per-sample loss over its real rows
         k, b, c = sb.logits.shape
         per = self._per_sample(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)))
         return masked_mean(per.view(k, b), sb.mask)
 
-    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages = {"main": Stage(loss=loss)}

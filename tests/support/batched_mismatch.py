@@ -6,9 +6,11 @@ registered: this module is not named in FNL_PLUGINS and calls no ``register``, s
 The contract test hands the classes to its comparison directly.
 
 * ``GCE``: FedAvg with generalized cross-entropy, L_q = (1 - p_y^q) / q (Zhang & Sabuncu 2018),
-  its batched form the same loss on K clients at once: it must pass the contract;
-* ``GCEWithCEBatched``: the same method whose batched form computes plain cross-entropy (the
-  mistake the contract exists for: every other test passes it): it must fail the contract.
+  its one loss form each client's mean over its real rows: it must pass the contract;
+* ``GCEStackMean``: the same loss divided by every row of the step (K * B) instead of each
+  client's own rows: right at K = 1, the sequential engine's case, and wrong on the batched
+  engine, where each client's gradient shrinks by K (the mistake the contract exists for: every
+  other test passes it): it must fail the contract.
 """
 
 from __future__ import annotations
@@ -40,24 +42,27 @@ class GCE(FLMethod):
     Params = GCEParams
     paper = "test plug-in (not registered)"
 
-    def loss(self, b):
-        return gce(b.model(b.x), self.labels(b.idx), self.params.q).mean()
-
-    def batched_loss(self, sb):
+    def loss(self, sb):
         k, b, c = sb.logits.shape
         per = gce(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), self.params.q)
         return masked_mean(per.view(k, b), sb.mask)
 
-    stages = {"main": Stage(loss=loss, batched_loss=batched_loss)}
+    stages = {"main": Stage(loss=loss)}
 
 
 @dataclass(frozen=True)
-class GCEWithCEBatchedParams(GCEParams):
-    name = "test_gce_ce_batched"
+class GCEStackMeanParams(GCEParams):
+    name = "test_gce_stack_mean"
 
 
-class GCEWithCEBatched(GCE):
-    """GCE sequentially, plain cross-entropy batched: a wrong batched form."""
+class GCEStackMean(GCE):
+    """GCE whose loss form divides by the whole step's rows: per client only at K = 1."""
 
-    Params = GCEWithCEBatchedParams
-    stages = {"main": Stage(loss=GCE.loss, batched_loss=FLMethod.batched_loss)}
+    Params = GCEStackMeanParams
+
+    def loss(self, sb):
+        k, b, c = sb.logits.shape
+        per = gce(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), self.params.q)
+        return per.view(k, b).sum(1) / per.numel()
+
+    stages = {"main": Stage(loss=loss)}

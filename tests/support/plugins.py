@@ -42,19 +42,13 @@ class Smooth(FLMethod):
     def stage(self, r: int) -> str:
         return "plain" if r < self.params.start_round else "smooth"
 
-    def loss(self, b):
-        return F.cross_entropy(b.model(b.x), self.labels(b.idx), label_smoothing=self.params.smoothing)
-
-    def batched_loss(self, sb):  # the same loss on K clients' (K, B, classes) logits at once
+    def loss(self, sb):  # each client's mean over its real rows; one form for both engines
         k, b, c = sb.logits.shape
         per = F.cross_entropy(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)),
                               label_smoothing=self.params.smoothing, reduction="none")
         return masked_mean(per.view(k, b), sb.mask)
 
-    stages = {
-        "plain": Stage(loss=FLMethod.loss, batched_loss=FLMethod.batched_loss),  # FedAvg's
-        "smooth": Stage(loss=loss, batched_loss=batched_loss),
-    }
+    stages = {"plain": Stage(loss=FLMethod.loss), "smooth": Stage(loss=loss)}  # plain: FedAvg's
 
 
 # -- a noise model: symmetric noise at half the given rate on every client --------------------------

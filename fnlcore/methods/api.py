@@ -1,0 +1,31 @@
+"""Everything a method takes from the engine, in one place: ``from fnlcore.methods.api import ...``.
+
+A method is a hyper-parameter dataclass (:class:`MethodParams`, fields declared with
+:func:`param`), a subclass of :class:`FLMethod` registered with :func:`register`, and its
+stage table (:class:`Stage`): each stage's one loss form over K clients (:class:`StackedBatch`
+-> (K,) losses; the sequential engine runs it at K = 1 on the plain model), what a client
+prepares (:class:`LocalJob`, :class:`Phase`) and uploads, and the per-chunk hooks. The engine
+owns the loop, the state, the batching and the devices; what it offers a loss or a server step
+is below. Shared method pieces (mixup, proximal terms, logit adjustment, multi-label losses)
+live in :mod:`.parts`, :mod:`.logit_adjust` and :mod:`.multilabel`.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError, FNLError
+from ..fl import sampling
+from ..fl.batched import StackedBatch, clients_cross_entropy, masked_mean
+from ..fl.local import draw_predict, evaluate, forward_bounded, predict
+from ..fl.persist import ClientStore
+from ..fl.state import RunningAverage, State, load, parameter_keys, snapshot, weighted_average
+from ..registry import param
+from ..syncs import host_side
+from .base import Batch, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .costs import CostStage, warm_up_then
+
+__all__ = [
+    "Batch", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
+    "MethodParams", "Phase", "RunningAverage", "Stage", "StackedBatch", "State", "clients_cross_entropy",
+    "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "param", "parameter_keys",
+    "predict", "register", "sampling", "snapshot", "warm_up_then", "weighted_average",
+]
