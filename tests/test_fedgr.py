@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fnlcore.errors import ConfigError
+from fnlcore.fl.copies import OneCopy
 from fnlcore.fl.pipeline import InputPipeline
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
@@ -17,10 +18,9 @@ from fnlcore.fl.state import snapshot
 from fnlcore.methods import METHODS
 from fnlcore.methods.base import ClientUpdate
 from fnlcore.methods.fedgr import (
-    EmaTracker,
     FedGRParams,
     clean_only_loss,
-    distill_kl,
+    distill_kl_rows,
     ema_blend,
     fixmatch_labels,
     refine_reliable,
@@ -100,10 +100,12 @@ def test_distillation_kl_by_hand():
     uniform = torch.zeros(1, 2)
     target = torch.log(B([[3.0, 1.0]]))
     # τ = 1: KL([0.75, 0.25] ‖ [0.5, 0.5]) = 0.75 log 1.5 + 0.25 log 0.5
-    assert float(distill_kl(uniform, target, 1.0)) == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), rel=1e-5)
+    assert float(distill_kl_rows(uniform, target, 1.0)) == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5),
+                                                                         rel=1e-5)
     # τ = 0.5 sharpens the target to [0.9, 0.1]
-    assert float(distill_kl(uniform, target, 0.5)) == pytest.approx(0.9 * math.log(1.8) + 0.1 * math.log(0.2), rel=1e-5)
-    assert float(distill_kl(target, target, 0.5)) == pytest.approx(0.0, abs=1e-7)
+    assert float(distill_kl_rows(uniform, target, 0.5)) == pytest.approx(0.9 * math.log(1.8) + 0.1 * math.log(0.2),
+                                                                         rel=1e-5)
+    assert float(distill_kl_rows(target, target, 0.5)) == pytest.approx(0.0, abs=1e-7)
 
 
 def test_revision_decay_rule():
@@ -125,10 +127,10 @@ def test_ema_blend_and_per_step_tracker():
     teacher, student = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
     torch.nn.init.zeros_(teacher.weight), torch.nn.init.zeros_(teacher.bias)
     torch.nn.init.ones_(student.weight), torch.nn.init.ones_(student.bias)
-    step = EmaTracker(teacher, student, 0.99)
-    step()
+    step = OneCopy(teacher, student)  # the engine's copy of FedGR's after_step: lerp by 1 - γ_l
+    step.lerp_(1.0 - 0.99, B([True]))
     np.testing.assert_allclose(teacher.weight.detach().numpy(), [[0.01, 0.01]], rtol=1e-5)
-    step()  # 0.99 * 0.01 + 0.01
+    step.lerp_(1.0 - 0.99, B([True]))  # 0.99 * 0.01 + 0.01
     np.testing.assert_allclose(teacher.bias.detach().numpy(), [0.0199], rtol=1e-5)
 
 
@@ -363,8 +365,7 @@ def test_pseudo_only_uses_this_rounds_pseudo_labels_not_older_ones():
     now = torch.full((len(idx),), -1, dtype=torch.int64)
     now[1] = 3
     m.label_refining(2, 0, now)  # round 2: sample 0 has none (its round-1 label must not be used), sample 1 → 3
-    loss = m._supervised(high_noise=True)
     # uniform logits: CE = log 10 for a sample with a label; sample 0 counts as a zero
-    got = float(loss(torch.zeros(2, 10), idx[:2]))
+    got = float(m._supervised_terms(torch.zeros(2, 10), idx[:2], B([True, True])).mean())
     assert got == pytest.approx(math.log(10.0) / 2, rel=1e-6)
     assert bool(m.has_reliable[idx[0]])  # Y*_k (the 'reliable' mode) still keeps the older entry

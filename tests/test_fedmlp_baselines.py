@@ -106,6 +106,7 @@ def test_partial_label_baselines_train_on_multi_label_digits():
 # -- RSCFed, FedIRM, CBAFed (baselines.md §15, §17, §18) ------------------------------------------
 
 from fnlcore.errors import ConfigError  # noqa: E402
+from fnlcore.fl.copies import OneCopy  # noqa: E402
 from fnlcore.fl.state import snapshot  # noqa: E402
 from fnlcore.methods import cbafed, fedirm, rscfed  # noqa: E402
 
@@ -133,7 +134,7 @@ def test_rscfed_ema_and_missing_mse_by_hand():
     t, s = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
     with torch.no_grad():
         t.weight.zero_(), t.bias.zero_(), s.weight.fill_(1.0), s.bias.fill_(1.0)
-    rscfed.ema_update(t, s, 0.999)
+    OneCopy(t, s).ema_(0.999, torch.ones(1, dtype=torch.bool))  # the engine's teacher copy, K = 1
     assert t.weight.item() == pytest.approx(0.001) and t.bias.item() == pytest.approx(0.001)
     ps, pt = torch.tensor([[0.5, 0.9], [0.2, 0.4]]), torch.tensor([[0.1, 0.5], [0.3, 0.2]])
     # class 1 missing only: (0.4^2 + 0.2^2) / (2 samples * 1 class)

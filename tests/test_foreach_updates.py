@@ -17,7 +17,7 @@ from torch import nn
 
 from fnlcore.fl import stacked
 from fnlcore.fl.stacked import StackedAdam, StackedNet, StackedSGD
-from fnlcore.methods.parts import batched_ema_lerp, batched_ema_update
+from fnlcore.fl.copies import StackedCopies
 
 
 @pytest.fixture(autouse=True, params=["per_tensor", "concatenated"])
@@ -255,9 +255,9 @@ def test_batched_ema_bits_equal_per_key_loop(k, mask, kind):
         stepped = make_mask(mask, k, gen)
         if kind == "lerp":
             ref_ema_lerp(ref, student, 0.3, stepped)
-            batched_ema_lerp(teacher, student, 0.3, stepped)
+            StackedCopies(teacher, student).lerp_(0.3, stepped)
         else:
             decay = 0.99 if kind == "decay" else torch.rand(k, generator=gen, dtype=torch.float64)
             ref_ema_update(ref, student, decay, stepped)
-            batched_ema_update(teacher, student, decay, stepped)
+            StackedCopies(teacher, student).ema_(decay, stepped)
         assert_same(_state(teacher), _state(ref), kind)

@@ -165,3 +165,17 @@ def test_every_folder_of_modules_is_a_package_that_an_install_ships():
     folders = {p.parent for p in PKG.rglob("*.py") if "__pycache__" not in p.parts}
     bare = sorted(str(f.relative_to(PKG.parent)) for f in folders if not (f / "__init__.py").is_file())
     assert not bare, f"folders without __init__.py (left out of an install): {bare}"
+
+
+# The methods' one door into the engine: fnlcore.methods.api (base, the registry's glue and the cost
+# stages it re-exports sit beside it). A method module importing fnlcore.fl.* directly is a leak.
+ENGINE_PARTS = ("fnlcore.fl", "fnlcore.errors", "fnlcore.registry", "fnlcore.syncs", "fnlcore.spec")
+METHODS_DOOR = {"fnlcore.methods", "fnlcore.methods.api", "fnlcore.methods.base", "fnlcore.methods.costs"}
+
+
+def test_methods_reach_the_engine_only_through_the_api_module(graph):
+    leaks = {m: sorted(d for d in deps if _part(d) in ENGINE_PARTS)
+             for m, deps in graph.items() if _part(m) == "fnlcore.methods" and m not in METHODS_DOOR}
+    leaks = {m: ds for m, ds in leaks.items() if ds}
+    assert graph["fnlcore.methods.gce"] >= {"fnlcore.methods.api"}  # the checker sees a method's imports
+    assert not leaks, "import these from fnlcore.methods.api: " + "; ".join(f"{m}: {', '.join(ds)}" for m, ds in leaks.items())

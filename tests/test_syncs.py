@@ -29,13 +29,11 @@ from .golden import _settings, golden_cases
 from .test_contracts import _fitting_params
 
 # method -> (most synchronising calls per sequential step, why). Each is a Python branch of the
-# official code on a count in the batch, in a loss over one client that the sequential engine still
-# runs (FedFixer has no one loss form; RSCFed keeps its sequential form until the engine keeps
-# per-client teachers); the one loss forms compute both branches and select on the device.
+# official code on a count in the batch, in a loss over one client that the sequential engine runs
+# (FedFixer has no one loss form); the one loss forms compute both branches and select on the device.
 DECLARED = {
     "fedfixer": (12, "selected_mean: int(mask.sum()) and a boolean-mask sum, per network and inner step "
                      "(the code's 'none selected' branch); FedFixer has no batched form"),
-    "rscfed": (1, "the 'no confident row' branch of its pseudo-label loss (m == 0)"),
 }
 
 

@@ -32,6 +32,7 @@ from ..syncs import step_region
 from .data import trim_last_batch
 from .client import epoch_order
 from .stacked import StackedNet, stacked_optimizer
+from .copies import StackedCopies
 from .step import StackedBatch, flatten as _flatten
 
 
@@ -202,6 +203,7 @@ def train_clients(
     after_step: AfterStep | None = None,
     models: list[torch.nn.Module] | None = None,
     drawn: list[ClientDraws] | None = None,
+    copies: dict[str, StackedNet] | None = None,
 ) -> tuple[list, list[float]]:
     """Train K copies of ``global_model`` on the K clients' samples; returns their states and mean losses.
 
@@ -214,6 +216,7 @@ def train_clients(
     networks per client stepped together (``phase.train`` names them; ``net`` then holds
     G * K copies, network-major); each client's states are then a list, one per network.
     ``drawn``: the clients' batches and random parameters drawn already (:func:`draw_client`).
+    ``copies``: the method's client networks, K stacked copies each (loaded), for ``sb.copies``.
     """
     s = ctx.settings
     k = len(clients)
@@ -240,6 +243,7 @@ def train_clients(
     ids_host = clients_ids if clients_ids is not None else torch.arange(k)
     ids = ids_host.to(ctx.device, non_blocking=True)
     names = tuple(phase.train) if models is not None else ()
+    kept = {n: StackedCopies(c, net) for n, c in (copies or {}).items()}
     step_losses = []
     autocast = ctx.autocast()
     raw = phase.augment == "raw"
@@ -259,12 +263,12 @@ def train_clients(
                 extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
                 sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names,
                                   epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
-                                      clients_host=ids_host)
+                                  clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept)
             else:
                 view = ctx.pipeline.apply_train(x, drawn)
                 sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names,
                                   epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
-                                      clients_host=ids_host)
+                                  clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept)
             with autocast:
                 if not raw:
                     sb.logits = sb.forward(view)

@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from .context import RunContext
 from ..syncs import step_region
 from .data import trim_last_batch
+from .copies import OneCopy
 from .one_client import one_client_batch
 from .state import State, load, snapshot
 
@@ -190,7 +191,10 @@ class Stage:
     engine's one client), ``after_step(sb, stepped)`` after each optimiser step (``stepped`` (K,)
     the clients whose parameters moved: a client without a batch rides along), ``end(r, clients,
     jobs)`` after the chunk trained, before the uploads; the state they keep is the method's, sized
-    by the chunk. A batchable stage's ``prepare`` may act (relabel, read a store) and returns a job
+    by the chunk. ``copies`` names the method's ``client_networks`` the stage keeps per client (an
+    EMA teacher, :mod:`fnlcore.fl.copies`): each client's copy is what its ``prepare`` left in the
+    working network; a loss reads ``sb.copies[name]``, ``after_step`` moves it, the upload finds
+    the trained copy in the working network. A batchable stage's ``prepare`` may act (relabel, read a store) and returns a job
     of one phase on one stream with no hooks of its own (``lr_round``, ``info``, the stream's sample
     ids, ``augment="raw"`` with declared ``views``/``draws``: see ``rounds.client_phase``).
 
@@ -211,6 +215,7 @@ class Stage:
     prepare: Callable[[int, int, dict], LocalJob | None] | None = None
     upload: Callable[[int, int, LocalJob, dict], dict] | None = None
     batches: bool = True
+    copies: tuple[str, ...] = ()
     reserve: Callable | None = None
     begin: Callable | None = None
     after_step: Callable | None = None
@@ -250,7 +255,8 @@ class _Together:
 
 def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torch.nn.Module],
               optimizers: dict[str, torch.optim.Optimizer], default_loss: LossFn | None, idx: torch.Tensor,
-              r: int, k: int, clients_loss: Callable | None = None, clients_after_step: Callable | None = None) -> float:
+              r: int, k: int, clients_loss: Callable | None = None, clients_after_step: Callable | None = None,
+              copy_names: tuple[str, ...] = ()) -> float:
     """Run one phase; returns the mean of its per-step losses.
 
     The phase's own ``loss`` (a :class:`Batch` loss) first; else the stage's one loss form
@@ -279,6 +285,7 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
     if one is not None:
         models = tuple(nets[n] for n in train)
         moved = torch.ones(1, dtype=torch.bool, device=ctx.device)  # the one client stepped
+        copies = {n: OneCopy(nets[n], models[0]) for n in copy_names}  # the client networks a loss reads
     augment, aug_gen = ctx.pipeline.train, ctx.aug_gen
     losses = _LossSum()
     amp = ctx.autocast()
@@ -314,7 +321,7 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
                         if one is None:
                             loss = loss_fn(b)
                         else:  # the (1,) losses of K = 1 clients; its one entry is this client's
-                            sb = one_client_batch(ctx, b, models, train, phase.augment == "raw", step == last)
+                            sb = one_client_batch(ctx, b, models, train, phase.augment == "raw", step == last, copies)
                             loss = one(sb)[0]
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
@@ -376,7 +383,8 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
             if n not in nets:
                 raise ConfigError(f"phase trains network {n!r}, which the method does not declare")
             optimizer(n)
-        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, default_loss, idx, r, k, clients_loss, after))
+        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, default_loss, idx, r, k, clients_loss, after,
+                                    tuple(stage.copies) if one else ()))
     if one and stage.end is not None:
         stage.end(method, r, [k], [job])
     uploads = stage.upload(method, r, k, job, nets) if stage.upload is not None else {}

@@ -5,9 +5,15 @@ A method writes each stage's loss once, over K clients (``Stage.loss``: StackedB
 The batched engine hands it K clients on a :class:`~fnlcore.fl.stacked.StackedNet`; the
 sequential engine hands it one client on the plain model, through :class:`OneClientBatch`.
 The plain model is what K = 1 uses because the stacked network rounds differently from it even
-at K = 1 (a batched matrix product's weight gradient, a convolution's layout), while the loss's
-own reductions do not move a gradient bit (measured: the issue on one loss form), so the
-sequential engine keeps every number it had with a per-client loss written separately.
+at K = 1 (a batched matrix product's weight gradient, a convolution's layout), while a loss's
+own reductions (a per-client masked mean for a batch mean) do not move a gradient bit, so the
+sequential engine keeps every number it had with a per-client loss written separately: the
+golden set holds it to that. Two things did move bits while the methods were merged, and a
+loss form keeps clear of them: terms that read different views of one tensor (flat and
+(K, B, C)) sum their gradients in another order, and a hand-written KL rounds its gradient
+differently from ``F.kl_div``. The loss VALUE may differ in its last bit (reductions in another
+order); where a decision reads it, ``fl.batched.clients_cross_entropy`` keeps the per-client
+value (Fed-NCL).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ class OneClientBatch(StackedBatch):
 
 
 def one_client_batch(ctx, b, models: tuple[torch.nn.Module, ...], names: tuple[str, ...], raw: bool,
-                     ends_epoch: bool) -> OneClientBatch:
+                     ends_epoch: bool, copies: dict | None = None) -> OneClientBatch:
     """Sequential step ``b`` (:class:`~fnlcore.fl.client.Batch`) as the one loss form sees K = 1 clients:
     sample ids (1, B) on the device, no mask, the views and draws with a leading client axis, the
     train view's logits (``raw``: None, the loss runs :meth:`forward` on the views it wants)."""
@@ -50,7 +56,8 @@ def one_client_batch(ctx, b, models: tuple[torch.nn.Module, ...], names: tuple[s
     x = b.streams[next(iter(b.streams))][0] if raw else b.x
     sb = OneClientBatch(None, idx, None, clients_host.to(dev, non_blocking=True), x,
                         step_host.to(dev, non_blocking=True), None, b.r, dict(b.views), draws, [b.job],
-                        names if len(names) > 1 else (), (0,) if ends_epoch else (), step_host, clients_host)
+                        names if len(names) > 1 else (), (0,) if ends_epoch else (), step_host, clients_host,
+                        torch.ones(1, dtype=torch.bool), copies or {})
     sb.models = models
     if not raw:
         sb.logits = sb.forward(b.x)

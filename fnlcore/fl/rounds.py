@@ -79,6 +79,7 @@ class RoundEngine:
             ctx, method.global_model, strict=ctx.settings.engine == "batched"
         )
         self._stacked: dict = {}  # K -> StackedNet, one per chunk size, reused every round
+        self._copies: dict = {}  # (client network, K) -> its K stacked copies (fl.copies), reused
 
     def describe(self) -> str:
         """Which engine trains the run, for its log: where batched, its chunk size."""
@@ -117,9 +118,13 @@ class RoundEngine:
         from .stacked import StackedNet
 
         m, ctx = self.method, self.method.ctx
-        jobs, shapes, ids, drawn = [], [], [], []
+        jobs, shapes, ids, drawn, held = [], [], [], [], []
         for k in clients:
             job = stage.prepare(m, r, k, m.workers) if stage.prepare is not None else None
+            # what the prepare left in each client network the stage keeps is this client's copy
+            # (fl.copies), held on the host until its chunk trains: a round's clients, not a chunk's
+            held.append({n: {key: v.detach().to("cpu", copy=True) for key, v in m.workers[n].state_dict().items()}
+                         for n in stage.copies})
             job = LocalJob() if job is None else job
             shape, idx = client_phase(m, r, k, job)
             jobs.append(job)
@@ -144,21 +149,31 @@ class RoundEngine:
             copies = len(phase.train) * len(part)
             if copies not in self._stacked:
                 self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)
+            kept = {}
+            for n in stage.copies:
+                if (n, len(part)) not in self._copies:
+                    self._copies[(n, len(part))] = StackedNet(m.workers[n], len(part)).to(ctx.device)
+                kept[n] = self._copies[(n, len(part))]
+                for i, h in enumerate(held[at : at + chunk]):
+                    kept[n].load_client(i, h[n])
+                kept[n].eval()
             if stage.begin is not None:
                 stage.begin(m, r, part, part_jobs)
             after = None if stage.after_step is None else (lambda sb, stepped: stage.after_step(m, sb, stepped))
             states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.loss(m, sb), r,
                                            self._stacked[copies], part_ids, phase=phase, jobs=part_jobs, after_step=after,
-                                           models=[m.globals[n] for n in phase.train], drawn=part_drawn)
+                                           models=[m.globals[n] for n in phase.train], drawn=part_drawn, copies=kept)
             if stage.end is not None:
                 stage.end(m, r, part, part_jobs)
-            for k, job, shape, trained, l in zip(part, part_jobs, shapes[at : at + chunk], states, losses):
+            for i, (k, job, shape, trained, l) in enumerate(zip(part, part_jobs, shapes[at : at + chunk], states, losses)):
                 if shape is not None:  # a client that trains nothing has no loss (as in the sequential engine)
                     job.losses.append(l)
                 # the networks a client did not train are sent as loaded (the sequential engine's snapshot)
                 nets = {n: trained[phase.train.index(n)] if n in phase.train else snapshot(m.globals[n])
                         for n in m.networks}
                 ups = {}
+                for n, c in kept.items():  # the client's copies as its training left them, as sequentially
+                    load(m.workers[n], c.client_state(i))
                 if stage.upload is not None:
                     for n in phase.train:
                         load(m.workers[n], nets[n])

@@ -31,7 +31,9 @@ class StackedBatch:
     as (K,), a per-sample one as (K, B, ...)); ``jobs`` each client's prepared
     :class:`~fnlcore.fl.client.LocalJob` (its ``info``), in client order; ``epoch_ends`` the
     positions of the clients whose step ends one of their epochs, known on the host (a
-    per-epoch decision needs no device sync).
+    per-epoch decision needs no device sync); ``copies`` each of the method's ``client_networks``
+    kept per client (:mod:`fnlcore.fl.copies`: ``sb.copies[name](view)`` -> (K, B, ...), moved by a
+    stage's ``after_step``).
     """
 
     logits: torch.Tensor | None
@@ -49,6 +51,8 @@ class StackedBatch:
     epoch_ends: tuple[int, ...] = ()  # positions of the clients whose step ends one of their epochs (host side)
     epoch_step_host: torch.Tensor | None = None  # ``epoch_step`` on the host (a per-batch decision, no sync)
     clients_host: torch.Tensor | None = None  # ``clients`` on the host
+    moved_host: torch.Tensor | None = None  # (K,) on the host: the clients that have a batch at this step
+    copies: dict = field(default_factory=dict)  # the method's client networks, one per client (fl.copies)
 
     def per_client(self, flat: torch.Tensor) -> torch.Tensor:
         """(K * B, ...) rows of a forward on ``x`` -> (K, B, ...)."""

@@ -12,12 +12,13 @@ live in :mod:`.parts`, :mod:`.logit_adjust` and :mod:`.multilabel`.
 
 from __future__ import annotations
 
+from ..augment import draw_device, on
 from ..errors import ConfigError, FNLError
 from ..fl import sampling
 from ..fl.batched import StackedBatch, clients_cross_entropy, masked_mean
 from ..fl.local import draw_predict, evaluate, forward_bounded, predict
 from ..fl.persist import ClientStore
-from ..fl.state import RunningAverage, State, load, parameter_keys, snapshot, weighted_average
+from ..fl.state import RunningAverage, State, load, parameter_keys, per_tensor_distance, snapshot, weighted_average
 from ..registry import param
 from ..syncs import host_side
 from .base import Batch, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
@@ -26,6 +27,6 @@ from .costs import CostStage, warm_up_then
 __all__ = [
     "Batch", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
     "MethodParams", "Phase", "RunningAverage", "Stage", "StackedBatch", "State", "clients_cross_entropy",
-    "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "param", "parameter_keys",
+    "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param", "parameter_keys", "per_tensor_distance",
     "predict", "register", "sampling", "snapshot", "warm_up_then", "weighted_average",
 ]

@@ -38,9 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..fl.state import State, load, weighted_average
-from ..registry import param
-from .base import FLMethod, MethodParams, register
+from .api import FLMethod, load, MethodParams, param, register, State, weighted_average
 
 MAD_CONSTANT = 1.4826  # makes the median absolute deviation a consistent estimator of a normal's sigma
 SCALE_EPS = 1e-7

@@ -31,11 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..fl.batched import StackedBatch
-from ..fl.state import load, snapshot, weighted_average
-from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Stage, register
+from .api import (
+    ConfigError, FLMethod, load, LocalJob, MethodParams, param, register, snapshot, StackedBatch, Stage,
+    weighted_average,
+)
 from .multilabel import client_active_classes, partial_bce
 
 

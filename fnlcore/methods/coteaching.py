@@ -26,9 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.local import evaluate as evaluate_model
-from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import evaluate, FLMethod, LocalJob, MethodParams, param, Phase, register, Stage
 
 
 @dataclass(frozen=True)
@@ -117,7 +115,7 @@ class Coteaching(FLMethod):
         super().end_round(r)
         other = "net2" if self.params.evaluate == "net1" else "net1"
         if self.params.log_networks and self.should_evaluate(r):
-            self.round_info.update({f"{other}_{k}": v for k, v in evaluate_model(self.ctx, self.globals[other]).items()})
+            self.round_info.update({f"{other}_{k}": v for k, v in evaluate(self.ctx, self.globals[other]).items()})
 
     def eval_model(self) -> torch.nn.Module:
         return self.globals[self.params.evaluate]

@@ -53,13 +53,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..fl.local import evaluate as evaluate_model
-from ..fl.local import predict
+from .api import ConfigError, evaluate, FLMethod, LocalJob, MethodParams, param, Phase, predict, register, Stage, warm_up_then
 from ..randaugment import mix_targets, mixup
-from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .costs import warm_up_then
 
 
 @dataclass(frozen=True)
@@ -290,7 +285,7 @@ class DivideMix(FLMethod):
             if vals:
                 self.round_info[f"{key}_frac"] = float(np.mean(vals))
         for n in self.networks:  # §10(c): log each network too
-            self.round_info[f"acc_{n}"] = evaluate_model(self.ctx, self.globals[n])["acc"]
+            self.round_info[f"acc_{n}"] = evaluate(self.ctx, self.globals[n])["acc"]
 
     def eval_model(self) -> torch.nn.Module:
         return self.ensemble if self.params.evaluate == "ensemble" else self.globals["net1"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import FLMethod, MethodParams, register
+from .api import FLMethod, MethodParams, register
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import FLMethod, MethodParams, Stage, register
+from .api import FLMethod, MethodParams, register, Stage
 from .multilabel import client_active_classes, partial_bce
 
 

@@ -52,15 +52,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, FNLError
-from ..fl.state import parameter_keys, snapshot
-from ..registry import param
-from ..augment import on
-from ..syncs import host_side
-from ..fl.batched import StackedBatch, clients_cross_entropy
-from ..fl.local import draw_predict
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .costs import CostStage
+from .api import (
+    clients_cross_entropy, ConfigError, CostStage, draw_predict, FLMethod, FNLError, host_side, LocalJob,
+    MethodParams, on, param, parameter_keys, Phase, register, snapshot, StackedBatch, Stage,
+)
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import (MixupDraw, client_outputs, group_shape, lid_scores, mixup_cross_entropy, mixup_view, proximal_term,
                     sequential_client_groups)

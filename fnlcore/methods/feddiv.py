@@ -50,15 +50,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..fl import sampling
-from ..fl.batched import StackedBatch
-from ..fl.local import draw_predict
-from ..registry import param
-from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import (
+    ClientUpdate, ConfigError, CostStage, draw_predict, FLMethod, LocalJob, MethodParams, param, Phase,
+    register, sampling, StackedBatch, Stage,
+)
 from .parts import (MixupDraw, client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy, mixup_view,
                     sequential_client_groups)
-from .costs import CostStage
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
 PASS_BATCH = 100  # the code's detection passes (client_outputs) run in batches of 100

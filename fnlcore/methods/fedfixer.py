@@ -48,9 +48,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.state import State, load
-from ..registry import param
-from .base import Batch, ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import Batch, ClientStore, FLMethod, load, LocalJob, MethodParams, param, Phase, register, Stage, State
 
 EMPTY_SCALE = 1e8  # the code's divisor for an empty selection and for Σ n̄ = 0
 LOG_EPS = 1e-8

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.batched import StackedBatch
-from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import FLMethod, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
 from .multilabel import client_active_classes, partial_bce
 
 

@@ -60,31 +60,26 @@ Decided where the spec is silent:
   with its trained local model (un-augmented images), folds them into its running means and fits
   its own GMM (same settings); the partition is used at its next selection;
 - per-client EMA models live in a ClientStore (on disk between selections: 100-500 clients would
-  not fit on one accelerator) and are loaded into the EMA working network for the client's round;
+  not fit on one accelerator); the revised one is left in the EMA working network, which the engine
+  keeps per client while the clients train (``sb.copies["ema"]``, fnlcore.fl.copies);
 - the dev code's EMA decay ramp min(γ_l, 1 - 1/(s+1)) is not applied (Eq. 12 as written).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..fl import sampling
-from ..fl.batched import StackedBatch, masked_mean
-from ..fl.stacked import StackedNet, stacked_input
-from ..fl.state import State, load
+from .api import (
+    clients_cross_entropy, ClientStore, ConfigError, CostStage, FLMethod, forward_bounded, load, LocalJob,
+    masked_mean, MethodParams, param, Phase, register, sampling, StackedBatch, Stage, State,
+)
 from ..randaugment import RandAugmentSpec
-from ..fl.local import forward_bounded
-from ..registry import param
-from .base import Batch, ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .costs import CostStage
-from .parts import batched_ema_lerp
 
 
 @dataclass(frozen=True)
@@ -224,16 +219,16 @@ def clean_only_loss(logits: torch.Tensor, given: torch.Tensor, clean: torch.Tens
     return (F.cross_entropy(logits, given, reduction="none") * clean.to(logits.dtype)).mean()
 
 
-def distill_kl(student: torch.Tensor, target: torch.Tensor, tau: float) -> torch.Tensor:
-    """KL(softmax(target/τ) ‖ softmax(student/τ)) over dim 1, batchmean (no τ² factor): B_k and R_k."""
-    return F.kl_div(F.log_softmax(student.float() / tau, dim=1), F.softmax(target.float() / tau, dim=1),
-                    reduction="batchmean")
-
-
 def distill_kl_rows(student: torch.Tensor, target: torch.Tensor, tau: float) -> torch.Tensor:
-    """:func:`distill_kl` of each row (last dim the distribution): (..., D) -> (...)."""
+    """KL(softmax(target/τ) ‖ softmax(student/τ)) of each row (last dim the distribution), no τ² factor:
+    B_k and R_k per sample, (..., D) -> (...)."""
     return F.kl_div(F.log_softmax(student.float() / tau, dim=-1), F.softmax(target.float() / tau, dim=-1),
                     reduction="none").sum(-1)
+
+
+def _client_means(sb: StackedBatch, rows: torch.Tensor) -> torch.Tensor:
+    """(K * B,) per-sample terms of a step -> (K,) each client's mean over its real rows."""
+    return masked_mean(rows.view(sb.idx.shape), sb.mask)
 
 
 def revision_decay(r: int, warmup: int, noise_ratio: float, reliable_frac: float, beta: float, mu: float,
@@ -263,25 +258,6 @@ def ema_blend(ema: torch.nn.Module | State, source: torch.nn.Module | State, dec
         torch._foreach_lerp_(floats_e, floats_s, 1.0 - decay)
 
 
-class EmaTracker:
-    """The per-step local EMA update ema ← γ_l·ema + (1 - γ_l)·model (Eq. 12, m_k ≥ 1), its tensor lists
-    built once per local update (float entries lerped together, integer buffers copied)."""
-
-    def __init__(self, ema: torch.nn.Module, model: torch.nn.Module, decay: float):
-        e, s = ema.state_dict(), model.state_dict()
-        self.ema_f = [v for v in e.values() if v.is_floating_point()]
-        self.src_f = [s[k] for k, v in e.items() if v.is_floating_point()]
-        self.ints = [(v, s[k]) for k, v in e.items() if not v.is_floating_point()]
-        self.weight = 1.0 - decay
-
-    @torch.no_grad()
-    def __call__(self) -> None:
-        if self.ema_f:
-            torch._foreach_lerp_(self.ema_f, self.src_f, self.weight)
-        for dst, src in self.ints:
-            dst.copy_(src)
-
-
 # -- the method ----------------------------------------------------------------------------
 
 
@@ -302,20 +278,11 @@ class _GlobalFeatures(NamedTuple):
 
 @dataclass
 class _JobInfo:
-    """What a local update's loss and upload need from its preparation, and what its training leaves."""
+    """What a local update's loss needs from its preparation."""
 
     high_noise: bool | None  # r_k ≥ β (main stage); None in warm-up
     teacher: torch.Tensor | None  # revised EMA logits by sample id (Eq. 14); None: online teacher or no B_k
     features: _GlobalFeatures | None  # R_k's cached targets; None: per step, or no R_k
-    decay: float  # the γ_g that revised the client's EMA model (0: it is the global model)
-    ema: State | None = field(default=None, repr=False)  # batched engine: the EMA model after training
-
-
-class _Chunk(NamedTuple):
-    """A batched chunk's per-client state: the clients' EMA models and their r_k ≥ β flags (K,)."""
-
-    teachers: StackedNet
-    high_noise: torch.Tensor
 
 
 @register
@@ -358,8 +325,7 @@ class FedGR(FLMethod):
         self.sampler = sampling.CyclicSampler(ctx.data.num_clients, ctx.settings.client_fraction)
         self._teacher: torch.Tensor | None = None  # teacher logits by sample id, rewritten per client (not state)
         self._stats: dict[str, list[float]] = {}
-        self._stacked_ema: dict[int, StackedNet] = {}  # batched engine: K -> the chunk's EMA models
-        self._chunk: _Chunk | None = None  # the chunk being trained (batched engine)
+        self._high_noise: torch.Tensor | None = None  # the training clients' r_k ≥ β flags (K,) (not state)
 
     # -- schedule ---------------------------------------------------------------------------
     def stage(self, r: int) -> str:
@@ -439,16 +405,13 @@ class FedGR(FLMethod):
         decay = revision_decay(r, p.warmup_rounds, noise_ratio, reliable_frac, p.beta, p.mu, p.gamma_g,
                                p.ema_reset_strict)
         decay = decay if k in self.ema else 0.0
-        self._revised_into(self.workers["ema"], k, decay)
-        return decay
-
-    def _revised_into(self, net: torch.nn.Module, k: int, decay: float) -> None:
-        """net := client k's EMA model blended with the global model by γ_g ``decay`` (0: the global model)."""
+        net = self.workers["ema"]
         if decay > 0:
             load(net, self.ema.get(k))
             ema_blend(net, self.global_model, decay)
         else:
             load(net, self.global_model.state_dict())
+        return decay
 
     @property
     def _cache_features(self) -> bool:
@@ -470,8 +433,8 @@ class FedGR(FLMethod):
                 self.loss_mean[didx], self.loss_count[didx], obs)
         return out
 
-    def _revise(self, r: int, k: int) -> tuple[float, float]:
-        """Step 4's revision of client k's EMA model; returns (r_k, the γ_g used)."""
+    def _revise(self, r: int, k: int) -> float:
+        """Step 4's revision of client k's EMA model; returns r_k."""
         didx = self.ctx.data.clients[k].to(self.ctx.device)
         r_k = self.noise_ratio(k)
         reliable_frac = float(self.has_reliable[didx].float().mean()) if len(didx) else 0.0
@@ -479,7 +442,7 @@ class FedGR(FLMethod):
         self._stats["noise_ratio"].append(r_k)
         self._stats["reliable_frac"].append(reliable_frac)
         self._stats["ema_reset"].append(float(decay == 0.0))
-        return r_k, decay
+        return r_k
 
     def _features(self, k: int, out: dict[str, torch.Tensor]) -> _GlobalFeatures | None:
         """R_k's cached targets of client k from its pre-training pass ('cached'), else None."""
@@ -503,23 +466,21 @@ class FedGR(FLMethod):
         return weak, views["strong"] if self.params.strong_aug else weak
 
     def _job(self, stage: str, nets: dict[str, torch.nn.Module], info: _JobInfo) -> LocalJob:
-        """E epochs on the client's samples with the stage's declared views; the EMA model tracks the
-        student after every step (Eq. 12; on the batched engine ``batched_after_step``)."""
-        self.global_model.eval()  # frozen: R_k's target features
+        """E epochs on the client's samples with the stage's declared views. The revised EMA model left in
+        ``nets["ema"]`` is the client's copy the engine keeps while it trains (``sb.copies["ema"]``)."""
         nets["ema"].eval()
-        track = EmaTracker(nets["ema"], nets["model"], self.params.gamma_l)
-        return LocalJob(phases=[Phase(augment="raw", views=self._step_views(stage), after_step=track)], info=info)
+        return LocalJob(phases=[Phase(augment="raw", views=self._step_views(stage))], info=info)
 
     def prepare_warmup(self, r: int, k: int, nets: dict) -> LocalJob:
         out = self._observe(k, ("eval",))
-        _, decay = self._revise(r, k)
-        return self._job("warmup", nets, _JobInfo(None, None, self._features(k, out), decay))
+        self._revise(r, k)
+        return self._job("warmup", nets, _JobInfo(None, None, self._features(k, out)))
 
     def prepare_main(self, r: int, k: int, nets: dict) -> LocalJob:
         p, ctx = self.params, self.ctx
         out = self._observe(k, ("eval", "weak"))
         self.label_refining(r, k, fixmatch_labels(out["weak"], p.confidence))  # step 3
-        r_k, decay = self._revise(r, k)
+        r_k = self._revise(r, k)
         teacher = None
         if p.lambda_b > 0 and p.teacher == "revised":  # Eq. 14: the revised EMA model's logits, once per round
             if self._teacher is None:
@@ -527,141 +488,83 @@ class FedGR(FLMethod):
             teacher = self._teacher
             idx = ctx.data.clients[k]
             teacher[idx.to(ctx.device)] = self._pass(nets["ema"], idx, ("weak",))["weak"]
-        return self._job("main", nets, _JobInfo(r_k >= p.beta, teacher, self._features(k, out), decay))
+        return self._job("main", nets, _JobInfo(r_k >= p.beta, teacher, self._features(k, out)))
 
-    def _supervised_terms(self, z: torch.Tensor, i: torch.Tensor, high_noise: bool | torch.Tensor) -> torch.Tensor:
-        """L^SR of each sample of a main-stage client (r_k ≥ β: ``high_noise``; a bool tensor: per sample,
-        several clients at once) under the switches."""
+    def _supervised_terms(self, z: torch.Tensor, i: torch.Tensor, high_noise: torch.Tensor) -> torch.Tensor:
+        """L^SR of each sample ``i`` of main-stage clients under the switches (``high_noise``: r_k ≥ β of
+        each sample's client, a bool tensor)."""
         p = self.params
         if not p.label_refining:  # 'w/o LR': CE(ŷ)·1[clean-flagged]
             return F.cross_entropy(z, self.noisy_labels[i], reduction="none") * (~self.noisy_flag[i]).to(z.dtype)
         reliable, has = self.ctx.data.given[i], self.has_reliable[i]
         if p.high_noise_labels == "pseudo_only":  # Eq. 11 where r_k ≥ β: this round's confident pseudo-labels only
             ps = self._pseudo[i]
-            if isinstance(high_noise, torch.Tensor):
-                reliable, has = torch.where(high_noise, ps, reliable), torch.where(high_noise, ps >= 0, has)
-            elif high_noise:
-                reliable, has = ps, ps >= 0
+            reliable, has = torch.where(high_noise, ps, reliable), torch.where(high_noise, ps >= 0, has)
         return refined_terms(z, self.noisy_labels[i], reliable, has, self.clean_prob[i], high_noise)
 
-    def _supervised(self, high_noise: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """L^SR of a main-stage client (r_k ≥ β: ``high_noise``): the batch mean of :meth:`_supervised_terms`."""
-        return lambda z, i: self._supervised_terms(z, i, high_noise).mean()
-
-    def _student(self, b: Batch):
-        """(weak view or None, logits and features of the student on its view, sample ids on the device)."""
-        weak, strong = self._weak_strong(b.views)
-        logits, feat = b.model.forward_features(strong)
-        return weak, logits.float(), feat, b.idx.to(self.ctx.device, non_blocking=True)
-
-    def _with_representation(self, total: torch.Tensor, weak: torch.Tensor | None, feat: torch.Tensor,
-                             i: torch.Tensor, info: _JobInfo) -> torch.Tensor:
-        """total + λ_R R_k (the frozen global backbone's features on a weak view: the batch's, or the
-        cached ones of the pre-training pass)."""
-        p = self.params
-        if p.lambda_r > 0:
-            if info.features is not None:
-                g_feat = info.features[i]
-            else:
-                with torch.no_grad():
-                    g_feat = self.global_model.features(weak)
-            total = total + p.lambda_r * distill_kl(feat, g_feat, p.tau_r)
-        return total
-
-    def warmup_loss(self, b: Batch) -> torch.Tensor:
-        weak, logits, feat, i = self._student(b)
-        return self._with_representation(F.cross_entropy(logits, self.noisy_labels[i]), weak, feat, i, b.job.info)
-
-    def main_loss(self, b: Batch) -> torch.Tensor:
-        p, info = self.params, b.job.info
-        weak, logits, feat, i = self._student(b)
-        total = self._supervised_terms(logits, i, info.high_noise).mean()
-        if p.lambda_b > 0:
-            if p.teacher == "online":
-                with torch.no_grad():
-                    t_logits = b.nets["ema"](weak).float()
-            else:
-                t_logits = info.teacher[i]
-            total = total + p.lambda_b * distill_kl(logits, t_logits, p.tau_b)
-        return self._with_representation(total, weak, feat, i, info)
-
-    # -- the same losses for K clients at once (the batched engine) ---------------------------------
-    def _batched_student(self, sb: StackedBatch):
-        """(weak view or None, student logits (K, B, C) and features (K, B, F), flat sample ids)."""
+    # -- the loss, once over the K clients of a step (K = 1 on the sequential engine) ------------------
+    def _student(self, sb: StackedBatch):
+        """(weak view or None, the student's logits (K * B, C) and features (K * B, F) on its view, flat sample
+        ids). Every term reads these same rows (no per-term reshape), which fixes the order their gradients
+        add up in: at K = 1 the golden record's, to the bit."""
         weak, strong = self._weak_strong(sb.views)
         logits, feat = sb.forward_features(strong)
-        feat = feat.flatten(2)
-        return weak, logits.float(), feat, sb.idx.reshape(-1)
+        return weak, logits.float().flatten(0, 1), feat.flatten(2).flatten(0, 1), sb.idx.reshape(-1)
 
-    def _batched_representation(self, total: torch.Tensor, sb: StackedBatch, weak: torch.Tensor | None,
-                                feat: torch.Tensor) -> torch.Tensor:
+    def _with_representation(self, total: torch.Tensor, sb: StackedBatch, weak: torch.Tensor | None,
+                             feat: torch.Tensor) -> torch.Tensor:
+        """total + λ_R R_k (K,): the frozen global backbone's features on a weak view (the batch's, or the
+        cached ones of the pre-training pass) as the target."""
         p = self.params
         if p.lambda_r > 0:
             if self._cache_features:
-                g_feat = torch.stack([job.info.features[ids] for job, ids in zip(sb.jobs, sb.idx)])
+                g_feat = torch.cat([job.info.features[ids] for job, ids in zip(sb.jobs, sb.idx)])
             else:
                 with torch.no_grad():
-                    g_feat = sb.per_client(self.global_model.features(weak))
-            total = total + p.lambda_r * masked_mean(distill_kl_rows(feat, g_feat, p.tau_r), sb.mask)
+                    g_feat = self.global_model.features(weak)
+            total = total + p.lambda_r * _client_means(sb, distill_kl_rows(feat, g_feat, p.tau_r))
         return total
 
-    def batched_warmup_loss(self, sb: StackedBatch) -> torch.Tensor:
-        weak, logits, feat, i = self._batched_student(sb)
-        ce = F.cross_entropy(logits.flatten(0, 1), self.noisy_labels[i], reduction="none").view(sb.idx.shape)
-        return self._batched_representation(masked_mean(ce, sb.mask), sb, weak, feat)
+    def warmup_loss(self, sb: StackedBatch) -> torch.Tensor:
+        weak, logits, feat, i = self._student(sb)
+        ce = clients_cross_entropy(logits.view(*sb.idx.shape, -1), self.noisy_labels[i], sb.mask)
+        return self._with_representation(ce, sb, weak, feat)
 
-    def batched_main_loss(self, sb: StackedBatch) -> torch.Tensor:
-        p, chunk = self.params, self._chunk
-        weak, logits, feat, i = self._batched_student(sb)
-        high = chunk.high_noise[:, None].expand(sb.idx.shape).reshape(-1)
-        sup = self._supervised_terms(logits.flatten(0, 1), i, high).view(sb.idx.shape)
-        total = masked_mean(sup, sb.mask)
-        if p.lambda_b > 0:
-            if p.teacher == "online":
-                with torch.no_grad():
-                    t_logits = chunk.teachers(stacked_input(weak, sb.idx.shape[0])).float()
-            else:
-                t_logits = self._teacher[i].view(*sb.idx.shape, -1)
-            total = total + p.lambda_b * masked_mean(distill_kl_rows(logits, t_logits, p.tau_b), sb.mask)
-        return self._batched_representation(total, sb, weak, feat)
+    def main_loss(self, sb: StackedBatch) -> torch.Tensor:
+        p = self.params
+        weak, logits, feat, i = self._student(sb)
+        high = self._high_noise[:, None].expand(sb.idx.shape).reshape(-1)
+        total = _client_means(sb, self._supervised_terms(logits, i, high))
+        if p.lambda_b > 0:  # the teacher: the EMA model on the batch's weak view, or its cached revised logits
+            t_logits = sb.copies["ema"](weak).float().flatten(0, 1) if p.teacher == "online" else self._teacher[i]
+            total = total + p.lambda_b * _client_means(sb, distill_kl_rows(logits, t_logits, p.tau_b))
+        return self._with_representation(total, sb, weak, feat)
 
-    def batched_begin(self, r: int, clients: list[int], jobs: list[LocalJob]) -> None:
-        """The chunk's EMA models, revised as each client's preparation revised it, as one StackedNet."""
-        k = len(clients)
-        if k not in self._stacked_ema:
-            self._stacked_ema[k] = StackedNet(self.global_model, k).to(self.ctx.device)
-        net, scratch = self._stacked_ema[k], self.workers["ema"]
-        for i, (c, job) in enumerate(zip(clients, jobs)):
-            self._revised_into(scratch, c, job.info.decay)
-            net.load_client(i, scratch.state_dict())
-        net.eval()
+    def begin(self, r: int, clients: list[int], jobs: list[LocalJob]) -> None:
+        """Before K clients train: their r_k ≥ β flags (K,); the global backbone (R_k's target) in eval mode."""
         self.global_model.eval()
-        high = torch.tensor([bool(job.info.high_noise) for job in jobs], device=self.ctx.device)
-        self._chunk = _Chunk(net, high)
+        high = torch.tensor([bool(job.info.high_noise) for job in jobs])
+        self._high_noise = high.to(self.ctx.device, non_blocking=True)
 
-    def batched_after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
-        batched_ema_lerp(self._chunk.teachers, sb.net, 1.0 - self.params.gamma_l, stepped)
-
-    def batched_end(self, r: int, clients: list[int], jobs: list[LocalJob]) -> None:
-        for i, job in enumerate(jobs):
-            job.info.ema = self._chunk.teachers.client_state(i)
-        self._chunk = None
+    def after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
+        """Eq. 12 after every optimiser step: each client's EMA model ← γ_l EMA + (1 - γ_l) its trained model."""
+        sb.copies["ema"].lerp_(1.0 - self.params.gamma_l, stepped)
 
     def upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
-        """Keep the client's EMA model; upload the loss proxies (or sieve locally under 'w/o FS')."""
-        info = job.info
+        """Keep the client's EMA model as its training left it (``nets["ema"]``); upload the loss proxies
+        (or sieve locally under 'w/o FS')."""
         idx = self.ctx.data.clients[k]
-        self.ema.put(k, info.ema if info.ema is not None else nets["ema"].state_dict())
+        self.ema.put(k, nets["ema"].state_dict())
         if self.params.sieving == "federated":
             return {"proxy": (idx.clone(), self.loss_mean[idx.to(self.ctx.device)].clone())}
         self._local_sieve(r, idx, nets["model"])
         return {}
 
-    _batched = dict(begin=batched_begin, after_step=batched_after_step, end=batched_end)
     stages = {
-        "warmup": Stage(prepare=prepare_warmup, upload=upload, loss=batched_warmup_loss, sequential_loss=warmup_loss,
-                        **_batched),
-        "main": Stage(prepare=prepare_main, upload=upload, loss=batched_main_loss, sequential_loss=main_loss, **_batched),
+        "warmup": Stage(prepare=prepare_warmup, upload=upload, loss=warmup_loss, begin=begin, after_step=after_step,
+                        copies=("ema",)),
+        "main": Stage(prepare=prepare_main, upload=upload, loss=main_loss, begin=begin, after_step=after_step,
+                      copies=("ema",)),
     }
 
     def _local_sieve(self, r: int, idx: torch.Tensor, model: torch.nn.Module) -> None:

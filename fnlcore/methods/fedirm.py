@@ -39,14 +39,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..fl.batched import StackedBatch
-from ..fl.stacked import StackedNet, stacked_input
-from ..fl.state import load
-from ..registry import param
-from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import (
+    ClientStore, ConfigError, FLMethod, load, LocalJob, MethodParams, param, Phase, register, StackedBatch,
+    Stage,
+)
 from .multilabel import client_active_classes, partial_bce
-from .parts import batched_ema_update, ema_update
 
 
 @dataclass(frozen=True)
@@ -85,25 +82,17 @@ def ramp_weight(r: int, consistency: float = 1.0, ramp_rounds: int = 30) -> floa
     return consistency * math.exp(-5.0 * t * t)
 
 
-def relation_rows(logits: torch.Tensor, positives: torch.Tensor, temperature: float = 2.0):
-    """(rows (C, C), has (C,) bool): row c = sigma(mean logits of the samples positive for c / T); 0.5 if none."""
-    pos = positives.float()
-    n = pos.sum(0)  # (C,)
-    mean = (pos.t() @ logits.float()) / n.clamp_min(1)[:, None]
+def relation_rows(logits: torch.Tensor, positives: torch.Tensor, mask: torch.Tensor | None = None,
+                  temperature: float = 2.0):
+    """(rows (..., C, C), has (..., C) bool) of (..., B, C) logits and positives, (..., B) real rows (None:
+    all): row c = sigma(mean logits of the samples positive for c / T); 0.5 if none. K clients'
+    (K, B, C) give (K, C, C); one batch's (B, C) one matrix."""
+    pos = positives.float() if mask is None else (positives & mask[..., None]).float()
+    n = pos.sum(-2)  # (..., C)
+    mean = (pos.transpose(-1, -2) @ logits.float()) / n.clamp_min(1)[..., None]
     rows = torch.sigmoid(mean / temperature)
     has = n > 0
-    return torch.where(has[:, None], rows, torch.full_like(rows, 0.5)), has
-
-
-def batched_relation_rows(logits: torch.Tensor, positives: torch.Tensor, mask: torch.Tensor | None,
-                          temperature: float = 2.0):
-    """:func:`relation_rows` of K clients: (K, B, C) logits and positives, (K, B) real rows -> ((K, C, C), (K, C))."""
-    pos = positives.float() if mask is None else (positives & mask[:, :, None]).float()
-    n = pos.sum(1)  # (K, C)
-    mean = torch.bmm(pos.transpose(1, 2), logits.float()) / n.clamp_min(1)[:, :, None]
-    rows = torch.sigmoid(mean / temperature)
-    has = n > 0
-    return torch.where(has[:, :, None], rows, torch.full_like(rows, 0.5)), has
+    return torch.where(has[..., None], rows, torch.full_like(rows, 0.5)), has
 
 
 def aggregate_relations(mats, sizes, valid) -> torch.Tensor:
@@ -115,21 +104,13 @@ def aggregate_relations(mats, sizes, valid) -> torch.Tensor:
 
 
 def relation_kl(source: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """sum_c 1/2 [KL(P_c || Q_c) + KL(Q_c || P_c)] / C, rows normalised to sum 1."""
-    p = source / source.sum(1, keepdim=True)
-    q = target / target.sum(1, keepdim=True)
-    lp, lq = p.clamp_min(eps).log(), q.clamp_min(eps).log()
-    sym = 0.5 * ((p * (lp - lq)).sum(1) + (q * (lq - lp)).sum(1))
-    return sym.sum() / source.shape[0]
-
-
-def batched_relation_kl(source: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """:func:`relation_kl` of K clients' sources (K, C, C) against one target (C, C) -> (K,)."""
+    """sum_c 1/2 [KL(P_c || Q_c) + KL(Q_c || P_c)] / C, rows normalised to sum 1: sources (..., C, C)
+    (K clients' (K, C, C) -> (K,)) against one target (C, C)."""
     p = source / source.sum(-1, keepdim=True)
-    q = (target / target.sum(1, keepdim=True))[None]
+    q = target / target.sum(-1, keepdim=True)
     lp, lq = p.clamp_min(eps).log(), q.clamp_min(eps).log()
     sym = 0.5 * ((p * (lp - lq)).sum(-1) + (q * (lq - lp)).sum(-1))
-    return sym.sum(-1) / source.shape[1]
+    return sym.sum(-1) / source.shape[-2]
 
 
 def confident_mask(p: torch.Tensor, upper: float, lower: float, max_entropy: float) -> torch.Tensor:
@@ -150,10 +131,10 @@ def ema_alpha(step: int, cap: float) -> float:
 
 @dataclass
 class _Chunk:
-    """A batched chunk of relation-matching clients: their EMA teachers, step counters and mask counts (K,)."""
+    """The relation-matching clients being trained (K): their EMA step counters, on the host (float64:
+    the alpha is computed from them as from the Python counter), and their mask counts."""
 
-    teachers: StackedNet
-    steps: torch.Tensor  # float64: the EMA alpha is computed from it as from the Python counter
+    steps: torch.Tensor
     masked: torch.Tensor
     seen: torch.Tensor
 
@@ -189,8 +170,7 @@ class FedIRM(FLMethod):
         self.teachers = ClientStore("teachers")  # per-client EMA teachers, from a client's first matching update
         self.steps = [0] * ctx.data.num_clients  # per-client EMA step counters
         self.relation_g: torch.Tensor | None = None  # (C, C) global relation matrix
-        self._stacked: dict[int, StackedNet] = {}  # batched engine: K -> the chunk's teachers
-        self._chunk: _Chunk | None = None  # the relation-matching chunk being trained
+        self._chunk: _Chunk | None = None  # the relation-matching clients being trained
 
     def stage(self, r: int) -> str:
         return "supervised" if r < self.params.sup_rounds else "relation"
@@ -210,36 +190,19 @@ class FedIRM(FLMethod):
 
     def relation_prepare(self, r, k, nets):
         p, c = self.params, self.ctx.data.num_classes
-        teacher, student = nets["teacher"], nets["model"]
+        # the client's EMA teacher (its own, or the received global model at its first matching update),
+        # kept per client by the engine (client_networks) and moved after every step (relation_after_step)
+        teacher = nets["teacher"]
         start = self.teachers.get(k)
         load(teacher, start if start is not None else self.global_model.state_dict())
         teacher.eval()
-
-        def after_step():
-            ema_update(teacher, student, ema_alpha(self.steps[k], p.ema_decay))
-            self.steps[k] += 1
-
         target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=self.ctx.device)
         w = ramp_weight(r, p.consistency, p.ramp_rounds)
-        info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w, "masked": 0, "seen": 0,
-                "teacher": None}  # the batched engine's trained teacher
-        return LocalJob([Phase(augment="raw", views=self.VIEWS, after_step=after_step)], info=info)
+        info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w}
+        return LocalJob([Phase(augment="raw", views=self.VIEWS)], info=info)
 
-    def _supervised(self, b):
-        """(L_sup(v1) + L_sup(v2), the v1 logits, the v1 annotated positives, the views)."""
-        active, bs = self.active[b.k], self.ctx.settings.batch_size
-        pw = self.pos_weights()[b.k]
-        y = self.multi_label_targets(b.idx)
-        v = b.views
-        z1, z2 = b.model(v["weak:1"]), b.model(v["weak:2"])
-        loss = partial_bce(z1, y, pw, bs, classes=active) + partial_bce(z2, y, pw, bs, classes=active)
-        return loss, z1, (y > 0.5) & active.bool()[None], v
-
-    def supervised_loss(self, b):
-        return self._supervised(b)[0]
-
-    def _batched_supervised(self, sb: StackedBatch):
-        """:meth:`_supervised` of K clients: ((K,) losses, (K, B, C) v1 logits, v1 annotated positives)."""
+    def _supervised(self, sb: StackedBatch):
+        """((K,) L_sup(v1) + L_sup(v2), (K, B, C) v1 logits, v1 annotated positives)."""
         k, bsz = sb.idx.shape
         active, pw, bs = self.active[sb.clients], self.pos_weights()[sb.clients], self.ctx.settings.batch_size
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, bsz, -1)
@@ -248,86 +211,55 @@ class FedIRM(FLMethod):
             partial_bce(z2, y, pw, bs, sb.mask, classes=active)
         return loss, z1, (y > 0.5) & active.bool()[:, None, :]
 
-    def batched_supervised_loss(self, sb: StackedBatch):
-        return self._batched_supervised(sb)[0]
+    def supervised_loss(self, sb: StackedBatch):
+        return self._supervised(sb)[0]
 
-    def _batched_collected(self, sb: StackedBatch):
-        """:meth:`_batched_supervised`, each client's relation rows of the step added to its own."""
-        loss, z1, pos = self._batched_supervised(sb)
-        rows, has = batched_relation_rows(z1.detach(), pos, sb.mask, self.params.temperature)
+    def _collected(self, sb: StackedBatch):
+        """:meth:`_supervised`, each client's relation rows of the step added to its own."""
+        loss, z1, pos = self._supervised(sb)
+        rows, has = relation_rows(z1.detach(), pos, sb.mask, self.params.temperature)
         for job, r_i, h_i in zip(sb.jobs, rows, has):  # a rider has no positives: nothing added
             job.info["rows"].add(r_i, h_i)
         return loss, z1
 
-    def batched_collect_loss(self, sb: StackedBatch):
-        return self._batched_collected(sb)[0]
+    def collect_loss(self, sb: StackedBatch):
+        return self._collected(sb)[0]
 
-    def batched_relation_loss(self, sb: StackedBatch):
+    def relation_loss(self, sb: StackedBatch):
         p, chunk, info = self.params, self._chunk, sb.jobs[0].info  # target and w(r) are the round's
         k, bsz = sb.idx.shape
-        loss, z1 = self._batched_collected(sb)
+        loss, z1 = self._collected(sb)
         p1 = torch.sigmoid(z1.float())
-        with torch.no_grad():
-            pt = torch.sigmoid(chunk.teachers(stacked_input(sb.views["weak:2"], k)).float())
+        pt = torch.sigmoid(sb.copies["teacher"](sb.views["weak:2"]).float())
         sq = ((p1 - pt) ** 2).sum(-1)  # (K, B)
         real = torch.ones_like(sq, dtype=torch.bool) if sb.mask is None else sb.mask
         cons = torch.where(real, sq, torch.zeros_like(sq)).sum(1) / self.ctx.settings.batch_size
         mask = confident_mask(p1.detach().flatten(0, 1), p.upper, p.lower, p.max_entropy).view(k, bsz) & real
         chunk.masked += mask.sum(1)
         chunk.seen += real.sum(1)
-        source, _ = batched_relation_rows(z1, (p1.detach() > 0.5) & mask[:, :, None], sb.mask, p.temperature)
-        return info["w"] * (cons + batched_relation_kl(source, info["target"])) + loss
+        source, _ = relation_rows(z1, (p1.detach() > 0.5) & mask[:, :, None], sb.mask, p.temperature)
+        return info["w"] * (cons + relation_kl(source, info["target"])) + loss
 
-    def batched_begin(self, r, clients, jobs):
-        """The chunk's teachers (each client's own, or the received global model at its first matching
-        update), step counters and mask counts."""
-        k, dev = len(clients), self.ctx.device
-        if k not in self._stacked:
-            self._stacked[k] = StackedNet(self.global_model, k).to(dev)
-        net, start = self._stacked[k], self.global_model.state_dict()
-        for i, c in enumerate(clients):
-            own = self.teachers.get(c)
-            net.load_client(i, own if own is not None else start)
-        net.eval()
-        steps = torch.tensor([self.steps[c] for c in clients], dtype=torch.float64, device=dev)
-        zeros = torch.zeros(k, dtype=torch.int64, device=dev)
-        self._chunk = _Chunk(net, steps, zeros, zeros.clone())
+    def relation_begin(self, r, clients, jobs):
+        """The chunk's EMA step counters (host) and mask counts."""
+        zeros = torch.zeros(len(clients), dtype=torch.int64, device=self.ctx.device)
+        steps = torch.tensor([self.steps[c] for c in clients], dtype=torch.float64)
+        self._chunk = _Chunk(steps, zeros, zeros.clone())
 
-    def batched_after_step(self, sb, stepped):
-        """Each stepped client's teacher update with its own alpha (:func:`ema_alpha`), its counter advanced."""
+    def relation_after_step(self, sb, stepped):
+        """Each stepped client's teacher update with its own alpha (:func:`ema_alpha`, on the host),
+        its counter advanced."""
         chunk = self._chunk
-        alpha = (1.0 - 1.0 / (chunk.steps + 1)).clamp_max(self.params.ema_decay)
-        batched_ema_update(chunk.teachers, sb.net, alpha, stepped)
-        chunk.steps += stepped.to(chunk.steps.dtype)
+        alpha = (1.0 - 1.0 / (chunk.steps + 1)).clamp_max(self.params.ema_decay)  # (K,) float64, host
+        sb.copies["teacher"].ema_(alpha, stepped)
+        chunk.steps += sb.moved_host.to(chunk.steps.dtype)
 
-    def batched_end(self, r, clients, jobs):
+    def relation_end(self, r, clients, jobs):
         chunk = self._chunk
         for i, (c, job) in enumerate(zip(clients, jobs)):
             self.steps[c] = int(chunk.steps[i])
-            job.info.update(teacher=chunk.teachers.client_state(i), masked=chunk.masked[i], seen=chunk.seen[i])
+            job.info.update(masked=chunk.masked[i], seen=chunk.seen[i])
         self._chunk = None
-
-    def _collected(self, b):
-        """:meth:`_supervised`, the batch's relation rows added to the client's."""
-        loss, z1, pos, v = self._supervised(b)
-        b.job.info["rows"].add(*relation_rows(z1.detach(), pos, self.params.temperature))
-        return loss, z1, v
-
-    def collect_loss(self, b):
-        return self._collected(b)[0]
-
-    def relation_loss(self, b):
-        p, info = self.params, b.job.info
-        loss, z1, v = self._collected(b)
-        p1 = torch.sigmoid(z1.float())
-        with torch.no_grad():
-            pt = torch.sigmoid(b.nets["teacher"](v["weak:2"]).float())
-        cons = ((p1 - pt) ** 2).sum() / self.ctx.settings.batch_size
-        mask = confident_mask(p1.detach(), p.upper, p.lower, p.max_entropy)
-        info["masked"] += mask.sum()
-        info["seen"] += len(b.idx)
-        source, _ = relation_rows(z1, (p1.detach() > 0.5) & mask[:, None], p.temperature)
-        return info["w"] * (cons + relation_kl(source, info["target"])) + loss
 
     def rows_upload(self, r, k, job, nets):
         rows, valid = job.info["rows"].result()
@@ -335,17 +267,14 @@ class FedIRM(FLMethod):
 
     def relation_upload(self, r, k, job, nets):
         info = job.info
-        teacher = info["teacher"]  # batched engine: from the chunk's teachers; sequential: the working one
-        self.teachers.put(k, teacher if teacher is not None else nets["teacher"].state_dict())  # stays with the client
+        self.teachers.put(k, nets["teacher"].state_dict())  # the trained teacher stays with the client
         return {"masked": float(info["masked"]), "seen": float(info["seen"]), **self.rows_upload(r, k, job, nets)}
 
     stages = {
-        "supervised": Stage(prepare=prepare, loss=batched_supervised_loss),
-        "collect": Stage(prepare=collect_prepare, upload=rows_upload,
-                         loss=batched_collect_loss),
-        "relation": Stage(prepare=relation_prepare, upload=relation_upload,
-                          loss=batched_relation_loss, sequential_loss=relation_loss, begin=batched_begin,
-                          after_step=batched_after_step, end=batched_end),
+        "supervised": Stage(prepare=prepare, loss=supervised_loss),
+        "collect": Stage(prepare=collect_prepare, upload=rows_upload, loss=collect_loss),
+        "relation": Stage(prepare=relation_prepare, upload=relation_upload, loss=relation_loss,
+                          begin=relation_begin, after_step=relation_after_step, end=relation_end, copies=("teacher",)),
     }
 
     def aggregate(self, r, updates):

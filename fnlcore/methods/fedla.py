@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
+from .api import FLMethod, MethodParams, param, register, Stage
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 
 

@@ -22,10 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..augment import on
-from ..fl.batched import StackedBatch, masked_mean
-from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import FLMethod, LocalJob, masked_mean, MethodParams, on, param, Phase, register, StackedBatch, Stage
 from .parts import beta_draw, js_elementwise
 
 

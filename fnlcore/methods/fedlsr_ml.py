@@ -21,10 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..augment import on
-from ..fl.batched import StackedBatch
-from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import FLMethod, LocalJob, MethodParams, on, param, Phase, register, StackedBatch, Stage
 from .parts import beta_draw, js_elementwise
 
 

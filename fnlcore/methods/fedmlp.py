@@ -75,11 +75,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..fl.batched import StackedBatch
-from ..fl.local import draw_predict, forward_bounded
-from ..registry import param
-from .base import FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import (
+    ConfigError, draw_predict, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register,
+    StackedBatch, Stage,
+)
 from .logit_adjust import la_bce, la_shift
 from .multilabel import client_active_classes, partial_bce
 

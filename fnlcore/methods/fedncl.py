@@ -50,11 +50,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..errors import ConfigError
-from ..fl.local import predict
-from ..fl.state import State, load
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
+from .api import ConfigError, FLMethod, load, MethodParams, param, predict, register, Stage, State
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..fl.batched import masked_mean
-from ..errors import ConfigError
-from ..fl.local import predict
-from ..fl.state import load, per_tensor_distance, weighted_average
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
-from .costs import warm_up_then
+from .api import (
+    ConfigError, FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, predict, register,
+    Stage, warm_up_then, weighted_average,
+)
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import class_loss_matrix, minmax_columns
 

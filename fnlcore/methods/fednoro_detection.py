@@ -25,9 +25,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..fl.local import predict
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
+from .api import FLMethod, MethodParams, param, predict, register, Stage
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import class_loss_matrix, lid_scores, minmax_columns
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
+from .api import FLMethod, MethodParams, param, register, Stage
 from .logit_adjust import la_bce, la_shift
 from .multilabel import client_active_classes
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..augment import on
-from ..fl.batched import clients_cross_entropy
-from ..fl.state import parameter_keys, snapshot
-from ..registry import param
-from ..syncs import host_side
-from .base import FLMethod, MethodParams, Stage, register
+from .api import (
+    clients_cross_entropy, FLMethod, host_side, MethodParams, on, param, parameter_keys, register, snapshot,
+    Stage,
+)
 from .parts import proximal_term
 
 

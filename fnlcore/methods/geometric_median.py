@@ -35,9 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fl.state import State, load
-from ..registry import param
-from .base import FLMethod, MethodParams, register
+from .api import FLMethod, load, MethodParams, param, register, State
 from .krum import float_keys, noisy_client_flags
 
 # Client values taken at a time in the distance pass (a float64 chunk of every client's values).

@@ -29,11 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..fl.batched import StackedBatch, masked_mean
-from ..syncs import host_side
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
+from .api import ConfigError, FLMethod, host_side, masked_mean, MethodParams, param, register, StackedBatch, Stage
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..fl import sampling
-from ..fl.state import State, load
-from ..registry import param
-from .base import FLMethod, MethodParams, register
+from .api import ConfigError, FLMethod, load, MethodParams, param, register, sampling, State
 
 # Coordinates taken at a time: the stacked chunk (clients x chunk, float64) and one row's
 # differences; 2^22 values keep that under ~70 MB however large an entry is.

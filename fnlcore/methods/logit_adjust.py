@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..fl.batched import masked_mean
+from .api import masked_mean
 
 
 def log_priors(counts: torch.Tensor) -> torch.Tensor:

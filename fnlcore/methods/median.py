@@ -21,9 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fl.state import State, load
-from ..registry import param
-from .base import FLMethod, MethodParams, register
+from .api import FLMethod, load, MethodParams, param, register, State
 
 # Client values of an entry taken at a time: the stack and its sort hold a few copies of them.
 CHUNK_VALUES = 2**22

@@ -11,10 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..augment import draw_device
-from ..fl.local import predict
-from ..fl.stacked import per_client, select_clients_
-from ..syncs import host_side
+from .api import draw_device, host_side, masked_mean, predict
 
 
 def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -99,17 +96,6 @@ def proximal_term(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
     return out if skip is None else torch.where(skip, torch.zeros_like(out), out)
 
 
-def ema_update(teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
-    """teacher <- decay teacher + (1 - decay) student on float state tensors; integer buffers copied."""
-    with torch.no_grad():
-        s = student.state_dict()
-        for key, t in teacher.state_dict().items():
-            if t.is_floating_point():
-                t.mul_(decay).add_(s[key], alpha=1.0 - decay)
-            else:
-                t.copy_(s[key])
-
-
 def js_elementwise(q1: torch.Tensor, q2: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """1/2 [KL(q1 || m) + KL(q2 || m)], m = (q1 + q2) / 2, each KL summed and divided by a client's
     B * C elements (the code's deprecated 'mean', spelled out): q (..., B, C) -> (...), a client's
@@ -176,41 +162,6 @@ def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
     return -k / (torch.log(r / (r[:, -1:] + LID_EPS)).sum(1) + LID_EPS)
 
 
-# -- per-client networks of a batched chunk (EMA teachers): fnlcore.fl.stacked.StackedNet --------------
-
-
-@torch.no_grad()
-def batched_ema_lerp(teacher, student, weight: float, stepped: torch.Tensor) -> None:
-    """FedGR's per-step EMA (``torch.lerp(teacher, student, weight)`` on float entries, integer buffers
-    copied) of the K clients of two StackedNets at once, only where ``stepped`` (K,) is set: a client
-    riding along without a batch keeps its teacher."""
-    t, s = teacher.net.state_dict(), student.net.state_dict()
-    floats = [key for key in teacher.keys if t[key].is_floating_point()]
-    ints = [key for key in teacher.keys if not t[key].is_floating_point()]
-    # multi-tensor kernels: a handful of launches, not a few per entry (the same bits on the CPU)
-    new = torch._foreach_lerp([t[key] for key in floats], [s[key] for key in floats], weight)
-    select_clients_(stepped, [t[key] for key in floats + ints], [*new, *(s[key] for key in ints)])
-
-
-@torch.no_grad()
-def batched_ema_update(teacher, student, decay: float | torch.Tensor, stepped: torch.Tensor) -> None:
-    """:func:`ema_update` (teacher * decay + student * (1 - decay) on float entries, integer buffers
-    copied) of the K clients of two StackedNets at once, only where ``stepped`` (K,) is set; ``decay``
-    one value or (K,) float64, one per client (rounded to the entry's dtype as a Python scalar is)."""
-    t, s = teacher.net.state_dict(), student.net.state_dict()
-    floats = [key for key in teacher.keys if t[key].is_floating_point()]
-    ints = [key for key in teacher.keys if not t[key].is_floating_point()]
-    tf, sf = [t[key] for key in floats], [s[key] for key in floats]
-    # multi-tensor kernels: a handful of launches, not a few per entry (the same bits on the CPU)
-    if isinstance(decay, torch.Tensor):  # spread to full size: a multi-tensor kernel takes no broadcast
-        new = torch._foreach_mul(tf, per_client(decay, tf))
-        torch._foreach_add_(new, torch._foreach_mul(sf, per_client(1.0 - decay, tf)))
-    else:
-        new = torch._foreach_mul(tf, decay)
-        torch._foreach_add_(new, sf, alpha=1.0 - decay)
-    select_clients_(stepped, tf + [t[key] for key in ints], [*new, *(s[key] for key in ints)])
-
-
 # -- mixup with declared draws (FedCorr, FedDiv): the batched engine draws them ahead ------------------
 
 
@@ -254,8 +205,6 @@ def mixup_cross_entropy(logits: torch.Tensor, y: torch.Tensor, lam: torch.Tensor
     """lambda CE(f(x~), y) + (1 - lambda) CE(f(x~), y[pi]) of K clients (FedCorr, FedDiv): logits (K, B, C) of
     the mixed batches (:func:`mixup_view`), y (K, B), lam (K,), perm (K, B), mask (K, B) real rows or None,
     ``shift`` (K, 1, C) added to the logits inside both CE terms (logit adjustment) or None -> (K,)."""
-    from ..fl.batched import masked_mean
-
     k, b, c = logits.shape
     z = (logits if shift is None else logits + shift).reshape(k * b, c)
     ce_a = F.cross_entropy(z, y.reshape(-1), reduction="none").view(k, b)

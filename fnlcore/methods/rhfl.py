@@ -21,11 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..fl.batched import masked_mean
-from ..fl.local import predict
-from ..fl.state import load, weighted_average
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
+from .api import FLMethod, load, masked_mean, MethodParams, param, predict, register, Stage, weighted_average
 
 LOG_1E4 = math.log(1e-4)
 

@@ -41,10 +41,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..fl.local import forward_bounded
-from ..registry import param
-from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import (
+    ClientUpdate, ConfigError, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register, Stage,
+)
 
 DENOMINATOR_GUARD = 1e-8  # |Σ_k s_kc| below this is replaced by 1 (spec A4(d))
 

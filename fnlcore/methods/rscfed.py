@@ -33,14 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..fl.batched import StackedBatch
-from ..fl.stacked import StackedNet, stacked_input
-from ..fl.state import load, snapshot, weighted_average
-from ..registry import param
-from .base import ClientStore, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .api import (
+    ClientStore, ConfigError, FLMethod, load, LocalJob, MethodParams, param, Phase, register, snapshot,
+    StackedBatch, Stage, weighted_average,
+)
 from .multilabel import client_active_classes, partial_bce
-from .parts import batched_ema_update, ema_update
 
 
 @dataclass(frozen=True)
@@ -81,24 +78,18 @@ def _distance(a, b) -> float:
     return float(torch.stack(norms).sum()) if norms else 0.0
 
 
-def missing_mse(p_student: torch.Tensor, p_teacher: torch.Tensor, missing: torch.Tensor) -> torch.Tensor:
-    """Mean over the batch and the missing classes of (p_s - p_t)^2; 0 when nothing is missing."""
-    m = missing.sum()
-    if m == 0:
-        return p_student.sum() * 0.0
-    return (((p_student - p_teacher) ** 2) * missing).sum() / (p_student.shape[0] * m)
-
-
-def batched_missing_mse(p_student: torch.Tensor, p_teacher: torch.Tensor, missing: torch.Tensor,
-                        mask: torch.Tensor | None) -> torch.Tensor:
-    """:func:`missing_mse` of K clients: (K, B, C) probabilities, (K, C) missing classes, (K, B) real rows -> (K,)."""
-    per = (((p_student - p_teacher) ** 2) * missing[:, None, :]).sum(-1)  # (K, B)
-    rows = torch.full_like(per[:, 0], per.shape[1])
+def missing_mse(p_student: torch.Tensor, p_teacher: torch.Tensor, missing: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over the real rows and the missing classes of (p_s - p_t)^2, 0 when nothing is missing:
+    K clients' (K, B, C) probabilities, (K, C) missing classes and (K, B) real rows (None: all) ->
+    (K,); one batch's (B, C), (C,) -> a scalar."""
+    per = (((p_student - p_teacher) ** 2) * missing[..., None, :]).sum(-1)  # (..., B)
+    rows = torch.full_like(per[..., 0], per.shape[-1])
     if mask is not None:
         per = torch.where(mask, per, torch.zeros_like(per))
-        rows = mask.sum(1).to(per.dtype)
-    m = missing.sum(1)
-    return torch.where(m > 0, per.sum(1) / (rows * m).clamp_min(1), per.sum(1) * 0.0)
+        rows = mask.sum(-1).to(per.dtype)
+    m = missing.sum(-1)
+    return torch.where(m > 0, per.sum(-1) / (rows * m).clamp_min(1), per.sum(-1) * 0.0)
 
 
 # -- the method --------------------------------------------------------------------------------
@@ -127,8 +118,6 @@ class RSCFed(FLMethod):
         for c in range(k):
             self.teachers.put(c, init)
         self.groups: list[list[int]] = []
-        self._stacked: dict[int, StackedNet] = {}  # batched engine: K -> the chunk's teachers
-        self._chunk: StackedNet | None = None  # the teachers of the chunk being trained
 
     def select_clients(self, r: int) -> list[int]:
         clients = super().select_clients(r)
@@ -145,59 +134,30 @@ class RSCFed(FLMethod):
         return clients
 
     def prepare(self, r, k, nets):
-        teacher, student = nets["teacher"], nets["model"]
-        load(teacher, self.teachers.get(k))
-        teacher.eval()
-        # raw batches, two weak views; the teacher follows the student after every step (on the batched
-        # engine: batched_after_step); info: the missing classes M_k, and the batched engine's trained teacher
-        phase = Phase(augment="raw", views=("weak:1", "weak:2"),
-                      after_step=lambda: ema_update(teacher, student, self.params.ema_decay))
-        return LocalJob([phase], info={"missing": 1.0 - self.active[k], "teacher": None})
+        # the client's EMA teacher, kept per client by the engine (client_networks), follows the student
+        # after every step (after_step); info: the missing classes M_k
+        load(nets["teacher"], self.teachers.get(k))
+        nets["teacher"].eval()
+        return LocalJob([Phase(augment="raw", views=("weak:1", "weak:2"))], info={"missing": 1.0 - self.active[k]})
 
-    def loss(self, b):
-        v = b.views
-        z = b.model(v["weak:1"])
-        loss = partial_bce(z, self.multi_label_targets(b.idx), self.pos_weights()[b.k], self.ctx.settings.batch_size,
-                           classes=self.active[b.k])
-        with torch.no_grad():
-            pt = torch.sigmoid(b.nets["teacher"](v["weak:2"]).float())
-        return loss + missing_mse(torch.sigmoid(z.float()), pt, b.job.info["missing"])
-
-    def batched_loss(self, sb: StackedBatch):
+    def loss(self, sb: StackedBatch):
         k, bsz = sb.idx.shape
         z = sb.forward(sb.views["weak:1"])
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, bsz, -1)
         loss = partial_bce(z, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
-                                   classes=self.active[sb.clients])
-        with torch.no_grad():
-            pt = torch.sigmoid(self._chunk(stacked_input(sb.views["weak:2"], k)).float())
+                           classes=self.active[sb.clients])
+        pt = torch.sigmoid(sb.copies["teacher"](sb.views["weak:2"]).float())
         missing = torch.stack([job.info["missing"] for job in sb.jobs])  # (K, C)
-        return loss + batched_missing_mse(torch.sigmoid(z.float()), pt, missing, sb.mask)
+        return loss + missing_mse(torch.sigmoid(z.float()), pt, missing, sb.mask)
 
-    def batched_begin(self, r, clients, jobs):
-        """The chunk's teachers, as each client keeps it, as one StackedNet."""
-        if len(clients) not in self._stacked:
-            self._stacked[len(clients)] = StackedNet(self.global_model, len(clients)).to(self.ctx.device)
-        self._chunk = self._stacked[len(clients)]
-        for i, c in enumerate(clients):
-            self._chunk.load_client(i, self.teachers.get(c))
-        self._chunk.eval()
-
-    def batched_after_step(self, sb, stepped):
-        batched_ema_update(self._chunk, sb.net, self.params.ema_decay, stepped)
-
-    def batched_end(self, r, clients, jobs):
-        for i, job in enumerate(jobs):
-            job.info["teacher"] = self._chunk.client_state(i)
-        self._chunk = None
+    def after_step(self, sb, stepped):
+        sb.copies["teacher"].ema_(self.params.ema_decay, stepped)
 
     def upload(self, r, k, job, nets):
-        teacher = job.info["teacher"]  # batched engine: from the chunk's teachers; sequential: the working one
-        self.teachers.put(k, teacher if teacher is not None else nets["teacher"].state_dict())  # stays with the client
+        self.teachers.put(k, nets["teacher"].state_dict())  # the trained teacher stays with the client
         return {}
 
-    stages = {"main": Stage(prepare=prepare, upload=upload, loss=batched_loss, sequential_loss=loss,
-                            begin=batched_begin, after_step=batched_after_step, end=batched_end)}
+    stages = {"main": Stage(prepare=prepare, upload=upload, loss=loss, after_step=after_step, copies=("teacher",))}
 
     def aggregate(self, r, updates):
         got = {u.client: u for u in updates}

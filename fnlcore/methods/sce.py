@@ -15,9 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fl.batched import masked_mean
-from ..registry import param
-from .base import FLMethod, MethodParams, Stage, register
+from .api import FLMethod, masked_mean, MethodParams, param, register, Stage
 
 LOG_ZERO = {"code": math.log(1e-4), "paper": -4.0}
 

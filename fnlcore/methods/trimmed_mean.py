@@ -22,10 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..fl.state import State, load
-from ..registry import param
-from .base import FLMethod, MethodParams, register
+from .api import ConfigError, FLMethod, load, MethodParams, param, register, State
 
 
 @dataclass(frozen=True)
