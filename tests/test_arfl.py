@@ -7,9 +7,7 @@ import torch
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.arfl import (
-    arfl_aggregate, client_weights, irls_coordinates, median, rank_leverage, repeated_median_line,
-)
+from fnlcore.methods.arfl import arfl_aggregate, client_weights, irls_fit, line_at, median, median_line, rank_leverage
 
 from .engine_helpers import make_ctx
 
@@ -22,9 +20,11 @@ def test_median_averages_the_two_middle_values():
 
 
 def test_repeated_median_line_hand_case():
-    fitted, ranks = repeated_median_line(HAND)
+    intercept, slope, ranks = median_line(HAND)
+    fitted = line_at(intercept, slope, ranks)
     assert ranks.tolist() == [[1, 3, 0, 2, 4]]
     # a = 0.9, b = 0.075
+    assert intercept.tolist() == pytest.approx([0.9]) and slope.tolist() == pytest.approx([0.075])
     assert torch.allclose(fitted, torch.tensor([[0.975, 1.125, 0.9, 1.05, 1.2]], dtype=torch.float64))
 
 
@@ -36,7 +36,8 @@ def test_leverage_equals_the_hat_matrix_diagonal():
 
 
 def test_irls_hand_case_psi_restricted_values_and_weights():
-    restricted, conf = irls_coordinates(HAND, 2.0, 0.1)
+    fit = irls_fit(HAND, 2.0, 0.1)
+    restricted, conf = fit.restricted(HAND), fit.confidence
     assert torch.allclose(restricted, torch.tensor([[1.0, 1.1, 0.9, 1.05, 1.2]], dtype=torch.float64))
     psi = conf / conf[0, 0]  # c_i = psi_i * std(psi) and psi_0 = 1
     assert torch.allclose(psi[0, :4], torch.ones(4, dtype=torch.float64))

@@ -436,7 +436,7 @@ class _CoDivide(FLMethod):
     Params = _CoDivideParams
     networks = ("net1", "net2")
 
-    def loss(self, b):
+    def two_stream_loss(self, b):  # a phase loss over one client's Batch (several streams)
         ctx = self.ctx
         xl, il = b.streams["labelled"]
         v = ctx.pipeline.views(xl, ctx.aug_gen, ("weak", "strong"))
@@ -460,11 +460,12 @@ class _CoDivide(FLMethod):
             return on_epoch
 
         streams = {"labelled": (idx, 16), "unlabelled": (idx[:0], 8)}
-        return LocalJob(phases=[Phase(train=(n,), streams=streams, augment="raw", on_epoch=split(peer))
+        return LocalJob(phases=[Phase(loss=self.two_stream_loss, train=(n,), streams=streams, augment="raw",
+                                      on_epoch=split(peer))
                                 for n, peer in (("net1", "net2"), ("net2", "net1"))],
                         lr={"net1": 0.01, "net2": 0.02})
 
-    stages = {"main": Stage(sequential_loss=loss, prepare=prepare)}  # several streams: a one-client loss
+    stages = {"main": Stage(prepare=prepare)}  # several streams: each phase brings its one-client loss
 
     def should_evaluate(self, r):
         return r % 2 == 1

@@ -19,12 +19,11 @@ from fnlcore.methods import METHODS
 from fnlcore.methods.base import ClientUpdate
 from fnlcore.methods.fedgr import (
     FedGRParams,
-    clean_only_loss,
     distill_kl_rows,
     ema_blend,
     fixmatch_labels,
     refine_reliable,
-    refined_loss,
+    refined_terms,
     revision_decay,
     running_mean_update,
     sieve,
@@ -81,19 +80,34 @@ def test_refine_reliable_by_hand():
     assert labels.tolist() == [1, 6, 7, 0] and has.tolist() == [True, True, True, False]
 
 
-def test_refined_loss_by_hand():
+def test_refined_terms_by_hand():
     # p = softmax([0, log 3]) = [0.25, 0.75]: CE(y=0) = log 4, CE(y=1) = log 4/3
     logits = torch.log(B([[1.0, 3.0], [1.0, 3.0]]))
     given, reliable = B([0, 0]), B([1, 1])
     has, q = B([True, False]), B([0.25, 0.5])
     # a: 0.25 log 4 + 0.75 log 4/3; b: 0.5 log 4 + 0 (no entry)
-    expect = (0.25 * LOG4 + 0.75 * LOG43 + 0.5 * LOG4) / 2
-    assert float(refined_loss(logits, given, reliable, has, q, high_noise=False)) == pytest.approx(expect, rel=1e-6)
-    assert float(refined_loss(logits, given, reliable, has, q, high_noise=True)) == pytest.approx(LOG43 / 2, rel=1e-6)
+    low, high = B([False, False]), B([True, True])
+    got = refined_terms(logits, given, reliable, has, q, low)
+    assert got.tolist() == pytest.approx([0.25 * LOG4 + 0.75 * LOG43, 0.5 * LOG4], rel=1e-6)
+    assert refined_terms(logits, given, reliable, has, q, high).tolist() == pytest.approx([LOG43, 0.0], rel=1e-6)
+    # per sample: each row takes its own client's rule
+    mixed = refined_terms(logits, given, reliable, has, q, B([True, False]))
+    assert mixed.tolist() == pytest.approx([LOG43, 0.5 * LOG4], rel=1e-6)
     # a clean-flagged sample (Y* = ŷ) gets CE(ŷ) whatever q
-    got = refined_loss(logits[:1], B([1]), B([1]), B([True]), B([0.3]), high_noise=False)
+    got = refined_terms(logits[:1], B([1]), B([1]), B([True]), B([0.3]), B([False]))
     assert float(got) == pytest.approx(LOG43, rel=1e-6)
-    assert float(clean_only_loss(logits, given, B([True, False]))) == pytest.approx(LOG4 / 2, rel=1e-6)
+
+
+def test_without_label_refining_the_loss_is_ce_on_clean_flagged_samples_only():
+    # Table 4 'w/o LR': CE(p, ŷ)·1[clean-flagged], whatever q, Y* or r_k ≥ β
+    m, ctx = _method(FedGRParams(warmup_rounds=1, label_refining=False))
+    idx = ctx.data.clients[0][:2]
+    m.noisy_labels[idx] = B([0, 0])
+    m.noisy_flag[idx] = B([False, True])
+    logits = torch.log(B([[1.0, 3.0] + [1e-9] * 8, [1.0, 3.0] + [1e-9] * 8]))
+    for high in (B([False, False]), B([True, True])):
+        got = m._supervised_terms(logits, idx, high)
+        assert got.tolist() == pytest.approx([LOG4, 0.0], rel=1e-6)
 
 
 def test_distillation_kl_by_hand():

@@ -193,7 +193,8 @@ def test_fedirm_symmetric_kl_mask_and_ema_alpha_by_hand():
     assert fedirm.confident_mask(p, 0.7, 0.3, 2.0).tolist() == [True, False, True]
     # summed binary entropy: 2 H(0.9) = 0.650 > 0.5, 2 H(0.99) = 0.112
     assert fedirm.confident_mask(p, 0.7, 0.3, 0.5).tolist() == [False, False, True]
-    assert [fedirm.ema_alpha(s, 0.99) for s in (0, 1, 1000)] == [0.0, 0.5, 0.99]
+    steps = torch.tensor([0.0, 1.0, 1000.0], dtype=torch.float64)  # the chunk's counters (relation_after_step)
+    assert fedirm.ema_alpha(steps, 0.99).tolist() == [0.0, 0.5, 0.99]
 
 
 def test_cbafed_thresholds_and_residual_by_hand():

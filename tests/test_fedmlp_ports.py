@@ -11,7 +11,8 @@ from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
 from fnlcore.methods.fedlsr_ml import FedLSRMLParams, fedlsr_ml_loss, ramp, sharpen_binary
-from fnlcore.methods.fednoro_ml import distill_weight, fednoro_ml_loss
+from fnlcore.methods.fednoro_ml import fednoro_ml_loss
+from fnlcore.methods.parts import gaussian_ramp_up
 
 from .engine_helpers import make_ctx
 
@@ -29,36 +30,36 @@ def test_fedlsr_ml_loss_is_bce_with_logits_on_probabilities():
     z = torch.zeros(1, 2)
     y = torch.tensor([[1.0, 0.0]])
     pw = torch.tensor([2.0, 3.0])
-    loss = fedlsr_ml_loss(z, z, y, pw, 0.3, 0.4, 4, FedLSRMLParams())
+    loss = fedlsr_ml_loss(z, z, y, pw, torch.tensor(0.3), 0.4, 4, FedLSRMLParams())
     expected = (2 * math.log(1 + math.exp(-0.5)) + math.log(1 + math.exp(0.5))) / (4 * 2)  # / (B C)
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     # a confident correct p_s = 1 still costs log(1 + e^-1) = 0.3133 per entry: the code's weak signal
-    big = torch.tensor([[30.0]])
-    one = fedlsr_ml_loss(big, big, torch.ones(1, 1), torch.ones(1), 0.5, 0.0, 1, FedLSRMLParams())
+    big, half = torch.tensor([[30.0]]), torch.tensor(0.5)
+    one = fedlsr_ml_loss(big, big, torch.ones(1, 1), torch.ones(1), half, 0.0, 1, FedLSRMLParams())
     assert one.item() == pytest.approx(math.log(1 + math.exp(-1)), abs=1e-5)
-    paper = fedlsr_ml_loss(big, big, torch.ones(1, 1), torch.ones(1), 0.5, 0.0, 1, FedLSRMLParams(cls_on_probs=False))
+    paper = fedlsr_ml_loss(big, big, torch.ones(1, 1), torch.ones(1), half, 0.0, 1, FedLSRMLParams(cls_on_probs=False))
     assert paper.item() == pytest.approx(0.0, abs=1e-5)
 
 
 def test_fedlsr_ml_js_term_is_zero_for_equal_views_and_positive_otherwise():
-    y, pw = torch.zeros(2, 3), torch.ones(3)
+    y, pw, half = torch.zeros(2, 3), torch.ones(3), torch.tensor(0.5)
     z1 = torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]])
-    base = fedlsr_ml_loss(z1, z1, y, pw, 0.5, 0.0, 2, FedLSRMLParams())
-    same = fedlsr_ml_loss(z1, z1, y, pw, 0.5, 0.4, 2, FedLSRMLParams())
+    base = fedlsr_ml_loss(z1, z1, y, pw, half, 0.0, 2, FedLSRMLParams())
+    same = fedlsr_ml_loss(z1, z1, y, pw, half, 0.4, 2, FedLSRMLParams())
     assert same.item() == pytest.approx(base.item(), abs=1e-7)
-    diff = fedlsr_ml_loss(z1, -z1, y, pw, 0.5, 0.4, 2, FedLSRMLParams())
-    no_js = fedlsr_ml_loss(z1, -z1, y, pw, 0.5, 0.0, 2, FedLSRMLParams())
+    diff = fedlsr_ml_loss(z1, -z1, y, pw, half, 0.4, 2, FedLSRMLParams())
+    no_js = fedlsr_ml_loss(z1, -z1, y, pw, half, 0.0, 2, FedLSRMLParams())
     assert diff.item() > no_js.item()
 
 
 def test_fednoro_ml_weight_schedule_by_hand():
     # w(r) = 0.8 exp(-5 (1 - (clip(r, 10, 499) - 10) / 489)^2)
-    assert distill_weight(0, 0.8, 10, 499) == pytest.approx(0.8 * math.exp(-5))
-    assert distill_weight(10, 0.8, 10, 499) == pytest.approx(0.8 * math.exp(-5))
-    assert distill_weight(499, 0.8, 10, 499) == pytest.approx(0.8)
-    assert distill_weight(600, 0.8, 10, 499) == pytest.approx(0.8)
+    assert gaussian_ramp_up(0, 10, 499, 0.8) == pytest.approx(0.8 * math.exp(-5))
+    assert gaussian_ramp_up(10, 10, 499, 0.8) == pytest.approx(0.8 * math.exp(-5))
+    assert gaussian_ramp_up(499, 10, 499, 0.8) == pytest.approx(0.8)
+    assert gaussian_ramp_up(600, 10, 499, 0.8) == pytest.approx(0.8)
     mid = 10 + 489 / 2
-    assert distill_weight(mid, 0.8, 10, 499) == pytest.approx(0.8 * math.exp(-1.25))
+    assert gaussian_ramp_up(mid, 10, 499, 0.8) == pytest.approx(0.8 * math.exp(-1.25))
 
 
 def test_fednoro_ml_loss_splits_active_and_missing_classes():

@@ -13,9 +13,10 @@ from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
 from fnlcore.methods.logit_adjust import la_cross_entropy, log_priors
 from fnlcore.methods.fednoro import (
-    class_loss_matrix, daagg_weights, detect_noisy_clients, minmax_columns, ramp_weight, vote,
+    class_loss_matrix, daagg_weights, detect_noisy_clients, minmax_columns, vote,
 )
 from fnlcore.methods.fedprox import proximal_term
+from fnlcore.methods.parts import gaussian_ramp_up
 
 from .engine_helpers import make_ctx
 
@@ -67,11 +68,11 @@ def test_log_priors_absent_class_is_minus_inf():
 
 
 def test_ramp_up_values():
-    assert ramp_weight(10, 10, 49, 0.8) == pytest.approx(0.8 * math.exp(-5))
-    assert ramp_weight(49, 10, 49, 0.8) == pytest.approx(0.8)
-    assert ramp_weight(99, 10, 49, 0.8) == pytest.approx(0.8)
+    assert gaussian_ramp_up(10, 10, 49, 0.8) == pytest.approx(0.8 * math.exp(-5))
+    assert gaussian_ramp_up(49, 10, 49, 0.8) == pytest.approx(0.8)
+    assert gaussian_ramp_up(99, 10, 49, 0.8) == pytest.approx(0.8)
     mid = 10 + 39 / 2
-    assert ramp_weight(mid, 10, 49, 0.8) == pytest.approx(0.8 * math.exp(-5 * 0.25))
+    assert gaussian_ramp_up(mid, 10, 49, 0.8) == pytest.approx(0.8 * math.exp(-5 * 0.25))
 
 
 def test_class_loss_matrix_fill_and_normalisation():

@@ -47,17 +47,18 @@ def test_fedlsr_hand_cases():
     assert js_elementwise(q, q).item() == pytest.approx(0.0, abs=1e-7)  # xlogy rounding only
     # code-faithful L_cls for p_s = one-hot(y), C = 2: CE of the probabilities as logits
     z = torch.tensor([[60.0, -60.0]])
-    p = FedLSRParams(lambda_e=0.0, gamma=0.0)
-    assert fedlsr_loss(z, z, torch.tensor([0]), 0.3, 0.0, p).item() == pytest.approx(-math.log(math.e / (math.e + 1)), abs=1e-4)
+    p, lam = FedLSRParams(lambda_e=0.0, gamma=0.0), torch.tensor(0.3)
+    assert fedlsr_loss(z, z, torch.tensor([0]), lam, 0.0, p).item() == pytest.approx(-math.log(math.e / (math.e + 1)), abs=1e-4)
     paper = FedLSRParams(lambda_e=0.0, gamma=0.0, cls_on_probs=False)
-    assert fedlsr_loss(z, z, torch.tensor([0]), 0.3, 0.0, paper).item() == pytest.approx(0.0, abs=1e-5)
+    assert fedlsr_loss(z, z, torch.tensor([0]), lam, 0.0, paper).item() == pytest.approx(0.0, abs=1e-5)
 
 
 def test_identical_views_make_p_independent_of_lambda():
     z = torch.randn(5, 4)
     y = torch.randint(0, 4, (5,))
     p = FedLSRParams()
-    assert fedlsr_loss(z, z, y, 0.1, 0.4, p).item() == pytest.approx(fedlsr_loss(z, z, y, 0.9, 0.4, p).item())
+    low, high = fedlsr_loss(z, z, y, torch.tensor(0.1), 0.4, p), fedlsr_loss(z, z, y, torch.tensor(0.9), 0.4, p)
+    assert low.item() == pytest.approx(high.item())
 
 
 @pytest.mark.parametrize("spec", [{"name": "rhfl"}, {"name": "rhfl", "local_loss": "ce"}, {"name": "fedlsr", "t_w": 2}])

@@ -198,12 +198,8 @@ class Stage:
     of one phase on one stream with no hooks of its own (``lr_round``, ``info``, the stream's sample
     ids, ``augment="raw"`` with declared ``views``/``draws``: see ``rounds.client_phase``).
 
-    ``sequential_loss`` (a :class:`Batch` loss over one client) is for what the one form cannot
-    say: a stage whose phases read several streams, and, until the engine keeps per-client
-    teachers, the methods whose hooks hold a stacked network of the chunk's teachers (FedGR's EMA
-    models, FedIRM's and RSCFed's teachers). Where set, the sequential engine runs it with the
-    job's own phase hooks and skips ``begin``/``after_step``/``end``; a stage with no ``loss``
-    never batches. ``upload(r, k, job, nets)`` runs on each client's trained networks. An upload that
+    A stage with no ``loss`` never batches (FedFixer: its phases step themselves).
+    ``upload(r, k, job, nets)`` runs on each client's trained networks. An upload that
     draws random numbers (a detection pass on augmented images) declares ``reserve(r, k, job)``:
     the batched engine calls it right after the client's training draws, where the sequential
     engine's upload draws, and it returns those draws (e.g. ``fl.local.draw_predict``) into
@@ -220,7 +216,6 @@ class Stage:
     begin: Callable | None = None
     after_step: Callable | None = None
     end: Callable | None = None
-    sequential_loss: LossFn | None = None
 
 
 @dataclass
@@ -369,10 +364,9 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
             optimizers[name] = ctx.optimizer(nets[name].parameters(), lr_round, lr=job.lr.get(name))
         return optimizers[name]
 
-    # the stage's one loss form at K = 1 with its per-chunk hooks, unless it keeps a sequential form
-    one = stage.loss is not None and stage.sequential_loss is None
+    # the stage's one loss form at K = 1 with its per-chunk hooks (a phase may bring its own loss)
+    one = stage.loss is not None
     clients_loss = MethodType(stage.loss, method) if one else None
-    default_loss = MethodType(stage.sequential_loss, method) if stage.sequential_loss is not None else None
     after = MethodType(stage.after_step, method) if one and stage.after_step is not None else None
     if one and stage.begin is not None:
         stage.begin(method, r, [k], [job])
@@ -383,7 +377,7 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
             if n not in nets:
                 raise ConfigError(f"phase trains network {n!r}, which the method does not declare")
             optimizer(n)
-        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, default_loss, idx, r, k, clients_loss, after,
+        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, None, idx, r, k, clients_loss, after,
                                     tuple(stage.copies) if one else ()))
     if one and stage.end is not None:
         stage.end(method, r, [k], [job])

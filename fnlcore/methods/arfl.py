@@ -89,12 +89,6 @@ def median_line(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return intercept, slope, ranks
 
 
-def repeated_median_line(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fitted values ŷ (m, n) and ranks (m, n) of the repeated-median line through (rank, sorted y), per row."""
-    intercept, slope, ranks = median_line(y)
-    return line_at(intercept, slope, ranks), ranks
-
-
 def rank_leverage(ranks: torch.Tensor, n: int) -> torch.Tensor:
     """diag of X (XᵀX)⁻¹ Xᵀ for X = [1, r] with r a permutation of 0..n-1: 1/n + (r − r̄)² / Σ(k − r̄)²."""
     centre = (n - 1) / 2
@@ -131,12 +125,6 @@ def irls_fit(y: torch.Tensor, huber_lambda: float, delta: float) -> Fit:
     psi = torch.where(u.abs() <= kappa, torch.ones_like(u), kappa / u.abs())
     confidence = psi * psi.std(dim=1, keepdim=True)
     return Fit(intercept, slope, psi >= delta, confidence)
-
-
-def irls_coordinates(y: torch.Tensor, huber_lambda: float, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One IRLS pass on (m coordinates, n clients): (restricted values (m, n), confidences c (m, n))."""
-    fit = irls_fit(y, huber_lambda, delta)
-    return fit.restricted(y), fit.confidence
 
 
 def client_weights(confidence_sums: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,8 @@ A method declares:
 * ``networks``: its global networks (FedAvg: one; Co-teaching, DivideMix: two), each aggregated
   by name; ``client_networks``: working networks a client uses besides them (FedGR's EMA model);
 * ``stages``: its stage table, stage name -> :class:`~fnlcore.fl.client.Stage` (what to prepare
-  for a client, the loss of a batch, what a client uploads, a batched form of the loss), and
-  ``stage(r)``: the stage of round r;
+  for a client, the one loss form of a step over K clients, what a client uploads, the per-chunk
+  hooks), and ``stage(r)``: the stage of round r;
 * ``persistent``: the attributes that carry across rounds (tensors, arrays, samplers, per-client
   :class:`~fnlcore.fl.persist.ClientStore` objects); the engine checkpoints and restores them;
 * the server steps: ``aggregate(r, updates)`` over the round's updates (consumed once, in
@@ -32,12 +32,11 @@ from dataclasses import dataclass
 from typing import ClassVar, Iterable
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..registry import Registry
 from ..fl import sampling
-from ..fl.batched import StackedBatch, clients_cross_entropy, masked_mean
+from ..fl.batched import StackedBatch, clients_cross_entropy
 from ..fl.client import Batch, ClientUpdate, LocalJob, Phase, Stage
 from ..fl.context import RunContext
 from ..fl.persist import ClientStore, load_method_state, method_state, persistent_names

@@ -57,11 +57,8 @@ from .api import (
     MethodParams, on, param, parameter_keys, Phase, register, snapshot, StackedBatch, Stage,
 )
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import (MixupDraw, client_outputs, group_shape, lid_scores, mixup_cross_entropy, mixup_view, proximal_term,
-                    sequential_client_groups)
-
-STAGES = ("preprocess", "finetune", "usual")
-PASS_BATCH = 100  # the code's per-sample detection passes (client_outputs) run in batches of 100
+from .parts import (PASS_BATCH, MixupDraw, client_outputs, group_shape, lid_scores, mixup_cross_entropy, mixup_view,
+                    proximal_term, sequential_client_groups)
 
 
 @dataclass(frozen=True)

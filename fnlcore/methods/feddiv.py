@@ -54,11 +54,10 @@ from .api import (
     ClientUpdate, ConfigError, CostStage, draw_predict, FLMethod, LocalJob, MethodParams, param, Phase,
     register, sampling, StackedBatch, Stage,
 )
-from .parts import (MixupDraw, client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy, mixup_view,
-                    sequential_client_groups)
+from .parts import (PASS_BATCH, MixupDraw, client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy,
+                    mixup_view, sequential_client_groups)
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
-PASS_BATCH = 100  # the code's detection passes (client_outputs) run in batches of 100
 
 
 @dataclass(frozen=True)

@@ -191,32 +191,19 @@ def refine_reliable(noisy_flag: torch.Tensor, given: torch.Tensor, pseudo: torch
 
 
 def refined_terms(logits: torch.Tensor, given: torch.Tensor, reliable: torch.Tensor, has_reliable: torch.Tensor,
-                  q: torch.Tensor, high_noise: bool | torch.Tensor) -> torch.Tensor:
-    """L^SR for t ≥ α of each sample (one without a label counts as a zero).
+                  q: torch.Tensor, high_noise: torch.Tensor) -> torch.Tensor:
+    """L^SR for t ≥ α of each sample (one without a label counts as a zero); ``high_noise`` (bool, per
+    sample): r_k ≥ β of the sample's client.
 
     r_k < β: q CE(p, ŷ) + (1 - q) CE(p, Y*) (second term 0 without an entry);
-    r_k ≥ β (``high_noise``; a bool tensor: per sample, several clients at once): CE(p, Y*) (0 without an entry).
+    r_k ≥ β: CE(p, Y*) (0 without an entry).
     """
     target = torch.where(has_reliable, reliable, torch.zeros_like(reliable))
     ce_rel = F.cross_entropy(logits, target, reduction="none") * has_reliable.to(logits.dtype)
-    per_sample = isinstance(high_noise, torch.Tensor)
-    if not per_sample and high_noise:
-        return ce_rel
     ce_given = F.cross_entropy(logits, given, reduction="none")
     q = q.to(logits.dtype)
     mixed = q * ce_given + (1.0 - q) * ce_rel
-    return torch.where(high_noise, ce_rel, mixed) if per_sample else mixed
-
-
-def refined_loss(logits: torch.Tensor, given: torch.Tensor, reliable: torch.Tensor, has_reliable: torch.Tensor,
-                 q: torch.Tensor, high_noise: bool) -> torch.Tensor:
-    """:func:`refined_terms`, mean over the batch."""
-    return refined_terms(logits, given, reliable, has_reliable, q, high_noise).mean()
-
-
-def clean_only_loss(logits: torch.Tensor, given: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
-    """Table 4 'w/o LR': mean over the batch of CE(p, ŷ)·1[clean-flagged]."""
-    return (F.cross_entropy(logits, given, reduction="none") * clean.to(logits.dtype)).mean()
+    return torch.where(high_noise, ce_rel, mixed)
 
 
 def distill_kl_rows(student: torch.Tensor, target: torch.Tensor, tau: float) -> torch.Tensor:

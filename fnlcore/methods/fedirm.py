@@ -121,9 +121,10 @@ def confident_mask(p: torch.Tensor, upper: float, lower: float, max_entropy: flo
     return sure & (ent < max_entropy)
 
 
-def ema_alpha(step: int, cap: float) -> float:
-    """alpha = min(1 - 1/(step + 1), cap): 0 at step 0 (the teacher becomes the student), 0.5 at step 1."""
-    return min(1.0 - 1.0 / (step + 1), cap)
+def ema_alpha(steps: torch.Tensor, cap: float) -> torch.Tensor:
+    """alpha = min(1 - 1/(step + 1), cap) of each client's step counter: 0 at step 0 (the teacher becomes
+    the student), 0.5 at step 1."""
+    return (1.0 - 1.0 / (steps + 1)).clamp_max(cap)
 
 
 # -- the method --------------------------------------------------------------------------------
@@ -250,7 +251,7 @@ class FedIRM(FLMethod):
         """Each stepped client's teacher update with its own alpha (:func:`ema_alpha`, on the host),
         its counter advanced."""
         chunk = self._chunk
-        alpha = (1.0 - 1.0 / (chunk.steps + 1)).clamp_max(self.params.ema_decay)  # (K,) float64, host
+        alpha = ema_alpha(chunk.steps, self.params.ema_decay)  # (K,) float64, host
         sb.copies["teacher"].ema_(alpha, stepped)
         chunk.steps += sb.moved_host.to(chunk.steps.dtype)
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, LocalJob, masked_mean, MethodParams, on, param, Phase, register, StackedBatch, Stage
-from .parts import beta_draw, js_elementwise
+from .parts import js_elementwise, lam_beta11
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,12 @@ def ramp(r: int, gamma: float, t_w: int) -> float:
 
 def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The FedLSR loss of K clients: logits z (K, B, C) of the two views, labels y (K, B), lam (K,)
-    (each client's batch draw), mask (K, B) real rows or None -> (K,); a single client's (B, C)
-    logits, (B,) labels and a float lam give its loss (0-dim)."""
+    (each client's batch draw), mask (K, B) real rows or None -> (K,)."""
     c = z1.shape[-1]
     scale = 1.0 / p.distill_temperature
     q1 = F.softmax(z1 * scale, dim=-1).clamp(1e-6, 1.0)
     q2 = F.softmax(z2 * scale, dim=-1).clamp(1e-6, 1.0)
-    if isinstance(lam, torch.Tensor):
-        lam = lam.to(z1.dtype)[..., None, None]
+    lam = lam.to(z1.dtype)[..., None, None]
     ps = sharpen_square(lam * F.softmax(z1, dim=-1) + (1.0 - lam) * F.softmax(z2, dim=-1))
     logits = ps if p.cls_on_probs else ps.clamp_min(1e-12).log()
     per = (F.cross_entropy if p.cls_on_probs else F.nll_loss)(logits.reshape(-1, c), y.reshape(-1), reduction="none")
@@ -77,11 +75,6 @@ def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Ten
     return loss
 
 
-def _lam(n: int, gen, device) -> tuple[torch.Tensor]:
-    """lam ~ Beta(1, 1), once per batch (drawn after the two views, as the official code)."""
-    return (torch.tensor(beta_draw(1.0, gen, device)),)
-
-
 @register
 class FedLSR(FLMethod):
     Params = FedLSRParams
@@ -90,7 +83,7 @@ class FedLSR(FLMethod):
 
     def prepare(self, r, k, nets):
         # raw images: two weak views, then lam, declared so the batched engine draws them ahead
-        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=_lam)])
+        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=lam_beta11)])
 
     def loss(self, sb: StackedBatch):
         """The one loss form over K clients; the sequential engine runs it at K = 1."""

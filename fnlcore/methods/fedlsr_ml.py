@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, LocalJob, MethodParams, on, param, Phase, register, StackedBatch, Stage
-from .parts import beta_draw, js_elementwise
+from .parts import js_elementwise, lam_beta11
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,9 @@ def ramp(r: int, gamma: float, t_w: int) -> float:
 def fedlsr_ml_loss(z1, z2, y, pos_weight, lam, beta_t: float, batch_size: int, p: FedLSRMLParams,
                    mask: torch.Tensor | None = None) -> torch.Tensor:
     """The loss of K clients: logits z and targets y (K, B, C), pos_weight (K, C), lam (K,) (each
-    client's batch draw), mask (K, B) real rows or None -> (K,); a single client's (B, C) logits
-    and targets, (C,) pos_weight and a float lam give its loss (0-dim)."""
+    client's batch draw), mask (K, B) real rows or None -> (K,)."""
     z1, z2 = z1.float(), z2.float()
-    if isinstance(lam, torch.Tensor):
-        lam = lam.to(z1.dtype)[..., None, None]
+    lam = lam.to(z1.dtype)[..., None, None]
     ps = sharpen_binary(lam * torch.sigmoid(z1) + (1.0 - lam) * torch.sigmoid(z2))
     pw = pos_weight.unsqueeze(-2)  # over the rows
     if p.cls_on_probs:
@@ -73,11 +71,6 @@ def fedlsr_ml_loss(z1, z2, y, pos_weight, lam, beta_t: float, batch_size: int, p
     return cls + beta_t * js_elementwise(q1, q2, mask)
 
 
-def _lam(n: int, gen, device) -> tuple[torch.Tensor]:
-    """lam ~ Beta(1, 1), once per batch, drawn after the two weak views (a 0-dim draw: per batch)."""
-    return (torch.tensor(beta_draw(1.0, gen, device)),)
-
-
 @register
 class FedLSRML(FLMethod):
     Params = FedLSRMLParams
@@ -86,7 +79,7 @@ class FedLSRML(FLMethod):
 
     def prepare(self, r, k, nets):
         # raw images: two weak views, then lam, declared so the batched engine can draw them ahead
-        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=_lam)])
+        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=lam_beta11)])
 
     def loss(self, sb: StackedBatch):
         """The one loss form over K clients; the sequential engine runs it at K = 1."""

@@ -37,7 +37,7 @@ from .api import (
     Stage, warm_up_then, weighted_average,
 )
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import class_loss_matrix, minmax_columns
+from .parts import class_loss_matrix, gaussian_ramp_up, minmax_columns
 
 
 @dataclass(frozen=True)
@@ -69,14 +69,6 @@ class FedNoRoParams(MethodParams):
 def _check_warmup(params: "FedNoRoParams", rounds: int) -> None:
     if params.warmup_rounds >= rounds:
         raise ConfigError(f"method 'fednoro': warmup_rounds={params.warmup_rounds} must be < training.rounds={rounds}")
-
-
-def ramp_weight(r: int, begin: int, end: int, lambda_max: float) -> float:
-    """lambda(r) = lambda_max * exp(-5 (1 - (clip(r, b, e) - b) / (e - b))^2) (Gaussian ramp-up)."""
-    if end <= begin:
-        return lambda_max
-    t = (min(max(r, begin), end) - begin) / (end - begin)
-    return lambda_max * math.exp(-5.0 * (1.0 - t) ** 2)
 
 
 def gmm_noisy_clients(features: np.ndarray, random_state: int) -> frozenset[int]:
@@ -155,7 +147,7 @@ class FedNoRo(LogitAdjusted, FLMethod):
         super().begin_round(r)
         self.refresh_priors()
         if self.stage(r) == "stage2":
-            self.round_info["kd_lambda"] = ramp_weight(r, *self.ramp, self.params.lambda_max)
+            self.round_info["kd_lambda"] = gaussian_ramp_up(r, *self.ramp, self.params.lambda_max)
             # which clients distil, once a round (the noisy set is fixed after warm-up)
             self._distil = torch.as_tensor([self.distils(k) for k in range(self.ctx.data.num_clients)],
                                            device=self.ctx.device)

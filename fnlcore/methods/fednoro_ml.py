@@ -15,7 +15,6 @@ distribution); a client with no missing class has no MSE term.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +22,7 @@ import torch
 from .api import FLMethod, MethodParams, param, register, Stage
 from .logit_adjust import la_bce, la_shift
 from .multilabel import client_active_classes
+from .parts import gaussian_ramp_up
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,6 @@ class FedNoRoMLParams(MethodParams):
     def validate(self) -> None:
         if self.ramp_end <= self.ramp_begin:
             raise self.error("ramp_end", f"must be larger than ramp_begin={self.ramp_begin}")
-
-
-def distill_weight(r: int, lambda_max: float, r0: int, r1: int) -> float:
-    """w(r) = lambda_max exp(-5 (1 - (clip(r, r0, r1) - r0) / (r1 - r0))^2)."""
-    t = (min(max(r, r0), r1) - r0) / (r1 - r0)
-    return lambda_max * math.exp(-5.0 * (1.0 - t) ** 2)
 
 
 def fednoro_ml_loss(z, z_teacher, y, shift, active, w: float, temperature: float,
@@ -84,7 +78,7 @@ class FedNoRoML(FLMethod):
         p = self.params
         with torch.no_grad():
             zt = sb.per_client(self.global_model.eval()(sb.x)).float()
-        w = distill_weight(sb.r, p.lambda_max, p.ramp_begin, p.ramp_end)
+        w = gaussian_ramp_up(sb.r, p.ramp_begin, p.ramp_end, p.lambda_max)  # ramp_end > ramp_begin (validate)
         k, b, c = sb.logits.shape
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
         return fednoro_ml_loss(sb.logits, zt, y, self.shift[sb.clients], self.active[sb.clients], w, p.kd_temperature,

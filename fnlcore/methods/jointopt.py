@@ -82,7 +82,7 @@ def jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float,
                   mask: torch.Tensor | None = None) -> torch.Tensor:
     """The loss of K clients: logits and soft labels (K, B, C), mask (K, B) real rows or None -> (K,)
     (one client's (B, C) -> 0-dim). The prior and entropy terms take s = exp(log s) each (two
-    exponentials, as the per-client code: one shared would round the gradient differently)."""
+    exponentials, as the golden record's: one shared would round the gradient differently)."""
     log_p = F.log_softmax(logits, dim=-1)
     return (soft_cross_entropy(log_p, soft_labels, mask) + alpha * prior_penalty(log_p.exp(), mask)
             + beta * entropy_penalty(log_p, mask))
@@ -136,8 +136,8 @@ class JointOpt(FLMethod):
 
     def epoch_end(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
         """After each step: a client whose step ended one of its epochs (``sb.epoch_ends``) sets its
-        labels to its prediction history's mean (the per-client code did it before the next epoch's
-        first step: nothing of the client runs in between)."""
+        labels to its prediction history's mean (the same as before the next epoch's first step:
+        nothing of the client runs in between)."""
         with host_side():  # the epoch ends and the client ids are host values: no device sync
             ends = [int(sb.clients_host[i]) for i in sb.epoch_ends]
         for k in ends:

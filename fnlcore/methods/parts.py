@@ -1,11 +1,13 @@
 """Building blocks several methods share (FedCorr, FedDiv and the baselines FedCorr adapted; the
-proximal term, the EMA teacher update, FedNoRo's per-class loss matrix, FedLSR's JS divergence).
+proximal term, FedNoRo's per-class loss matrix and ramp-up, FedLSR's JS divergence and lam draw).
 
 Not a method: no registration. Each block is the reference codes' behaviour, named
 for what it computes, so a method file reads as its algorithm.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -22,6 +24,15 @@ def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     on 10 classes) is what their GMMs and rankings saw (fedcorr.md §4, A2).
     """
     return F.cross_entropy(probs.float(), labels, reduction="none")
+
+
+def gaussian_ramp_up(r: int, begin: int, end: int, top: float) -> float:
+    """top * exp(-5 (1 - (clip(r, b, e) - b) / (e - b))^2), top when e <= b: the Gaussian ramp-up of
+    FedNoRo's distillation weight lambda(r) and of its multi-label port's w(r)."""
+    if end <= begin:
+        return top
+    t = (min(max(r, begin), end) - begin) / (end - begin)
+    return top * math.exp(-5.0 * (1.0 - t) ** 2)
 
 
 def group_shape(num_clients: int, fraction: float | None) -> tuple[int, int]:
@@ -61,9 +72,12 @@ def sequential_client_groups(rng: np.random.RandomState, num_clients: int, fract
     return groups
 
 
+PASS_BATCH = 100  # FedCorr's and FedDiv's codes run their detection passes (client_outputs) in batches of 100
+
+
 @torch.no_grad()
 def client_outputs(ctx, model: torch.nn.Module, idx: torch.Tensor, augment: bool = True,
-                   batch_size: int = 100, drawn: list[tuple] | None = None
+                   batch_size: int = PASS_BATCH, drawn: list[tuple] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits, softmax probabilities, double-softmax losses on the current labels) for samples ``idx``.
 
@@ -119,6 +133,12 @@ def beta_draw(alpha: float, gen: torch.Generator, device) -> float:
     g = torch._standard_gamma(torch.full((2,), float(alpha), device=draw_device(gen, device)), generator=gen)
     with host_side():
         return float(g[0] / (g[0] + g[1]))
+
+
+def lam_beta11(n: int, gen: torch.Generator | None, device) -> tuple[torch.Tensor]:
+    """FedLSR's ``Phase.draws`` (single- and multi-label): lam ~ Beta(1, 1), once per batch (a 0-dim
+    draw), drawn after the batch's two weak views, as the official code."""
+    return (torch.tensor(beta_draw(1.0, gen, device)),)
 
 
 def class_loss_matrix(losses: np.ndarray, labels: np.ndarray, clients: list[np.ndarray], num_classes: int) -> np.ndarray:

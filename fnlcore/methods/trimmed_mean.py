@@ -43,15 +43,6 @@ def keep_count(num_clients: int, clean_fraction: float, client_fraction: float) 
     return int(num_clients * clean_fraction * client_fraction) - 1
 
 
-def trimmed_entry(stacked: torch.Tensor, keep: int, rule: str = "code_scalar") -> torch.Tensor:
-    """One entry from (N, ...) client values: lower median + mean kept deviation (scalar or per coordinate)."""
-    med = stacked.median(dim=0).values
-    dev = stacked - med
-    order = torch.argsort(dev.abs(), dim=0, stable=True)[:keep]
-    kept = torch.take_along_dim(dev, order, dim=0)
-    return med + (kept.mean() if rule == "code_scalar" else kept.mean(dim=0))
-
-
 # Coordinates of an entry taken at a time: the median, the sort and the gather hold several
 # (clients x chunk) copies; over a whole VGG-16 classifier entry (16.8 M coordinates x 20 clients)
 # they peaked at 11.6 GB (benchmarks/README.md, the rehearsal), in chunks of 2^22 / clients at ~5 GB.
@@ -59,12 +50,13 @@ CHUNK_VALUES = 2**22
 
 
 def trimmed_mean(states: list[State], keep: int, rule: str = "code_scalar") -> State:
-    """Every entry of the state dict (integer buffers computed in float32 and truncated back, as the code).
+    """Every entry of the state dict: lower median + mean kept deviation (one scalar per entry, or per
+    coordinate); integer buffers computed in float32 and truncated back, as the code.
 
     Coordinate-wise, a chunk of coordinates at a time (:data:`CHUNK_VALUES` client values): the
     median, the order and the kept deviations of a coordinate do not depend on the others, and the
     code rule's one scalar is the mean of the whole entry's kept deviations, assembled in place
-    first, so the result equals :func:`trimmed_entry` on the stacked entry bit for bit."""
+    first, so the result equals the whole entry's in one chunk bit for bit."""
     out: State = {}
     n = len(states)
     for k, ref in states[0].items():
