@@ -18,12 +18,13 @@ scratch, in fresh folders with the repository's Slurm profile, once per variant:
 Every job goes through Slurm; the variants alternate over ``--repeats``. Prints markdown;
 asserts nothing.
 
-Overlap: a run is active from its log's first line (the job has started Python and torch; the
-log's clock has 1 s resolution) to the moment its ``metrics.parquet`` is written. For each Slurm
-job that held 2+ runs: its runs' wall time (first start to last end), the part of it during
-which 2+ of its runs were active, and the sum of its runs' times. Runs are assigned to Slurm
-jobs from the Slurm logs (kept with ``--slurm-keep-successful-logs``) or, for the launcher,
-from the targets it gave each job.
+Overlap: a run is active from its log's first line (the job has started Python and torch) to
+its last (its last round; the log's clock has 1 s resolution). For each Slurm job that held 2+
+runs: its runs' wall time (first start to last end), the part of it during which 2+ of its runs
+were active, and the sum of its runs' times. Runs are assigned to Slurm jobs from the Slurm logs
+(kept with ``--slurm-keep-successful-logs``) or, for the launcher, from the targets it gave
+each job. With snakemake-executor-plugin-slurm 2.8.0 / -jobstep 0.6.1 a group's runs ran one
+after another (benchmarks/README.md, 2026-11-28).
 
 What packing saves is per-job overhead (submission, scheduling, the executor's status checks,
 Snakemake's and torch's start-up inside each job) and, where the runs of a job overlap, a
@@ -72,18 +73,26 @@ def count_jobs(out: str, jobs: dict[str, int]) -> None:
 
 
 def run_interval(wd: Path, metrics: str) -> tuple[float, float] | None:
-    """(start, end) epoch seconds of one run: its log's first line to its metrics file's mtime."""
-    out = wd / metrics
+    """(start, end) epoch seconds of one run: its log's first and last lines (the log's clock has 1 s
+    resolution). Not the outputs' mtimes: Snakemake touches a job's outputs when it checks them, and
+    the outputs of a packed job were seen all carrying the job's end."""
     log = wd / "results" / "logs" / (str(Path(metrics).parent.relative_to("results")) + ".log")
-    if not (out.is_file() and log.is_file()):
+    if not log.is_file():
         return None
-    end = out.stat().st_mtime
-    first = LOG_TIME.search(log.read_text())
-    if first is None:
+    mtime = log.stat().st_mtime
+    times = LOG_TIME.findall(log.read_text())
+    if not times:
         return None
-    day = dt.datetime.fromtimestamp(end)
-    start = day.replace(hour=int(first[1]), minute=int(first[2]), second=int(first[3]), microsecond=0).timestamp()
-    if start > end + 1:  # the run began before midnight
+    day = dt.datetime.fromtimestamp(mtime)
+
+    def at(hms: tuple[str, str, str]) -> float:
+        return day.replace(hour=int(hms[0]), minute=int(hms[1]), second=int(hms[2]), microsecond=0).timestamp()
+
+    end = at(times[-1])
+    if end > mtime + 2:  # written just after midnight
+        end -= 86400
+    start = at(times[0])
+    if start > end:  # the run began before midnight
         start -= 86400
     return start, end
 
@@ -184,7 +193,7 @@ def summary(b: dict) -> dict:
 
 
 def short(metrics: str) -> str:
-    parts = Path(metrics).parts  # results/runs/<dataset>/<partition>/pseed/<noise>/nseed/<train>/<method>/seed/metrics
+    parts = Path(metrics).parts  # results/runs/dataset/partition/pseed/noise/nseed/train/method/seed/metrics
     return f"{parts[5]}/{parts[8]}"
 
 
@@ -193,12 +202,14 @@ def main() -> None:
     ap.add_argument("--pack", type=int, default=2, help="training runs per Slurm job")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--poll", type=int, default=2, help="seconds before the executor's first status check")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds per run (3: each run's training takes ~1 s)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per run (3: a run's log spans about 2 s here; 60: about 10 s)")
     ap.add_argument("--cores", type=int, default=None,
                     help="passed to Snakemake (--cores): the most CPUs one Slurm job may ask for, e.g. a node's "
                          "CPUs when N runs x 1 thread would ask for more; the launcher's jobs ask for min(N, this)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
-    ap.add_argument("--timeline", action="store_true", help="print each packed job's runs (seconds from the build's start)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print each packed job's runs (seconds from the build's start)")
     args = ap.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     assert set(variants) <= set(VARIANTS), variants
@@ -211,21 +222,28 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for b in builds:
         s = summary(b)
-        train = sum(n for name, n in b["jobs"].items() if name in ("rule_train", "launcher_train") or name.startswith("group_"))
+        train = sum(n for name, n in b["jobs"].items()
+                    if name in ("rule_train", "launcher_train") or name.startswith("group_"))
         frac = f"{s['two_s'] / s['busy_s']:.0%}" if s["busy_s"] else "-"
         jfrac = f"{s['job_two_s'] / s['job_wall_s']:.0%}" if s["job_wall_s"] else "-"
-        print(f"| {b['variant']} | {b['load']:.1f} | {b['wall']:.0f} | {sum(b['jobs'].values())} | {train} | {s['runs']} "
-              f"| {s['run_s']:.0f} | {s['busy_s']:.0f} | {frac} | {s['packed_jobs']} | {s['job_wall_s']:.0f} "
-              f"| {s['job_run_s']:.0f} | {jfrac} | {b['rc']} |")
+        print(f"| {b['variant']} | {b['load']:.1f} | {b['wall']:.0f} | {sum(b['jobs'].values())} | {train} "
+              f"| {s['runs']} | {s['run_s']:.0f} | {s['busy_s']:.0f} | {frac} | {s['packed_jobs']} "
+              f"| {s['job_wall_s']:.0f} | {s['job_run_s']:.0f} | {jfrac} | {b['rc']} |")
     print("\nruns active s: time during which at least one run was active; 2+ runs active: the part of it with two "
           "or more (any jobs); 2+ active in them: within each job of 2+ runs, the part of its runs' wall time "
           "(first start to last end) with two or more of its own runs active.")
+    unpacked = [b["wall"] for b in builds if b["variant"] == "unpacked" and b["rc"] == 0]
+    for v in [v for v in dict.fromkeys(variants) if v != "unpacked"] if unpacked else []:
+        walls = [b["wall"] for b in builds if b["variant"] == v and b["rc"] == 0]
+        if walls:
+            ratio = sum(unpacked) / len(unpacked) / (sum(walls) / len(walls))
+            print(f"\nratio (unpacked / {v} wall time): {ratio:.2f}x")
     if args.timeline:
         for b in builds:
             for job, rs in sorted(b["by_job"].items()):
                 if len(rs) >= 2:
-                    spans = ", ".join(f"{short(r)} {b['runs'][r][0] - b['t0']:.0f}-{b['runs'][r][1] - b['t0']:.0f}"
-                                      for r in sorted(rs, key=lambda r: b["runs"][r][0]))
+                    rel = {r: (b["runs"][r][0] - b["t0"], b["runs"][r][1] - b["t0"]) for r in rs}
+                    spans = ", ".join(f"{short(r)} {rel[r][0]:.0f}-{rel[r][1]:.0f}" for r in sorted(rs, key=rel.get))
                     print(f"- {b['variant']}, Slurm job {job}: {spans}")
 
 
