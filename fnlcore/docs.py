@@ -31,7 +31,7 @@ def batched_markdown() -> str:
     rows, sequential = [], []
     for name in sorted(builtin):
         stages = builtin[name].stages
-        batched = [s for s, st in stages.items() if st.loss is not None and st.batches]
+        batched = [s for s, st in stages.items() if st.batchable]
         if not batched:
             sequential.append(f"`{name}`")
             continue

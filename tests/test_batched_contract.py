@@ -62,7 +62,7 @@ ATOL, RTOL = 1e-6, 1e-5
 
 
 def has_batched_stage(cls) -> bool:
-    return any(st.loss is not None and st.batches for st in cls.stages.values())
+    return any(st.batchable for st in cls.stages.values())
 
 
 def contract_cases() -> list[tuple[str, bool]]:
@@ -130,7 +130,7 @@ def instrumented(cls):
         return clients
 
     saved = {a: cls.__dict__[a] for a in ("stages", "select_clients") if a in cls.__dict__}
-    cls.stages = {key: dataclasses.replace(st, loss=recorded(key, st.loss)) if st.loss is not None and st.batches else st
+    cls.stages = {key: dataclasses.replace(st, loss=recorded(key, st.loss)) if st.batchable else st
                   for key, st in cls.stages.items()}
     cls.select_clients = select_clients
     try:
@@ -254,7 +254,7 @@ def compare_runs(seq: EngineRun, bat: EngineRun) -> dict[str, float]:
 
 
 def check_batched_stages_entered(cls, run: EngineRun) -> None:
-    declared = sorted(k for k, st in cls.stages.items() if st.loss is not None and st.batches)
+    declared = sorted(k for k, st in cls.stages.items() if st.batchable)
     missed = [k for k in declared if k not in run.batched_stages]
     assert not missed, (
         f"{cls.Params.name}: batched stage(s) {missed} never ran in the contract's run (entered: "

@@ -25,7 +25,7 @@ def _spy_batched(monkeypatch, method: str) -> dict[str, int]:
     calls: dict[str, int] = {}
     table = {}
     for key, st in cls.stages.items():
-        if st.loss is None or not st.batches:
+        if not st.batchable:
             table[key] = st
             continue
 

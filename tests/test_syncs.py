@@ -38,7 +38,7 @@ DECLARED = {
 
 
 def _batched(name: str) -> bool:
-    return any(st.loss is not None and st.batches for st in METHODS[name].stages.values())
+    return any(st.batchable for st in METHODS[name].stages.values())
 
 
 # the methods the batched contract does not run (no batched stage), on the sequential engine

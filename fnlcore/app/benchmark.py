@@ -129,7 +129,7 @@ class EngineRunner:
     def batched(self) -> bool:
         """Whether the batched engine trains this run's rounds (engine ``batched`` and a batched stage)."""
         stage = self.method.current_stage(self.r)
-        return self.sim.engine.batched and stage.loss is not None and stage.batches
+        return self.sim.engine.batched and stage.batchable
 
     def round(self) -> float:
         m, sim, r = self.method, self.sim, self.r

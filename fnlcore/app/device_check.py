@@ -572,7 +572,7 @@ def run_tiny(name: str, engine: str, arrays: dict, run: TinyRun, device: torch.d
         if r in (0, last):
             kept[r] = _globals_copy(method)
         stage = method.current_stage(r)
-        seen["batched"] += int(sim.engine.batched and stage.loss is not None and stage.batches)
+        seen["batched"] += int(sim.engine.batched and stage.batchable)
         if method.stage(r) not in seen["stages"]:
             seen["stages"].append(method.stage(r))
 

@@ -28,7 +28,7 @@ from .context import RunContext
 from ..syncs import step_region
 from .data import trim_last_batch
 from .copies import OneCopy
-from .one_client import one_client_batch
+from .one_client import OneClientSteps, one_client_batch
 from .state import State, load, snapshot
 
 Streams = dict[str, tuple[torch.Tensor, int]]
@@ -194,9 +194,10 @@ class Stage:
     by the chunk. ``copies`` names the method's ``client_networks`` the stage keeps per client (an
     EMA teacher, :mod:`fnlcore.fl.copies`): each client's copy is what its ``prepare`` left in the
     working network; a loss reads ``sb.copies[name]``, ``after_step`` moves it, the upload finds
-    the trained copy in the working network. A batchable stage's ``prepare`` may act (relabel, read a store) and returns a job
-    of one phase on one stream with no hooks of its own (``lr_round``, ``info``, the stream's sample
-    ids, ``augment="raw"`` with declared ``views``/``draws``: see ``rounds.client_phase``).
+    the trained copy in the working network. A batchable stage's ``prepare`` may act (relabel,
+    read a store) and returns a job of one phase on one stream with no hooks of its own
+    (``lr_round``, ``info``, the stream's sample ids, ``augment="raw"`` with declared
+    ``views``/``draws``: see ``rounds.client_phase``).
 
     A stage with no ``loss`` never batches (FedFixer: its phases step themselves).
     ``upload(r, k, job, nets)`` runs on each client's trained networks. An upload that
@@ -216,6 +217,11 @@ class Stage:
     begin: Callable | None = None
     after_step: Callable | None = None
     end: Callable | None = None
+
+    @property
+    def batchable(self) -> bool:
+        """Whether the batched engine may train this stage's clients together."""
+        return self.loss is not None and self.batches
 
 
 @dataclass
@@ -279,7 +285,7 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
     names, lead_idx, lead_bs, cursors = _open(ctx, streams)
     if one is not None:
         models = tuple(nets[n] for n in train)
-        moved = torch.ones(1, dtype=torch.bool, device=ctx.device)  # the one client stepped
+        fixed = OneClientSteps(ctx.device, k)  # what every step of the phase shares
         copies = {n: OneCopy(nets[n], models[0]) for n in copy_names}  # the client networks a loss reads
     augment, aug_gen = ctx.pipeline.train, ctx.aug_gen
     losses = _LossSum()
@@ -316,7 +322,7 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
                         if one is None:
                             loss = loss_fn(b)
                         else:  # the (1,) losses of K = 1 clients; its one entry is this client's
-                            sb = one_client_batch(ctx, b, models, train, phase.augment == "raw", step == last, copies)
+                            sb = one_client_batch(ctx, b, models, train, phase.augment == "raw", step == last, copies, fixed)
                             loss = one(sb)[0]
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
@@ -324,7 +330,7 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
                 if phase.after_step is not None:
                     phase.after_step()
                 if one is not None and clients_after_step is not None:
-                    clients_after_step(sb, moved)
+                    clients_after_step(sb, fixed.moved)
                 losses.append(loss.detach())
     return losses.mean()
 

@@ -48,6 +48,8 @@ class OneCopy:
         """copy <- decay copy + (1 - decay) student on float entries, integer buffers copied; ``decay``
         one value or a (1,) host tensor, applied as a Python float (the per-client code's rounding)."""
         if isinstance(decay, torch.Tensor):
+            if decay.device.type != "cpu":  # reading it back would wait for the device
+                raise ValueError("client copies: a per-client decay must be a host tensor (computed on the host)")
             with host_side():  # a host tensor: no device sync
                 decay = float(decay[0])
         for t, s in self._floats:

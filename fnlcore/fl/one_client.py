@@ -42,22 +42,43 @@ class OneClientBatch(StackedBatch):
         return {n: p.unsqueeze(0) for n, p in m.named_parameters()}
 
 
+class OneClientSteps:
+    """What the steps of one client's phase share, made once a phase: the client id and the
+    "stepped" flag on the host and the device, each batch number's (1,) tensors (an epoch repeats them)."""
+
+    def __init__(self, device: torch.device, k: int):
+        self.device = device
+        self.clients_host = torch.tensor([k])
+        self.clients = self.clients_host.to(device, non_blocking=True)
+        self.moved_host = torch.ones(1, dtype=torch.bool)
+        self.moved = self.moved_host.to(device, non_blocking=True)
+        self._steps: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def step(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch number ``i`` as (1,) tensors on the host and on the device."""
+        if i not in self._steps:
+            host = torch.tensor([i])
+            self._steps[i] = host, host.to(self.device, non_blocking=True)
+        return self._steps[i]
+
+
 def one_client_batch(ctx, b, models: tuple[torch.nn.Module, ...], names: tuple[str, ...], raw: bool,
-                     ends_epoch: bool, copies: dict | None = None) -> OneClientBatch:
+                     ends_epoch: bool, copies: dict | None = None, fixed: OneClientSteps | None = None
+                     ) -> OneClientBatch:
     """Sequential step ``b`` (:class:`~fnlcore.fl.client.Batch`) as the one loss form sees K = 1 clients:
     sample ids (1, B) on the device, no mask, the views and draws with a leading client axis, the
-    train view's logits (``raw``: None, the loss runs :meth:`forward` on the views it wants)."""
+    train view's logits (``raw``: None, the loss runs :meth:`forward` on the views it wants).
+    ``fixed``: the phase's shared tensors (:class:`OneClientSteps`; made here when absent)."""
     dev = ctx.device
+    fixed = fixed or OneClientSteps(dev, b.k)
     idx = b.idx.to(dev, non_blocking=True).unsqueeze(0)
-    step_host = torch.tensor([b.step])
-    clients_host = torch.tensor([b.k])
+    step_host, step = fixed.step(b.step)
     # the declared draws on the device, as the batched engine hands them over (one copy per step)
     draws = tuple(d.unsqueeze(0).to(dev, non_blocking=True) for d in flatten(b.draws)) if b.draws else ()
     x = b.streams[next(iter(b.streams))][0] if raw else b.x
-    sb = OneClientBatch(None, idx, None, clients_host.to(dev, non_blocking=True), x,
-                        step_host.to(dev, non_blocking=True), None, b.r, dict(b.views), draws, [b.job],
-                        names if len(names) > 1 else (), (0,) if ends_epoch else (), step_host, clients_host,
-                        torch.ones(1, dtype=torch.bool), copies or {})
+    sb = OneClientBatch(None, idx, None, fixed.clients, x, step, None, b.r, dict(b.views), draws, [b.job],
+                        names if len(names) > 1 else (), (0,) if ends_epoch else (), step_host, fixed.clients_host,
+                        fixed.moved_host, copies or {})
     sb.models = models
     if not raw:
         sb.logits = sb.forward(b.x)

@@ -21,7 +21,7 @@ from .state import load, snapshot
 
 def batched_support(cls) -> str | None:
     """Why the batched engine can never run method class ``cls``, or None when some stage can."""
-    if any(st.loss is not None and st.batches for st in cls.stages.values()):
+    if any(st.batchable for st in cls.stages.values()):
         return None
     return "none of its stages batches (Stage.batches: its jobs are not one stacked step)"
 
@@ -65,10 +65,6 @@ def batched_fits(ctx: RunContext, model: torch.nn.Module, strict: bool) -> bool:
     return True
 
 
-def _batches(stage) -> bool:
-    return stage.loss is not None and stage.batches
-
-
 class RoundEngine:
     """Trains a round's clients for one method: sequentially, or batched where declared and allowed."""
 
@@ -86,21 +82,21 @@ class RoundEngine:
         if not self.batched:
             return "sequential"
         chunk = self.method.ctx.settings.batched_clients
-        staged = [n for n, st in type(self.method).stages.items() if st.loss is not None and st.batches]
+        staged = [n for n, st in type(self.method).stages.items() if st.batchable]
         every = len(staged) == len(type(self.method).stages)
         return (f"batched, {f'up to {chunk}' if chunk else 'all'} of a round's clients at once"
                 f"{'' if every else ' (stages ' + ', '.join(staged) + '; the others sequential)'}")
 
     def mode(self, r: int, clients: list[int]) -> tuple[str, int]:
         """How round ``r`` trains ``clients``: ('sequential', 1) or ('batched', clients stacked at once)."""
-        if not self.batched or not _batches(self.method.current_stage(r)) or not clients:
+        if not self.batched or not self.method.current_stage(r).batchable or not clients:
             return "sequential", 1
         return "batched", min(len(clients), self.method.ctx.settings.batched_clients or len(clients))
 
     def updates(self, r: int, clients: list[int]) -> Iterator[ClientUpdate]:
         """The round's client updates, in client order, produced as they are consumed."""
         stage = self.method.current_stage(r)
-        if not self.batched or not _batches(stage) or not clients:
+        if not self.batched or not stage.batchable or not clients:
             return (train_client(self.method, r, k) for k in clients)
         return iter(self._batched(r, clients, stage))
 
@@ -188,9 +184,8 @@ def client_phase(m, r: int, k: int, job: LocalJob):
 
     A batched stage's job has at most one phase, which trains the method's first network (or
     several of its networks together) with the stage's loss on one stream (by default the
-    client's samples) and has no per-epoch hook; a per-step hook (``after_step``) only where the
-    stage keeps a sequential form whose per-step hook is its ``Stage.after_step``, which the batched engine runs
-    instead."""
+    client's samples) and has no hook of its own: per-step work is the stage's ``after_step``,
+    which both engines run."""
     from .batched import ChunkPhase
 
     where = f"{type(m).__name__}: stage {m.stage(r)!r} has a loss over K clients (Stage.loss), but"
@@ -200,9 +195,7 @@ def client_phase(m, r: int, k: int, job: LocalJob):
     if not isinstance(phases, (list, tuple)) or len(phases) != 1:
         raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
     ph = phases[0]
-    # a phase hook is the sequential form's twin of the stage's after_step (EMA teachers)
-    hook = ph.after_step is not None and m.current_stage(r).after_step is None
-    if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or hook:
+    if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or ph.after_step is not None:
         raise ConfigError(f"{where} its job has a phase loss/step/on_epoch/after_step (client {k}); "
                           "a batchable stage declares them as Stage.loss / Stage.after_step")
     train = tuple(ph.train or (m.networks[0],))
