@@ -101,21 +101,26 @@ def test_models_with_dropout_are_refused_by_name():
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-def test_stacked_optimisers_equal_torch_optimisers_per_client_with_a_skipped_step(kind):
+@pytest.mark.parametrize("per_client", [False, True])  # one rate, or a rate per client (Stage.epoch_lr)
+def test_stacked_optimisers_equal_torch_optimisers_per_client_with_a_skipped_step(kind, per_client):
     torch.manual_seed(1)
     k = 3
     stacked = torch.randn(k, 4, 2, dtype=torch.float64)
     grads = [torch.randn(k, 4, 2, dtype=torch.float64) for _ in range(3)]
     active = [None, torch.tensor([True, False, True]), None]  # client 1 has no step 2
+    base = 0.1 if kind == "sgd" else 0.01
+    rates = [base * f for f in ((1.0, 0.5, 2.0) if per_client else (1.0, 1.0, 1.0))]
     mine = [stacked.clone()]
-    opt = (StackedSGD(mine, 0.1, momentum=0.9, weight_decay=1e-2) if kind == "sgd"
-           else StackedAdam(mine, 0.01, (0.9, 0.99), weight_decay=1e-2))
+    opt = (StackedSGD(mine, base, momentum=0.9, weight_decay=1e-2) if kind == "sgd"
+           else StackedAdam(mine, base, (0.9, 0.99), weight_decay=1e-2))
+    if per_client:
+        opt.lr = torch.tensor(rates, dtype=torch.float64)
     for g, a in zip(grads, active):
         opt.step([g], a)
     for i in range(k):
         p = torch.nn.Parameter(stacked[i].clone())
-        ref = (torch.optim.SGD([p], lr=0.1, momentum=0.9, weight_decay=1e-2) if kind == "sgd"
-               else torch.optim.Adam([p], lr=0.01, betas=(0.9, 0.99), weight_decay=1e-2))
+        ref = (torch.optim.SGD([p], lr=rates[i], momentum=0.9, weight_decay=1e-2) if kind == "sgd"
+               else torch.optim.Adam([p], lr=rates[i], betas=(0.9, 0.99), weight_decay=1e-2))
         for g, a in zip(grads, active):
             if a is not None and not a[i]:
                 continue
@@ -199,6 +204,49 @@ def test_batched_engine_with_batchnorm_matches_one_local_step():
     _assert_same_run(_run("fedavg", "sequential", **kw), _run("fedavg", "batched", **kw), 1e-4)
 
 
+def test_trainable_client_copies_equal_separate_models_with_batchnorm_a_padded_row_and_a_rider():
+    """A client copy in train mode that a method trains by hand (FedFixer's θ): forward with a gradient
+    (BatchNorm on real rows only), gradients by name and a step that a rider does not take, in float64
+    against each client's own model (OneCopy: the same ops on the plain model)."""
+    from fnlcore.fl.copies import OneCopy, StackedCopies
+
+    template, net, models, x, rows = stacked_and_separate("resnet18_cifar", 3, 8)
+    k, b = 3, 4
+    mask = rows.t().bool()  # (K, B): client 1 a short batch of 3, client 2 a rider
+    copies = StackedCopies(net, net)
+    y = torch.randint(0, 5, (k, b))
+    out = copies.forward(x, mask)
+    losses = torch.stack([F.cross_entropy(out[i, : int(mask[i].sum())], y[i, : int(mask[i].sum())]) for i in range(2)])
+    grads = copies.grads(losses.sum())
+    stepped = mask[:, 0]
+    copies.assign_({n: p - 0.1 * grads[n] for n, p in copies.parameters().items()}, stepped)
+    for i, n_rows in ((0, 4), (1, 3)):
+        one = OneCopy(models[i], models[i])
+        ref = one.forward(x[i * b : i * b + n_rows])[0]
+        assert torch.allclose(out[i, :n_rows], ref, rtol=1e-9, atol=1e-9)
+        ref_grads = one.grads(F.cross_entropy(ref, y[i, :n_rows]))
+        one.assign_({n: p - 0.1 * ref_grads[n] for n, p in one.parameters().items()}, None)
+        for key, v in net.client_state(i).items():  # parameters after the step, BatchNorm statistics
+            assert torch.allclose(v.double(), models[i].state_dict()[key].double(), rtol=1e-7, atol=1e-10), key
+    for key, v in net.client_state(2).items():  # the rider: untouched
+        assert torch.equal(v, models[2].state_dict()[key]), key
+
+
+def test_clients_at_different_local_epochs_step_at_their_own_epoch_rate():
+    """Clients of 134/133/133 samples in batches of 16 end their first epoch at different steps, so a
+    per-epoch rate (FedFixer's β ramp: plr / (1 + β_e)) differs between them within one step: batched
+    equals sequential only if each client steps at its own epoch's rate."""
+    params = {"begin_sel": 1, "inner_steps": 1}
+    seq, bat = _run("fedfixer", "sequential", params, rounds=2), _run("fedfixer", "batched", params, rounds=2)
+    _assert_same_run(seq, bat, 1e-6)
+    from fnlcore.fl.batched import build_timeline
+
+    tl = build_timeline(bat[2], [torch.arange(134), torch.arange(133), torch.arange(120)], 2, 16)
+    per_step = tl.epoch.tolist()
+    assert any(len(set(row)) > 1 for row in per_step)  # some step mixes epochs
+    assert per_step[-1] == [1, 1, 1]  # a client past its last batch rides along in its last epoch
+
+
 def test_batched_engine_resumes_exactly_after_a_kill(tmp_path):
     s = TrainSettings(rounds=4, local_epochs=1, batch_size=16, lr=0.05, momentum=0.9, checkpoint_every=2,
                       engine="batched", model="mlp")
@@ -213,9 +261,10 @@ def test_batched_engine_resumes_exactly_after_a_kill(tmp_path):
 
 
 def test_engine_switch_errors_name_the_cause_and_the_fix():
-    with pytest.raises(ConfigError, match="engine: batched cannot run method 'fedfixer'.*engine: auto"):
-        _run("fedfixer", "batched")
-    _, m, _ = _run("fedfixer", "auto", rounds=1)  # auto: sequential for it
+    # DivideMix: no stage batches (its co-divided sets decide each epoch's draws, see its stage table)
+    with pytest.raises(ConfigError, match="engine: batched cannot run method 'dividemix'.*engine: auto"):
+        _run("dividemix", "batched", {"warmup_rounds": 1})
+    _, m, _ = _run("dividemix", "auto", {"warmup_rounds": 1}, rounds=2)  # auto: sequential for it
     assert RoundEngine(m).batched is False
     _, m, _ = _run("fedavg", "auto", rounds=1)
     assert RoundEngine(m).batched is True

@@ -53,24 +53,33 @@ def test_beta_schedule_by_hand():
 
 
 def test_selected_mean_and_empty_selection():
-    losses = B([1.0, 2.0, 4.0], requires_grad=True)
-    m, n = selected_mean(losses, B([True, False, True]))
-    assert m.item() == 2.5 and n == 2
-    m, n = selected_mean(losses, B([False, False, False]))
-    assert m.item() == pytest.approx(7.0 / 3 / 1e8) and n == 0
+    losses = B([[1.0, 2.0, 4.0]], requires_grad=True)
+    m, n = selected_mean(losses, B([[True, False, True]]))
+    assert m.tolist() == [2.5] and n.tolist() == [2]
+    m.sum().backward()  # the per-client code's gradient: 1/n on each selected sample
+    assert losses.grad.tolist() == [[0.5, 0.0, 0.5]]
+    losses.grad = None
+    m, n = selected_mean(losses, B([[False, False, False]]))
+    assert m.item() == pytest.approx(7.0 / 3 / 1e8) and n.tolist() == [0]
+    m.sum().backward()  # the 'none selected' branch: no NaN from the other one
+    assert torch.allclose(losses.grad, torch.full((1, 3), 1 / 3 / 1e8))
+    # two clients, the second's last row padding (never selected, not in its empty-branch mean)
+    two = B([[1.0, 2.0, 4.0], [3.0, 5.0, 100.0]])
+    m, n = selected_mean(two, B([[True, False, True], [False, False, True]]), B([[True] * 3, [True, True, False]]))
+    assert m.tolist() == pytest.approx([2.5, 4.0 / 1e8]) and n.tolist() == [2, 0]
 
 
 def test_twin_step_and_move_by_hand():
-    theta = torch.nn.Parameter(B([1.0]))
-    theta.grad = B([0.5])
-    w = B([0.0])
-    twin_step([theta], [w], plr=0.1, lam=15.0, mu=0.001)  # 1 − 0.1 (0.5 + 15·1 + 0.001·1)
-    assert theta.item() == pytest.approx(-0.5501)
-    move_towards([w], [theta.detach()], 15.0 * 0.01)  # 0 − 0.15 (0 + 0.5501)
-    assert w.item() == pytest.approx(-0.082515)
-    theta.grad = None  # no gradient: only the coupling and the decay
-    twin_step([theta], [B([0.0])], plr=0.1, lam=0.0, mu=0.0)
-    assert theta.item() == pytest.approx(-0.5501)
+    theta = twin_step({"p": B([[1.0]])}, {"p": B([[0.5]])}, {"p": B([[0.0]])}, plr=0.1, lam=15.0, mu=0.001)
+    assert theta["p"].item() == pytest.approx(-0.5501)  # 1 − 0.1 (0.5 + 15·1 + 0.001·1)
+    w = move_towards({"p": B([[0.0]])}, theta, 15.0 * 0.01)  # 0 − 0.15 (0 + 0.5501)
+    assert w["p"].item() == pytest.approx(-0.082515)
+    # no gradient, no coupling, no decay: unchanged
+    assert twin_step(theta, {"p": B([[0.0]])}, {"p": B([[0.0]])}, 0.1, 0.0, 0.0)["p"].item() == pytest.approx(-0.5501)
+    # one rate per client (clients at different local epochs)
+    two = twin_step({"p": B([[1.0], [1.0]])}, {"p": B([[0.5], [0.5]])}, {"p": B([[0.0], [0.0]])}, B([0.1, 0.2]), 15.0,
+                    0.001)
+    assert two["p"].view(-1).tolist() == pytest.approx([-0.5501, 1 - 0.2 * 15.501])
 
 
 def test_server_mixing_by_hand():

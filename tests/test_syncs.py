@@ -8,7 +8,7 @@ device. On a GPU, ``fnl device-check`` counts them with ``torch.cuda.set_sync_de
 A method with a batched stage is counted in the two runs of tests/test_batched_contract.py (the
 golden set's longer digits run on each engine; :func:`assert_sync_free`); a method without one runs
 the same setting on the sequential engine here. The batched engine: 0 per step for every method.
-The sequential engine: 0, except the steps DECLARED below, each with why.
+The sequential engine: 0, except the steps DECLARED below (none at present), each with why.
 """
 
 from __future__ import annotations
@@ -28,13 +28,10 @@ from .engine_helpers import make_ctx
 from .golden import _settings, golden_cases
 from .test_contracts import _fitting_params
 
-# method -> (most synchronising calls per sequential step, why). Each is a Python branch of the
-# official code on a count in the batch, in a loss over one client that the sequential engine runs
-# (FedFixer has no one loss form); the one loss forms compute both branches and select on the device.
-DECLARED = {
-    "fedfixer": (12, "selected_mean: int(mask.sum()) and a boolean-mask sum, per network and inner step "
-                     "(the code's 'none selected' branch); FedFixer has no batched form"),
-}
+# method -> (most synchronising calls per sequential step, why): a Python branch of the official code
+# on a count in the batch, in a loss the sequential engine runs for one client. None is needed since
+# FedFixer's twin step became a one loss form (both branches computed and selected on the device).
+DECLARED: dict[str, tuple[int, str]] = {}
 
 
 def _batched(name: str) -> bool:

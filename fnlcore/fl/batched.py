@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import RunContext
-from ..syncs import step_region
+from ..syncs import host_side, step_region
 from .data import trim_last_batch
 from .client import epoch_order
 from .stacked import StackedNet, stacked_optimizer
@@ -48,7 +48,7 @@ class Timeline:
     real width of each step (max rows of any client), ``full`` whether step t has a full batch
     for every client (no masking needed), ``aug`` the random parameters laid out like ``index``
     (one tensor per leaf: per-sample (T, K, B, ...), per-batch (T, K)), ``epoch_step`` (T, K)
-    each client's batch number within its epoch.
+    each client's batch number within its epoch, ``epoch`` (T, K) its local epoch (a rider's last).
     """
 
     index: torch.Tensor
@@ -59,6 +59,7 @@ class Timeline:
     epoch_step: torch.Tensor
     like: tuple = ()  # the structure of one batch's draws
     epoch_ends: list[tuple[int, ...]] = field(default_factory=list)  # per step: who ends an epoch (no device sync)
+    epoch: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
@@ -107,6 +108,7 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
     index = torch.zeros(t_max, k, batch_size, dtype=torch.int64)
     lengths = torch.zeros(t_max, k, dtype=torch.int64)
     epoch_step = torch.zeros(t_max, k, dtype=torch.int64)
+    epoch_of = torch.zeros(t_max, k, dtype=torch.int64)
     draws = [d.draws for d in drawn]
     ends: list[list[int]] = [[] for _ in range(t_max)]
     for i, batches in enumerate(plans):
@@ -115,6 +117,9 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
             index[t, i, : len(b)] = b
             lengths[t, i] = len(b)
             epoch_step[t, i] = t % per_epoch
+            epoch_of[t, i] = t // per_epoch
+        if len(batches):
+            epoch_of[len(batches):, i] = (len(batches) - 1) // per_epoch
             if t % per_epoch == per_epoch - 1:
                 ends[t].append(i)
     mask = torch.arange(batch_size)[None, None, :] < lengths[:, :, None]
@@ -122,7 +127,7 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
     width = lengths.amax(1).tolist() if t_max else []
     # "full": every client has a batch of the step's width (no padding, no rider): nothing to mask
     full = (lengths == lengths.amax(1, keepdim=True)).all(1).tolist() if t_max else []
-    return Timeline(index, mask, width, full, aug, epoch_step, like, [tuple(e) for e in ends])
+    return Timeline(index, mask, width, full, aug, epoch_step, like, [tuple(e) for e in ends], epoch_of)
 
 
 def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple[tuple, tuple]:
@@ -190,6 +195,16 @@ class ChunkPhase:
 AfterStep = Callable[[StackedBatch, torch.Tensor], None]
 
 
+def _epoch_rates(epoch_lr: Callable[[int], float], epochs: torch.Tensor, device) -> float | torch.Tensor:
+    """The step's learning rate from each client's epoch (K,): one value when the clients agree,
+    else (K,) float64 on the device (each client steps at its own epoch's rate)."""
+    with host_side():  # a host tensor: no device sync
+        rates = [epoch_lr(e) for e in epochs.tolist()]
+    if all(v == rates[0] for v in rates):
+        return rates[0]
+    return torch.tensor(rates, dtype=torch.float64).to(device, non_blocking=True)
+
+
 def train_clients(
     ctx: RunContext,
     global_model: torch.nn.Module,
@@ -204,6 +219,8 @@ def train_clients(
     models: list[torch.nn.Module] | None = None,
     drawn: list[ClientDraws] | None = None,
     copies: dict[str, StackedNet] | None = None,
+    before_step: AfterStep | None = None,
+    epoch_lr: Callable[[int], float] | None = None,
 ) -> tuple[list, list[float]]:
     """Train K copies of ``global_model`` on the K clients' samples; returns their states and mean losses.
 
@@ -217,6 +234,8 @@ def train_clients(
     G * K copies, network-major); each client's states are then a list, one per network.
     ``drawn``: the clients' batches and random parameters drawn already (:func:`draw_client`).
     ``copies``: the method's client networks, K stacked copies each (loaded), for ``sb.copies``.
+    ``before_step(sb, stepped)``: runs after the gradient, before the optimiser step; ``epoch_lr(epoch)``:
+    the learning rate of a local epoch (each client steps at its own epoch's).
     """
     s = ctx.settings
     k = len(clients)
@@ -263,18 +282,25 @@ def train_clients(
                 extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
                 sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names,
                                   epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
-                                  clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept)
+                                  clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept,
+                                  epoch_host=tl.epoch[t])
             else:
                 view = ctx.pipeline.apply_train(x, drawn)
                 sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names,
                                   epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
-                                  clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept)
+                                  clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept,
+                                  epoch_host=tl.epoch[t])
             with autocast:
                 if not raw:
                     sb.logits = sb.forward(view)
                 losses = loss_fn(sb)
             grads = torch.autograd.grad(losses.sum(), params)
             stepped = mask_dev[t, :, 0]  # a client with a batch has a real row 0
+            if before_step is not None:
+                before_step(sb, stepped)
+            if epoch_lr is not None:
+                opt.lr = _epoch_rates(epoch_lr, tl.epoch[t], ctx.device) if g == 1 else \
+                    _epoch_rates(epoch_lr, tl.epoch[t].repeat(g), ctx.device)
             opt.step(grads, None if mask is None else stepped.repeat(g))
             if after_step is not None:
                 after_step(sb, stepped)

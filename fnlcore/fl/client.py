@@ -126,9 +126,9 @@ class Phase:
     the epoch length (None: the client's samples at the run's batch size); ``augment``: "train"
     gives ``Batch.x`` (one stream only), "raw" leaves the views to the loss; ``epochs`` (None:
     the run's); ``on_epoch(epoch)`` runs before each epoch and may return new streams;
-    ``after_step()`` runs after every optimiser step (EMA trackers); ``step(batch)`` replaces
-    the engine's zero_grad/backward/step for a method whose update is not one optimiser step
-    on one loss (FedFixer's twin step), and returns the loss to log.
+    ``after_step()`` runs after every optimiser step (EMA trackers). A step that is not one
+    optimiser step on one loss (FedFixer's twin step) is a stage's one loss form with trainable
+    client copies and ``Stage.before_step`` (:mod:`fnlcore.fl.copies`).
     """
 
     loss: LossFn | None = None
@@ -138,7 +138,6 @@ class Phase:
     epochs: int | None = None
     on_epoch: Callable[[int], Streams | None] | None = None
     after_step: Callable[[], None] | None = None
-    step: Callable[[Batch], torch.Tensor] | None = None
     views: tuple[str, ...] = ()
     draws: Callable[[int, torch.Generator | None, Any], tuple] | None = None
 
@@ -158,7 +157,7 @@ class LocalJob:
     info: Any = None
     losses: list[float] = field(default_factory=list)
     reserved: Any = None  # the upload's draws made ahead by Stage.reserve (batched engine), else None
-    # the engine's optimisers by network, filled as phases start (a Phase.step or on_epoch steps or retunes them)
+    # the engine's optimisers by network, filled as phases start (a phase's on_epoch may retune them)
     optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
 
     @property
@@ -194,12 +193,17 @@ class Stage:
     by the chunk. ``copies`` names the method's ``client_networks`` the stage keeps per client (an
     EMA teacher, :mod:`fnlcore.fl.copies`): each client's copy is what its ``prepare`` left in the
     working network; a loss reads ``sb.copies[name]``, ``after_step`` moves it, the upload finds
-    the trained copy in the working network. A batchable stage's ``prepare`` may act (relabel,
+    the trained copy in the working network (a copy left in train mode trains: ``forward`` with a
+    gradient, ``grads``, ``assign_``: FedFixer's personalised model). ``before_step(sb, stepped)``
+    runs after the step's gradient is taken, before the optimiser steps (FedFixer moves w towards
+    θ there, as its code does); ``epoch_lr(r, epoch)`` is the trained network's learning rate in
+    each local epoch, replacing the run's schedule (FedFixer's plr / (1 + β_e)); the batched engine
+    steps each client at its own epoch's rate. A batchable stage's ``prepare`` may act (relabel,
     read a store) and returns a job of one phase on one stream with no hooks of its own
     (``lr_round``, ``info``, the stream's sample ids, ``augment="raw"`` with declared
     ``views``/``draws``: see ``rounds.client_phase``).
 
-    A stage with no ``loss`` never batches (FedFixer: its phases step themselves).
+    A stage with no ``loss`` never batches.
     ``upload(r, k, job, nets)`` runs on each client's trained networks. An upload that
     draws random numbers (a detection pass on augmented images) declares ``reserve(r, k, job)``:
     the batched engine calls it right after the client's training draws, where the sequential
@@ -215,13 +219,36 @@ class Stage:
     copies: tuple[str, ...] = ()
     reserve: Callable | None = None
     begin: Callable | None = None
+    before_step: Callable | None = None
     after_step: Callable | None = None
     end: Callable | None = None
+    epoch_lr: Callable[[int, int], float] | None = None
 
     @property
     def batchable(self) -> bool:
         """Whether the batched engine may train this stage's clients together."""
         return self.loss is not None and self.batches
+
+
+@dataclass(frozen=True)
+class OneForm:
+    """A stage's one loss form and its per-step hooks, bound to the method, as the sequential engine
+    runs them for one client (K = 1)."""
+
+    loss: Callable
+    before_step: Callable | None = None
+    after_step: Callable | None = None
+    epoch_lr: Callable[[int], float] | None = None  # local epoch -> learning rate (round bound)
+    copies: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, method, stage: Stage, r: int) -> "OneForm | None":
+        if stage.loss is None:
+            return None
+        bound = lambda f: None if f is None else MethodType(f, method)  # noqa: E731
+        lr = None if stage.epoch_lr is None else (lambda epoch: stage.epoch_lr(method, r, epoch))
+        return cls(MethodType(stage.loss, method), bound(stage.before_step), bound(stage.after_step), lr,
+                   tuple(stage.copies))
 
 
 @dataclass
@@ -256,21 +283,20 @@ class _Together:
 
 def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torch.nn.Module],
               optimizers: dict[str, torch.optim.Optimizer], default_loss: LossFn | None, idx: torch.Tensor,
-              r: int, k: int, clients_loss: Callable | None = None, clients_after_step: Callable | None = None,
-              copy_names: tuple[str, ...] = ()) -> float:
+              r: int, k: int, form: OneForm | None = None) -> float:
     """Run one phase; returns the mean of its per-step losses.
 
     The phase's own ``loss`` (a :class:`Batch` loss) first; else the stage's one loss form
-    ``clients_loss`` at K = 1 (:mod:`fnlcore.fl.one_client`); else ``default_loss`` (a
+    (``form``) at K = 1 (:mod:`fnlcore.fl.one_client`); else ``default_loss`` (a
     :class:`Batch` loss: the one-model loops below)."""
     s = ctx.settings
     train = phase.train or (next(iter(nets)),)
     model = nets[train[0]]
     opt = optimizers[train[0]] if len(train) == 1 else _Together([optimizers[n] for n in train])
-    one = clients_loss if phase.loss is None and phase.step is None else None
+    one = form.loss if form is not None and phase.loss is None else None
     loss_fn = phase.loss or (None if one is not None else default_loss)
-    if loss_fn is None and one is None and phase.step is None:
-        raise ConfigError("a phase needs a loss (or a step)")
+    if loss_fn is None and one is None:
+        raise ConfigError("a phase needs a loss")
     streams = phase.streams if phase.streams is not None else {"data": (idx, s.batch_size)}
     if one is not None and len(streams) != 1:
         raise ConfigError("a phase on several streams needs its own Phase.loss: a stage's one loss form "
@@ -286,7 +312,7 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
     if one is not None:
         models = tuple(nets[n] for n in train)
         fixed = OneClientSteps(ctx.device, k)  # what every step of the phase shares
-        copies = {n: OneCopy(nets[n], models[0]) for n in copy_names}  # the client networks a loss reads
+        copies = {n: OneCopy(nets[n], models[0]) for n in form.copies}  # the client networks a loss reads
     augment, aug_gen = ctx.pipeline.train, ctx.aug_gen
     losses = _LossSum()
     amp = ctx.autocast()
@@ -299,6 +325,11 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
                 names, lead_idx, lead_bs, cursors = _open(ctx, fresh)
             for n in train:
                 nets[n].train()  # the hook may have run an evaluation pass
+        if one is not None and form.epoch_lr is not None:
+            rate = form.epoch_lr(epoch)
+            for o in (opt.optimizers if isinstance(opt, _Together) else [opt]):
+                for group in o.param_groups:
+                    group["lr"] = rate
         order = epoch_order(ctx, lead_idx)
         b = Batch(model, nets, None, lead_idx[:0], {}, 0, epoch, r, k, job)  # one per epoch, refilled per step
         last = _steps(len(trim_last_batch(order, lead_bs, s.drop_last)), lead_bs) - 1
@@ -315,22 +346,21 @@ def run_phase(ctx: RunContext, job: LocalJob, phase: Phase, nets: dict[str, torc
                     if phase.views or phase.draws is not None:
                         b.views = ctx.pipeline.views(xb, aug_gen, phase.views)
                         b.draws = phase.draws(len(bidx), aug_gen, xb.device) if phase.draws is not None else ()
-                if phase.step is not None:
-                    loss = phase.step(b)
-                else:
-                    with amp:
-                        if one is None:
-                            loss = loss_fn(b)
-                        else:  # the (1,) losses of K = 1 clients; its one entry is this client's
-                            sb = one_client_batch(ctx, b, models, train, phase.augment == "raw", step == last, copies, fixed)
-                            loss = one(sb)[0]
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
+                with amp:
+                    if one is None:
+                        loss = loss_fn(b)
+                    else:  # the (1,) losses of K = 1 clients; its one entry is this client's
+                        sb = one_client_batch(ctx, b, models, train, phase.augment == "raw", step == last, copies, fixed)
+                        loss = one(sb)[0]
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if one is not None and form.before_step is not None:
+                    form.before_step(sb, fixed.moved)
+                opt.step()
                 if phase.after_step is not None:
                     phase.after_step()
-                if one is not None and clients_after_step is not None:
-                    clients_after_step(sb, fixed.moved)
+                if one is not None and form.after_step is not None:
+                    form.after_step(sb, fixed.moved)
                 losses.append(loss.detach())
     return losses.mean()
 
@@ -371,9 +401,8 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
         return optimizers[name]
 
     # the stage's one loss form at K = 1 with its per-chunk hooks (a phase may bring its own loss)
-    one = stage.loss is not None
-    clients_loss = MethodType(stage.loss, method) if one else None
-    after = MethodType(stage.after_step, method) if one and stage.after_step is not None else None
+    form = OneForm.of(method, stage, r)
+    one = form is not None
     if one and stage.begin is not None:
         stage.begin(method, r, [k], [job])
     phases = job.phases if job.phases is not None else [Phase()]
@@ -383,8 +412,7 @@ def train_client(method, r: int, k: int) -> ClientUpdate:
             if n not in nets:
                 raise ConfigError(f"phase trains network {n!r}, which the method does not declare")
             optimizer(n)
-        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, None, idx, r, k, clients_loss, after,
-                                    tuple(stage.copies) if one else ()))
+        job.losses.append(run_phase(ctx, job, phase, nets, optimizers, None, idx, r, k, form))
     if one and stage.end is not None:
         stage.end(method, r, [k], [job])
     uploads = stage.upload(method, r, k, job, nets) if stage.upload is not None else {}

@@ -10,6 +10,12 @@ working network before the client's upload. A loss reads the copies with ``sb.co
 network with :meth:`lerp_` or :meth:`ema_`; no method builds a stacked network or asks which
 engine runs it. The sequential forms are the per-client code's own ops (the golden set holds
 them to the bit); the stacked ones run a handful of multi-tensor kernels over the K copies.
+
+A copy its ``prepare`` left in train mode trains by the method's own rule (FedFixer's
+personalised model): :meth:`forward` with a gradient (padded rows masked), :meth:`grads` of a
+loss by parameter name, (K, ...) each, and :meth:`assign_` of new (K, ...) parameters to the
+clients that stepped; :func:`assign_clients_` does the same for the trained network's
+``sb.parameters()``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,21 @@ import torch
 
 from ..syncs import host_side
 from .stacked import StackedNet, per_client, select_clients_, stacked_input
+
+
+def assign_clients_(dst: list[torch.Tensor], new: list[torch.Tensor], on: torch.Tensor | None) -> None:
+    """``dst[i] := new[i]`` in place, for the clients ``on`` (K,) (None: all): a client without a batch
+    at this step (a rider) keeps its tensors."""
+    with torch.no_grad():
+        if on is None:
+            for d, n in zip(dst, new):
+                d.copy_(n)
+        else:
+            select_clients_(on, dst, new)
+
+
+def _rows(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if mask is None else mask.t().to(dtype)
 
 
 class OneCopy:
@@ -34,6 +55,25 @@ class OneCopy:
     @torch.no_grad()
     def __call__(self, view: torch.Tensor) -> torch.Tensor:
         return self.model(view).unsqueeze(0)
+
+    def forward(self, view: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(1, B, ...) outputs with a gradient, in the copy's mode."""
+        return self.model(view).unsqueeze(0)
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """Each trainable parameter by name, with a leading client axis (a view: writes reach the copy)."""
+        return {n: p.unsqueeze(0) for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def grads(self, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        """d loss / d each trainable parameter, (1, ...) (zero where the loss does not reach it)."""
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        gs = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        return {n: (torch.zeros_like(p) if g is None else g).unsqueeze(0) for (n, p), g in zip(named, gs)}
+
+    def assign_(self, new: dict[str, torch.Tensor], stepped: torch.Tensor | None) -> None:
+        """The copy's parameters := ``new`` (by name, (1, ...))."""
+        ps = self.parameters()
+        assign_clients_([ps[n] for n in new], list(new.values()), None)
 
     @torch.no_grad()
     def lerp_(self, weight: float, stepped: torch.Tensor) -> None:
@@ -71,6 +111,24 @@ class StackedCopies:
     @torch.no_grad()
     def __call__(self, view: torch.Tensor) -> torch.Tensor:
         return self.net(stacked_input(view, self.net.k))
+
+    def forward(self, view: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(K, B, ...) outputs with a gradient, in the copies' mode; ``mask`` (K, B) the real rows (a padded
+        row moves no BatchNorm statistic)."""
+        return self.net(stacked_input(view, self.net.k), _rows(mask, view.dtype))
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p for n, p in self.net.net.named_parameters() if p.requires_grad}
+
+    def grads(self, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        named = list(self.parameters().items())
+        gs = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        return {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, gs)}
+
+    def assign_(self, new: dict[str, torch.Tensor], stepped: torch.Tensor | None) -> None:
+        """The clients ``stepped`` (K,) (None: all) take ``new`` (by name, (K, ...)); a rider keeps its copy."""
+        ps = self.parameters()
+        assign_clients_([ps[n] for n in new], list(new.values()), stepped)
 
     @torch.no_grad()
     def lerp_(self, weight: float, stepped: torch.Tensor) -> None:

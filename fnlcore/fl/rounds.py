@@ -14,7 +14,7 @@ from typing import Iterator
 import torch
 
 from ..errors import ConfigError
-from .client import ClientUpdate, LocalJob, Phase, train_client
+from .client import ClientUpdate, LocalJob, OneForm, Phase, train_client
 from .context import RunContext
 from .state import load, snapshot
 
@@ -109,7 +109,7 @@ class RoundEngine:
         :func:`client_phase`); its ``upload`` runs after training, on each client's trained network
         (an upload that draws random numbers declares them: ``Stage.reserve`` makes them right after
         the client's training draws). ``Stage.begin``/``end`` run around each chunk,
-        ``Stage.after_step`` after each stacked optimiser step."""
+        ``Stage.before_step``/``after_step`` around each stacked optimiser step."""
         from .batched import ClientDraws, draw_client, draw_fn, train_clients
         from .stacked import StackedNet
 
@@ -152,13 +152,14 @@ class RoundEngine:
                 kept[n] = self._copies[(n, len(part))]
                 for i, h in enumerate(held[at : at + chunk]):
                     kept[n].load_client(i, h[n])
-                kept[n].eval()
+                kept[n].train(m.workers[n].training)  # the mode the prepare left, as the sequential copy
             if stage.begin is not None:
                 stage.begin(m, r, part, part_jobs)
-            after = None if stage.after_step is None else (lambda sb, stepped: stage.after_step(m, sb, stepped))
-            states, losses = train_clients(ctx, m.global_model, idx, lambda sb: stage.loss(m, sb), r,
-                                           self._stacked[copies], part_ids, phase=phase, jobs=part_jobs, after_step=after,
-                                           models=[m.globals[n] for n in phase.train], drawn=part_drawn, copies=kept)
+            form = OneForm.of(m, stage, r)
+            states, losses = train_clients(ctx, m.global_model, idx, form.loss, r, self._stacked[copies], part_ids,
+                                           phase=phase, jobs=part_jobs, after_step=form.after_step,
+                                           models=[m.globals[n] for n in phase.train], drawn=part_drawn, copies=kept,
+                                           before_step=form.before_step, epoch_lr=form.epoch_lr)
             if stage.end is not None:
                 stage.end(m, r, part, part_jobs)
             for i, (k, job, shape, trained, l) in enumerate(zip(part, part_jobs, shapes[at : at + chunk], states, losses)):
@@ -195,8 +196,8 @@ def client_phase(m, r: int, k: int, job: LocalJob):
     if not isinstance(phases, (list, tuple)) or len(phases) != 1:
         raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
     ph = phases[0]
-    if ph.loss is not None or ph.step is not None or ph.on_epoch is not None or ph.after_step is not None:
-        raise ConfigError(f"{where} its job has a phase loss/step/on_epoch/after_step (client {k}); "
+    if ph.loss is not None or ph.on_epoch is not None or ph.after_step is not None:
+        raise ConfigError(f"{where} its job has a phase loss/on_epoch/after_step (client {k}); "
                           "a batchable stage declares them as Stage.loss / Stage.after_step")
     train = tuple(ph.train or (m.networks[0],))
     if any(n not in m.networks for n in train) or job.lr:

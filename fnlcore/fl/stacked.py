@@ -351,7 +351,8 @@ def select_clients_(on: torch.Tensor, dst: list[torch.Tensor], new: list[torch.T
 
 
 class StackedSGD:
-    """torch.optim.SGD (dampening 0, no Nesterov) on (K, ...) parameters, one step per client and step.
+    """torch.optim.SGD (dampening 0, no Nesterov) on (K, ...) parameters, one step per client and step;
+    ``lr`` one rate, or (K,) a rate per client.
 
     ``active`` (K,) bool leaves the other clients' parameters and momentum untouched: a client
     whose local update has ended (fewer samples) rides along without moving. The momentum
@@ -373,14 +374,22 @@ class StackedSGD:
             else:
                 select_clients_(active, self.bufs, new_bufs)
             d = self.bufs
-        if active is None:
+        if isinstance(self.lr, torch.Tensor):  # (K,) a rate per client (each at its own local epoch's)
+            new = torch._foreach_add(self.params, torch._foreach_mul(d, per_client(-self.lr, self.params)))
+        elif active is None:
             torch._foreach_add_(self.params, d, alpha=-self.lr)
+            return
         else:
-            select_clients_(active, self.params, torch._foreach_add(self.params, d, alpha=-self.lr))
+            new = torch._foreach_add(self.params, d, alpha=-self.lr)
+        if active is None:
+            torch._foreach_copy_(self.params, new)
+        else:
+            select_clients_(active, self.params, new)
 
 
 class StackedAdam:
-    """torch.optim.Adam (L2 weight decay, no AMSGrad) on (K, ...) parameters with per-client step counts."""
+    """torch.optim.Adam (L2 weight decay, no AMSGrad) on (K, ...) parameters with per-client step counts;
+    ``lr`` one rate, or (K,) float64 a rate per client."""
 
     def __init__(
         self, params: list[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,

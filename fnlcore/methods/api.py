@@ -16,6 +16,7 @@ from ..augment import draw_device, on
 from ..errors import ConfigError, FNLError
 from ..fl import sampling
 from ..fl.batched import StackedBatch, clients_cross_entropy, masked_mean
+from ..fl.copies import assign_clients_
 from ..fl.local import draw_predict, evaluate, forward_bounded, predict
 from ..fl.persist import ClientStore
 from ..fl.state import RunningAverage, State, load, parameter_keys, per_tensor_distance, snapshot, weighted_average
@@ -25,7 +26,7 @@ from .base import Batch, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, 
 from .costs import CostStage, warm_up_then
 
 __all__ = [
-    "Batch", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
+    "assign_clients_", "Batch", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
     "MethodParams", "Phase", "RunningAverage", "Stage", "StackedBatch", "State", "clients_cross_entropy",
     "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param", "parameter_keys", "per_tensor_distance",
     "predict", "register", "sampling", "snapshot", "warm_up_then", "weighted_average",

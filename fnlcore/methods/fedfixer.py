@@ -48,7 +48,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import Batch, ClientStore, FLMethod, load, LocalJob, MethodParams, param, Phase, register, Stage, State
+from .api import (ClientStore, FLMethod, LocalJob, MethodParams, StackedBatch, Stage, State, assign_clients_,
+                  host_side, load, masked_mean, param, register)
 
 EMPTY_SCALE = 1e8  # the code's divisor for an empty selection and for Σ n̄ = 0
 LOG_EPS = 1e-8
@@ -107,27 +108,32 @@ def clean_for(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, y, reduction="none") - mean_neg_log_prob(logits) <= 0
 
 
-def selected_mean(losses_all: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(mean of the selected per-sample losses, their number); none selected → mean of all / 1e8."""
-    n = int(mask.sum())
-    if n == 0:
-        return losses_all.mean() / EMPTY_SCALE, 0
-    return losses_all[mask].sum() / n, n
+def selected_mean(losses: torch.Tensor, selected: torch.Tensor, mask: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, B) per-sample losses -> ((K,) each client's mean over its selected real rows, (K,) their number);
+    a client with none selected: the mean over its real rows / 1e8 (the code's branch, no update in
+    effect). Both branches are computed and chosen on the device (no host sync)."""
+    sel = selected if mask is None else selected & mask
+    n = sel.sum(-1)
+    picked = torch.where(sel, losses, torch.zeros((), dtype=losses.dtype, device=losses.device)).sum(-1)
+    return torch.where(n > 0, picked / n.clamp_min(1).to(losses.dtype), masked_mean(losses, mask) / EMPTY_SCALE), n
+
+
+def _over(v: float | torch.Tensor, t: torch.Tensor) -> float | torch.Tensor:
+    """A per-client value (one float, or (K,)) over a (K, ...) tensor."""
+    return v if not isinstance(v, torch.Tensor) else v.to(t.dtype).view(-1, *([1] * (t.dim() - 1)))
 
 
 @torch.no_grad()
-def twin_step(theta: list[torch.Tensor], w: list[torch.Tensor], plr: float, lam: float, mu: float) -> None:
-    """θ ← θ − plr·(∇ + λ(θ − w) + μθ), in place (parameters without a gradient use ∇ = 0)."""
-    for p, q in zip(theta, w):
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        p.sub_(plr * (g + lam * (p - q) + mu * p))
+def twin_step(theta: dict, grads: dict, w: dict, plr, lam: float, mu: float) -> dict:
+    """θ − plr·(∇ + λ(θ − w) + μθ), by parameter name, (K, ...) each (``plr`` one rate or (K,))."""
+    return {n: t - _over(plr, t) * (grads[n] + lam * (t - w[n]) + mu * t) for n, t in theta.items()}
 
 
 @torch.no_grad()
-def move_towards(w: list[torch.Tensor], theta: list[torch.Tensor], rate: float) -> None:
-    """w ← w − rate·(w − θ), in place (rate = λ·lr)."""
-    for p, q in zip(w, theta):
-        p.sub_(rate * (p - q))
+def move_towards(w: dict, theta: dict, rate) -> dict:
+    """w − rate·(w − θ), by parameter name (``rate`` = λ·lr, one value or (K,))."""
+    return {n: t - _over(rate, t) * (t - theta[n]) for n, t in w.items()}
 
 
 def mix_aggregate(old: State, weighted: Iterable[tuple[State, float]], gamma: float) -> State:
@@ -156,29 +162,18 @@ def mix_aggregate(old: State, weighted: Iterable[tuple[State, float]], gamma: fl
 # -- the method ----------------------------------------------------------------------------
 
 
-@dataclass
-class _Twin:
-    """One client's twin training: the parameter lists, this epoch's β and rates, w's sample count."""
-
-    theta: list[torch.Tensor]
-    w: list[torch.Tensor]
-    beta: float = 0.0
-    plr: float = 0.0  # θ's (and w's optimiser's) rate this epoch
-    lr: float = 0.0  # the rate of w's move towards θ this epoch
-    used: int = 0  # samples in w's losses, summed over the epochs
-
-
 @register
 class FedFixer(FLMethod):
     Params = FedFixerParams
     paper = "Ji et al. 2024 (AAAI), FedFixer; baseline in FedGR"
     round_cost = 6.8  # benchmarks/README.md, bench_methods.py (the personalised and global models both train)
-    client_networks = ("theta",)  # the personalised model θ of the client being trained
+    client_networks = ("theta",)  # the personalised model θ, kept per client while it trains
     persistent = ("personal",)
 
     def __init__(self, params: FedFixerParams, ctx):
         super().__init__(params, ctx)
         self.personal = ClientStore("personal")  # client -> θ_k, 'persistent' only
+        self._used = torch.zeros(0)  # (K,) samples in w's losses, the chunk's clients (Stage.begin)
 
     def stage(self, r: int) -> str:
         return "early" if r <= self.params.begin_sel else "sieve"
@@ -191,60 +186,80 @@ class FedFixer(FLMethod):
         s_theta, s_w = clean_for(z_p, y), clean_for(z_g, y)
         return (s_w, s_theta) if self.params.alternate else (s_theta, s_w)
 
-    def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
+    def rates(self, r: int, epoch: int) -> tuple[float, float, float]:
+        """(β_e, plr / (1 + β_e): θ's and w's optimiser's rate, lr / (1 + β_e): w's move) of a local epoch."""
         p, s = self.params, self.ctx.settings
-        theta_net = nets["theta"]
-        if p.personalised == "persistent" and k in self.personal:
-            load(theta_net, self.personal.get(k))
-        else:
-            load(theta_net, self.global_model.state_dict())
-        theta_net.train()  # stepped by hand (twin_step), not by the engine
-        twin = _Twin(list(theta_net.parameters()), list(nets["model"].parameters()))
-        base_lr = s.lr_at(r)
-        base_plr = base_lr if p.plr is None else p.plr
+        beta = beta_schedule(r * s.local_epochs + epoch, s.local_epochs, p.begin_sel, p.beta_max)
+        lr = s.lr_at(r)
+        return beta, (lr if p.plr is None else p.plr) / (1.0 + beta), lr / (1.0 + beta)
 
-        def on_epoch(epoch: int) -> None:
-            twin.beta = beta_schedule(r * s.local_epochs + epoch, s.local_epochs, p.begin_sel, p.beta_max)
-            twin.plr, twin.lr = base_plr / (1.0 + twin.beta), base_lr / (1.0 + twin.beta)
-            for group in job.optimizers["model"].param_groups:
-                group["lr"] = twin.plr
+    def _per_client(self, sb: StackedBatch, which: int) -> float | torch.Tensor:
+        """Rate ``which`` of each client's local epoch: one value when they agree, else (K,) on the device."""
+        with host_side():  # a host tensor: no device sync
+            epochs = sb.epoch_host.tolist()
+        v = [self.rates(sb.r, e)[which] for e in epochs]
+        return v[0] if all(x == v[0] for x in v) else torch.tensor(v).to(self.ctx.device, non_blocking=True)
 
-        # w's optimiser is the run's at plr, rescaled every epoch; θ has none
-        job = LocalJob(phases=[Phase(step=self._step, on_epoch=on_epoch)], lr={"model": base_plr}, info=twin)
-        return job
+    def prepare(self, r: int, k: int, nets: dict) -> None:
+        p = self.params
+        load(nets["theta"], self.personal.get(k) if p.personalised == "persistent" and k in self.personal
+             else self.global_model.state_dict())
+        nets["theta"].train()  # θ trains (the loss's twin steps), w is the engine's trained network
 
-    def _step(self, b: Batch) -> torch.Tensor:
-        """One minibatch: K personalised steps on θ, w's move towards θ, one optimiser step on w."""
-        p, twin = self.params, b.job.info
-        theta_net, w_net = b.nets["theta"], b.model
-        y = self.labels(b.idx)
-        for step in range(p.inner_steps):
-            z_p = theta_net(b.x).float()
-            if step == p.inner_steps - 1:
-                z_g = w_net(b.x).float()
-            else:
-                with torch.no_grad():
-                    z_g = w_net(b.x).float()
-            for_theta, for_w = self.select(z_p, z_g, y, b.r)
-            loss_theta, _ = selected_mean(cr_losses(z_p, y, twin.beta, p.cr_loss), for_theta)
-            theta_net.zero_grad(set_to_none=True)
-            loss_theta.backward()
-            twin_step(twin.theta, twin.w, twin.plr, p.lam, p.mu_wd)
-        loss_w, n_w = selected_mean(cr_losses(z_g, y, twin.beta, p.cr_loss), for_w)
-        opt_w = b.job.optimizers["model"]
-        opt_w.zero_grad(set_to_none=True)
-        loss_w.backward()  # gradient at w before the move, as the code
-        move_towards(twin.w, twin.theta, p.lam * twin.lr)
-        opt_w.step()
-        twin.used += n_w
+    def begin(self, r: int, clients: list[int], jobs: list) -> None:
+        self._used = torch.zeros(len(clients), dtype=torch.int64, device=self.ctx.device)
+
+    def loss(self, sb: StackedBatch) -> torch.Tensor:
+        """One minibatch: K personalised steps on θ, then w's loss (the engine steps w after ``move``).
+
+        w's forward with a gradient is the engine's (``sb.logits``); its other K − 1 forwards run here in
+        train mode without one, as the code's inner steps do (its BatchNorm statistics move K times).
+        w does not change during the inner steps, so each of its forwards gives these logits."""
+        p = self.params
+        k, b, c = sb.logits.shape
+        y = self.labels(sb.idx.reshape(-1))
+        beta, plr = self._per_client(sb, 0), self._per_client(sb, 1)
+        beta_rows = beta if not isinstance(beta, torch.Tensor) else beta.float().repeat_interleave(b)
+        theta, z_g = sb.copies["theta"], sb.logits.float().reshape(k * b, c)
+        with torch.no_grad():
+            for _ in range(p.inner_steps - 1):
+                sb.forward(sb.x)
+        w = sb.parameters()
+        for _ in range(p.inner_steps):
+            z_p = theta.forward(sb.x, sb.mask).float().reshape(k * b, c)
+            for_theta, for_w = self.select(z_p, z_g, y, sb.r)
+            loss_theta, _ = selected_mean(cr_losses(z_p, y, beta_rows, p.cr_loss).view(k, b), for_theta.view(k, b),
+                                          sb.mask)
+            theta.assign_(twin_step(theta.parameters(), theta.grads(loss_theta.sum()), w, plr, p.lam, p.mu_wd),
+                          sb.moved)
+        loss_w, n_w = selected_mean(cr_losses(z_g, y, beta_rows, p.cr_loss).view(k, b), for_w.view(k, b), sb.mask)
+        self._used += n_w
         return loss_w
+
+    def move(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
+        """w ← w − λ·lr·(w − θ) after w's gradient is taken, before its optimiser step (the code's order)."""
+        rate = self._per_client(sb, 2)
+        rate = self.params.lam * rate
+        w = sb.parameters()
+        theta = sb.copies["theta"].parameters()
+        assign_clients_([w[n] for n in theta], list(move_towards({n: w[n] for n in theta}, theta, rate).values()),
+                        stepped)
+
+    def w_lr(self, r: int, epoch: int) -> float:
+        """w's optimiser is the run's, at plr / (1 + β_e) in each local epoch."""
+        return self.rates(r, epoch)[1]
+
+    def end(self, r: int, clients: list[int], jobs: list) -> None:
+        for job, n in zip(jobs, self._used.tolist()):  # once a chunk: samples in w's losses
+            job.info = n
 
     def upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         if self.params.personalised == "persistent":
             self.personal.put(k, nets["theta"].state_dict())
-        return {"n_bar": float(job.info.used) / max(self.ctx.settings.local_epochs, 1)}  # n̄: per local epoch
+        return {"n_bar": float(job.info) / max(self.ctx.settings.local_epochs, 1)}  # n̄: per local epoch
 
-    stages = {"early": Stage(prepare=prepare, upload=upload), "sieve": Stage(prepare=prepare, upload=upload)}
+    stages = dict.fromkeys(("early", "sieve"), Stage(loss=loss, prepare=prepare, upload=upload, copies=("theta",),
+                                                     begin=begin, end=end, before_step=move, epoch_lr=w_lr))
 
     def aggregate(self, r: int, updates) -> None:
         """w_g ← γ·Σ n̄_k w_k / Σ n̄_k + (1 − γ)·w_g."""
