@@ -22,6 +22,7 @@ from fnlcore.fl.pipeline import InputPipeline
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.stacked import StackedAdam, StackedNet, StackedSGD, stacked_input
+from fnlcore.fl.client import LocalJob, Phase
 from fnlcore.fl.rounds import RoundEngine
 from fnlcore.methods.base import METHODS
 from fnlcore.models import build_model
@@ -177,6 +178,26 @@ def test_batched_engine_reproduces_the_sequential_engine_under_other_settings(me
     _assert_same_run(_run(method, "sequential", params, **settings), _run(method, "batched", params, **settings), 1e-6)
 
 
+def test_a_job_of_phases_on_distinct_networks_batches_each_phase_and_a_shared_network_is_refused(monkeypatch):
+    """DivideMix's warm-up (net1's epochs, then net2's) trains batched phase after phase; a job whose
+    two phases train the same network (the second would start from the first's result) is refused."""
+    from fnlcore.fl import batched
+
+    calls = []
+    train_clients = batched.train_clients
+    monkeypatch.setattr(batched, "train_clients",
+                        lambda ctx, *a, **k: calls.append(k["phase"].train) or train_clients(ctx, *a, **k))
+    params = {"warmup_rounds": 2}
+    _assert_same_run(_run("dividemix", "sequential", params, rounds=3),
+                     _run("dividemix", "batched", params, rounds=3), 1e-6)
+    assert calls == [("net1",), ("net2",)] * 2  # the two warm-up rounds; round 2 co-divides sequentially
+    cls = METHODS["dividemix"]
+    twice = lambda self, r, k, nets: LocalJob(phases=[Phase(train=("net1",)), Phase(train=("net1",))])  # noqa: E731
+    monkeypatch.setattr(cls, "stages", {**cls.stages, "warmup": dataclasses.replace(cls.stages["warmup"], prepare=twice)})
+    with pytest.raises(ConfigError, match=r"two phases of its job train \['net1'\]"):
+        _run("dividemix", "batched", params, rounds=3)
+
+
 def test_a_round_runs_batched_only_where_its_stage_batches(monkeypatch):
     """FedNoRo's stage table with stage 2 marked ``batches=False``: warm-up rounds batched, stage 2 sequential."""
     from fnlcore.fl import batched, client
@@ -264,12 +285,16 @@ def test_batched_engine_resumes_exactly_after_a_kill(tmp_path):
     assert resumed["acc"].tolist() == full["acc"].tolist()
 
 
-def test_engine_switch_errors_name_the_cause_and_the_fix():
-    # DivideMix: no stage batches (its co-divided sets decide each epoch's draws, see its stage table)
-    with pytest.raises(ConfigError, match="engine: batched cannot run method 'dividemix'.*engine: auto"):
-        _run("dividemix", "batched", {"warmup_rounds": 1})
-    _, m, _ = _run("dividemix", "auto", {"warmup_rounds": 1}, rounds=2)  # auto: sequential for it
+def test_engine_switch_errors_name_the_cause_and_the_fix(monkeypatch):
+    # every method batches some stage now: FedAvg's table with its one stage marked batches=False stands
+    # for a method that batches none
+    cls = METHODS["fedavg"]
+    monkeypatch.setattr(cls, "stages", {"main": dataclasses.replace(cls.stages["main"], batches=False)})
+    with pytest.raises(ConfigError, match="engine: batched cannot run method 'fedavg'.*engine: auto"):
+        _run("fedavg", "batched")
+    _, m, _ = _run("fedavg", "auto", rounds=1)  # auto: sequential for it
     assert RoundEngine(m).batched is False
+    monkeypatch.undo()
     _, m, _ = _run("fedavg", "auto", rounds=1)
     assert RoundEngine(m).batched is True
     _, m, _ = _run("fedavg", "auto", rounds=1, model="resnet18_cifar", batch_size=134)

@@ -118,10 +118,10 @@ def build_timeline(ctx: RunContext, clients: list[torch.Tensor], epochs: int, ba
             lengths[t, i] = len(b)
             epoch_step[t, i] = t % per_epoch
             epoch_of[t, i] = t // per_epoch
-        if len(batches):
-            epoch_of[len(batches):, i] = (len(batches) - 1) // per_epoch
             if t % per_epoch == per_epoch - 1:
                 ends[t].append(i)
+        if len(batches):  # a rider after its last batch stays in its last epoch
+            epoch_of[len(batches):, i] = (len(batches) - 1) // per_epoch
     mask = torch.arange(batch_size)[None, None, :] < lengths[:, :, None]
     aug, like = _layout_params(draws, mask)  # on the host, where the draws are
     width = lengths.amax(1).tolist() if t_max else []

@@ -199,9 +199,10 @@ class Stage:
     θ there, as its code does); ``epoch_lr(r, epoch)`` is the trained network's learning rate in
     each local epoch, replacing the run's schedule (FedFixer's plr / (1 + β_e)); the batched engine
     steps each client at its own epoch's rate. A batchable stage's ``prepare`` may act (relabel,
-    read a store) and returns a job of one phase on one stream with no hooks of its own
+    read a store) and returns a job of phases on distinct networks (DivideMix's warm-up: net1's
+    epochs, then net2's), each on one stream with no hooks of its own
     (``lr_round``, ``info``, the stream's sample ids, ``augment="raw"`` with declared
-    ``views``/``draws``: see ``rounds.client_phase``).
+    ``views``/``draws``: see ``rounds.client_phases``).
 
     A stage with no ``loss`` never batches.
     ``upload(r, k, job, nets)`` runs on each client's trained networks. An upload that

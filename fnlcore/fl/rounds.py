@@ -104,14 +104,15 @@ class RoundEngine:
         """The round's clients as stacked computations, in chunks of ``training.batched_clients``.
 
         The stage's ``prepare`` runs for every client first, each followed by the draws of that
-        client's training (its place in the sequential order): it may act (relabel, read a store,
-        an augmented pass with the global model) and return a one-phase job (see
-        :func:`client_phase`); its ``upload`` runs after training, on each client's trained network
-        (an upload that draws random numbers declares them: ``Stage.reserve`` makes them right after
-        the client's training draws). ``Stage.begin``/``end`` run around each chunk,
-        ``Stage.before_step``/``after_step`` around each stacked optimiser step."""
-        from .batched import ClientDraws, draw_client, draw_fn, train_clients
-        from .stacked import StackedNet
+        client's training, phase after phase (its place in the sequential order): it may act
+        (relabel, read a store, an augmented pass with the global model) and return a job of
+        phases on distinct networks (see :func:`client_phases`; DivideMix's warm-up: net1's
+        epochs, then net2's); a chunk trains each phase in turn. Its ``upload`` runs after
+        training, on each client's trained networks (an upload that draws random numbers declares
+        them: ``Stage.reserve`` makes them right after the client's training draws).
+        ``Stage.begin``/``end`` run around each chunk, ``Stage.before_step``/``after_step`` around
+        each stacked optimiser step."""
+        from .batched import ClientDraws, draw_client, draw_fn
 
         m, ctx = self.method, self.method.ctx
         jobs, shapes, ids, drawn, held = [], [], [], [], []
@@ -122,98 +123,126 @@ class RoundEngine:
             held.append({n: {key: v.detach().to("cpu", copy=True) for key, v in m.workers[n].state_dict().items()}
                          for n in stage.copies})
             job = LocalJob() if job is None else job
-            shape, idx = client_phase(m, r, k, job)
+            phases = client_phases(m, r, k, job, copies=bool(stage.copies))
             jobs.append(job)
-            shapes.append(shape)
-            ids.append(idx)
+            shapes.append([sh for sh, _ in phases])
+            ids.append([i for _, i in phases])
             # the client's batches and random parameters right after its prepare, where the sequential
             # engine draws them (a prepare that draws too, an augmented pass, keeps its place)
-            if shape is None:  # a client that does not train draws nothing (a rider all along)
-                drawn.append(ClientDraws([], []))
-            else:
-                epochs = ctx.settings.local_epochs if shape.epochs is None else shape.epochs
-                drawn.append(draw_client(ctx, idx, epochs, shape.batch_size or ctx.settings.batch_size,
-                                         draw_fn(ctx, shape)))
+            drawn.append([draw_client(ctx, idx, ctx.settings.local_epochs if sh.epochs is None else sh.epochs,
+                                      sh.batch_size or ctx.settings.batch_size, draw_fn(ctx, sh))
+                          for sh, idx in phases])
             if stage.reserve is not None:  # the upload's draws, at its place in the sequential order
                 job.reserved = stage.reserve(m, r, k, job)
         chunk = ctx.settings.batched_clients or len(clients)
         out: list[ClientUpdate] = []
         for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
-            part, part_jobs, part_drawn = clients[at : at + chunk], jobs[at : at + chunk], drawn[at : at + chunk]
-            phase, idx = chunk_phase(m, r, shapes[at : at + chunk]), ids[at : at + chunk]
-            part_ids = torch.as_tensor(part, dtype=torch.int64)  # on the host; train_clients copies it over
-            copies = len(phase.train) * len(part)
-            if copies not in self._stacked:
-                self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)
-            kept = {}
-            for n in stage.copies:
-                if (n, len(part)) not in self._copies:
-                    self._copies[(n, len(part))] = StackedNet(m.workers[n], len(part)).to(ctx.device)
-                kept[n] = self._copies[(n, len(part))]
-                for i, h in enumerate(held[at : at + chunk]):
-                    kept[n].load_client(i, h[n])
-                kept[n].train(m.workers[n].training)  # the mode the prepare left, as the sequential copy
+            part, part_jobs = clients[at : at + chunk], jobs[at : at + chunk]
+            part_shapes, part_ids, part_drawn = shapes[at : at + chunk], ids[at : at + chunk], drawn[at : at + chunk]
+            count = max(len(sh) for sh in part_shapes)
+            if any(sh and len(sh) != count for sh in part_shapes):
+                raise ConfigError(f"{type(m).__name__}: stage {m.stage(r)!r}: its clients' jobs differ in their number "
+                                  "of phases within one batched chunk")
+            kept = self._kept(stage, len(part), held[at : at + chunk])
             if stage.begin is not None:
                 stage.begin(m, r, part, part_jobs)
-            form = OneForm.of(m, stage, r)
-            states, losses = train_clients(ctx, m.global_model, idx, form.loss, r, self._stacked[copies], part_ids,
-                                           phase=phase, jobs=part_jobs, after_step=form.after_step,
-                                           models=[m.globals[n] for n in phase.train], drawn=part_drawn, copies=kept,
-                                           before_step=form.before_step, epoch_lr=form.epoch_lr)
+            trained: list[dict] = [{} for _ in part]
+            for p in range(count):  # a client without phases rides along in each (no batch, no loss)
+                phase = chunk_phase(m, r, [sh[p] if sh else None for sh in part_shapes])
+                states, losses = self._train_phase(
+                    r, stage, part, part_jobs, phase, [i[p] if i else torch.zeros(0, dtype=torch.int64) for i in part_ids],
+                    [d[p] if d else ClientDraws([], []) for d in part_drawn], kept)
+                for i, (sh, job, st, loss) in enumerate(zip(part_shapes, part_jobs, states, losses)):
+                    if sh:
+                        job.losses.append(loss)
+                    trained[i].update(zip(phase.train, st))
             if stage.end is not None:
                 stage.end(m, r, part, part_jobs)
-            for i, (k, job, shape, trained, l) in enumerate(zip(part, part_jobs, shapes[at : at + chunk], states, losses)):
-                if shape is not None:  # a client that trains nothing has no loss (as in the sequential engine)
-                    job.losses.append(l)
+            for i, (k, job) in enumerate(zip(part, part_jobs)):
                 # the networks a client did not train are sent as loaded (the sequential engine's snapshot)
-                nets = {n: trained[phase.train.index(n)] if n in phase.train else snapshot(m.globals[n])
-                        for n in m.networks}
+                nets = {n: trained[i][n] if n in trained[i] else snapshot(m.globals[n]) for n in m.networks}
                 ups = {}
                 for n, c in kept.items():  # the client's copies as its training left them, as sequentially
                     load(m.workers[n], c.client_state(i))
                 if stage.upload is not None:
-                    for n in phase.train:
+                    for n in trained[i]:
                         load(m.workers[n], nets[n])
                     ups = stage.upload(m, r, k, job, m.workers)
                 out.append(ClientUpdate(k, len(ctx.data.clients[k]), nets, {"train_loss": job.train_loss, **ups}))
         return out
 
+    def _kept(self, stage, k: int, held: list[dict]) -> dict:
+        """The stage's client copies for a chunk of ``k`` clients, loaded from what each prepare left."""
+        from .stacked import StackedNet
 
-def client_phase(m, r: int, k: int, job: LocalJob):
-    """The shape of the one phase client k's prepared job trains (None: it trains nothing and rides
-    along), and its sample ids.
+        m, kept = self.method, {}
+        for n in stage.copies:
+            if (n, k) not in self._copies:
+                self._copies[(n, k)] = StackedNet(m.workers[n], k).to(m.ctx.device)
+            kept[n] = self._copies[(n, k)]
+            for i, h in enumerate(held):
+                kept[n].load_client(i, h[n])
+            kept[n].train(m.workers[n].training)  # the mode the prepare left, as the sequential copy
+        return kept
 
-    A batched stage's job has at most one phase, which trains the method's first network (or
-    several of its networks together) with the stage's loss on one stream (by default the
-    client's samples) and has no hook of its own: per-step work is the stage's ``after_step``,
-    which both engines run."""
+    def _train_phase(self, r, stage, part, jobs, phase, idx, drawn, kept):
+        """One phase of a chunk's clients on the stacked network: each client's states (one per trained
+        network, from the global ones) and mean loss."""
+        from .batched import train_clients
+        from .stacked import StackedNet
+
+        m, ctx = self.method, self.method.ctx
+        copies = len(phase.train) * len(part)
+        if copies not in self._stacked:
+            self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)
+        form = OneForm.of(m, stage, r)
+        return train_clients(ctx, m.global_model, idx, form.loss, r, self._stacked[copies],
+                             torch.as_tensor(part, dtype=torch.int64), phase=phase, jobs=jobs,
+                             after_step=form.after_step, models=[m.globals[n] for n in phase.train], drawn=drawn,
+                             copies=kept, before_step=form.before_step, epoch_lr=form.epoch_lr)
+
+
+def client_phases(m, r: int, k: int, job: LocalJob, copies: bool = False) -> list:
+    """The (shape, sample ids) of each phase client k's prepared job trains (none: it trains nothing
+    and rides along).
+
+    A batched stage's job has phases on distinct networks, each trained from the global one (the
+    method's first network, or several of its networks together) with the stage's loss on one
+    stream (by default the client's samples), with no hook of its own: per-step work is the
+    stage's ``after_step``, which both engines run. A stage that keeps client copies trains one phase."""
     from .batched import ChunkPhase
 
     where = f"{type(m).__name__}: stage {m.stage(r)!r} has a loss over K clients (Stage.loss), but"
     phases = job.phases if job.phases is not None else [Phase()]
-    if isinstance(phases, (list, tuple)) and not phases:
-        return None, torch.zeros(0, dtype=torch.int64)
-    if not isinstance(phases, (list, tuple)) or len(phases) != 1:
-        raise ConfigError(f"{where} its prepare returned a job of several phases (client {k})")
-    ph = phases[0]
-    if ph.loss is not None or ph.on_epoch is not None or ph.after_step is not None:
-        raise ConfigError(f"{where} its job has a phase loss/on_epoch/after_step (client {k}); "
-                          "a batchable stage declares them as Stage.loss / Stage.after_step")
-    train = tuple(ph.train or (m.networks[0],))
-    if any(n not in m.networks for n in train) or job.lr:
-        raise ConfigError(f"{where} its job trains working networks or sets per-network learning rates (client "
-                          f"{k}); batched: the method's networks at the run's learning rate")
-    streams = ph.streams if ph.streams is not None else {"data": (m.ctx.data.clients[k], None)}
-    if len(streams) != 1:
-        raise ConfigError(f"{where} its job reads {len(streams)} streams (client {k}); batched: one")
-    ids, bs = next(iter(streams.values()))
-    shape = ChunkPhase(ph.augment, tuple(ph.views), ph.draws, ph.epochs, None if bs is None else int(bs),
-                       job.lr_round, train)
-    return shape, torch.as_tensor(ids, dtype=torch.int64)
+    if not isinstance(phases, (list, tuple)):
+        raise ConfigError(f"{where} its prepare returned phases decided one after another (a generator, client {k}); "
+                          "batched: a list")
+    if copies and len(phases) > 1:
+        raise ConfigError(f"{where} it keeps client copies and its prepare returned several phases (client {k})")
+    out, seen = [], set()
+    for ph in phases:
+        if ph.loss is not None or ph.on_epoch is not None or ph.after_step is not None:
+            raise ConfigError(f"{where} its job has a phase loss/on_epoch/after_step (client {k}); "
+                              "a batchable stage declares them as Stage.loss / Stage.after_step")
+        train = tuple(ph.train or (m.networks[0],))
+        if any(n not in m.networks for n in train) or job.lr:
+            raise ConfigError(f"{where} its job trains working networks or sets per-network learning rates (client "
+                              f"{k}); batched: the method's networks at the run's learning rate")
+        if seen & set(train):
+            raise ConfigError(f"{where} two phases of its job train {sorted(seen & set(train))} (client {k}); batched: "
+                              "each network in one phase (a later phase would start from an earlier one's result)")
+        seen |= set(train)
+        streams = ph.streams if ph.streams is not None else {"data": (m.ctx.data.clients[k], None)}
+        if len(streams) != 1:
+            raise ConfigError(f"{where} its job reads {len(streams)} streams (client {k}); batched: one")
+        ids, bs = next(iter(streams.values()))
+        out.append((ChunkPhase(ph.augment, tuple(ph.views), ph.draws, ph.epochs, None if bs is None else int(bs),
+                               job.lr_round, train), torch.as_tensor(ids, dtype=torch.int64)))
+    return out
 
 
 def chunk_phase(m, r: int, shapes: list):
-    """The one phase a chunk's clients train together: their shapes (:func:`client_phase`; None
+    """The phase a chunk's clients train together: their shapes (:func:`client_phases`; None
     for a client that trains nothing) agree on augmentation, views, draws, epochs, batch size,
     learning-rate round and networks."""
     from .batched import ChunkPhase

@@ -276,7 +276,10 @@ class DivideMix(FLMethod):
         n_x = 2 * len(il)
         return mixmatch_loss(logits[:n_x], mixed_targets[:n_x], logits[n_x:], mixed_targets[n_x:], weight_u)
 
-    stages = {"warmup": Stage(loss=FLMethod.loss, prepare=warm_up, batches=False),
+    # The co-divide stage stays sequential: each epoch's labelled/unlabelled sets, and so the sizes of its
+    # shuffles and draws, come from the client's previous epoch, so no batched order can reproduce the
+    # sequential draws of the next client. The warm-up batches (two phases on distinct networks).
+    stages = {"warmup": Stage(loss=FLMethod.loss, prepare=warm_up),
               "dividemix": Stage(loss=FLMethod.loss, prepare=co_divide, batches=False)}
 
     # -- server side, outputs --------------------------------------------------------------------
