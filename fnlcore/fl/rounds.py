@@ -147,7 +147,9 @@ class RoundEngine:
             if stage.begin is not None:
                 stage.begin(m, r, part, part_jobs)
             trained: list[dict] = [{} for _ in part]
-            for p in range(count):  # a client without phases rides along in each (no batch, no loss)
+            # a client without phases rides along in each (no batch, no loss); a chunk of such clients
+            # still passes through one phase of riders: their trained networks are the loaded ones
+            for p in range(max(count, 1)):
                 phase = chunk_phase(m, r, [sh[p] if sh else None for sh in part_shapes])
                 states, losses = self._train_phase(
                     r, stage, part, part_jobs, phase, [i[p] if i else torch.zeros(0, dtype=torch.int64) for i in part_ids],
