@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State, weighted_average
+from .parts import client_rates
 
 MAD_CONSTANT = 1.4826  # makes the median absolute deviation a consistent estimator of a normal's sigma
 SCALE_EPS = 1e-7
@@ -60,9 +61,7 @@ def median(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Median along ``dim``; an even count averages the two middle values."""
     s = x.sort(dim=dim).values
     n = s.shape[dim]
-    lo = s.narrow(dim, (n - 1) // 2, 1)
-    hi = s.narrow(dim, n // 2, 1)
-    return ((lo + hi) / 2).squeeze(dim)
+    return ((s.narrow(dim, (n - 1) // 2, 1) + s.narrow(dim, n // 2, 1)) / 2).squeeze(dim)
 
 
 def ranks_of(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,15 +77,14 @@ def line_at(intercept: torch.Tensor, slope: torch.Tensor, ranks: torch.Tensor) -
 
 def median_line(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The repeated-median line through (rank, sorted y) of each row: (intercept (m,), slope (m,), ranks (m, n))."""
-    m, n = y.shape
+    n = y.shape[1]
     sorted_y, ranks = ranks_of(y)
     i = torch.arange(n, device=y.device)
     others = torch.stack([torch.cat([i[:k], i[k + 1:]]) for k in range(n)])  # (n, n-1): j != i
     dx = (i.unsqueeze(1) - others).to(y.dtype)
     pair_slopes = (sorted_y.unsqueeze(2) - sorted_y[:, others]) / dx  # (m, n, n-1)
     slope = median(median(pair_slopes, dim=2), dim=1)
-    intercept = median(y, dim=1) - slope * (n - 1) / 2
-    return intercept, slope, ranks
+    return median(y, dim=1) - slope * (n - 1) / 2, slope, ranks
 
 
 def rank_leverage(ranks: torch.Tensor, n: int) -> torch.Tensor:
@@ -112,19 +110,16 @@ class Fit(NamedTuple):
 
 def irls_fit(y: torch.Tensor, huber_lambda: float, delta: float) -> Fit:
     """One IRLS pass on (m coordinates, n clients)."""
-    m, n = y.shape
+    n = y.shape[1]
     intercept, slope, ranks = median_line(y)
-    fitted = line_at(intercept, slope, ranks)
-    resid = y - fitted
+    resid = y - line_at(intercept, slope, ranks)
     abs_sorted = resid.abs().sort(dim=1).values[:, 1:]  # the smallest residual removed
     scale = MAD_CONSTANT * (1 + 5 / (n - 1)) * median(abs_sorted, dim=1) + SCALE_EPS
-    lev = rank_leverage(ranks, n).to(y.dtype)
-    u = resid / scale.unsqueeze(1) / torch.sqrt(1 - lev)
+    u = resid / scale.unsqueeze(1) / torch.sqrt(1 - rank_leverage(ranks, n).to(y.dtype))
     kappa = huber_lambda * math.sqrt(2.0 / n)
     # clip(u, -κ, κ)/u: 1 inside the band (u = 0 included), κ/|u| outside
     psi = torch.where(u.abs() <= kappa, torch.ones_like(u), kappa / u.abs())
-    confidence = psi * psi.std(dim=1, keepdim=True)
-    return Fit(intercept, slope, psi >= delta, confidence)
+    return Fit(intercept, slope, psi >= delta, psi * psi.std(dim=1, keepdim=True))
 
 
 def client_weights(confidence_sums: torch.Tensor) -> torch.Tensor:
@@ -153,8 +148,7 @@ def arfl_aggregate(states: Sequence[Mapping[str, torch.Tensor]], huber_lambda: f
     work = torch.float64 if device.type == "cpu" else torch.float32
     per_chunk = max(chunk_elements // (n * (n - 1)), 1)
 
-    def values(key: str) -> torch.Tensor:  # (numel, n): every client's value of each coordinate
-        return torch.stack([s[key].reshape(-1) for s in states], dim=1).to(work)
+    values = lambda key: torch.stack([s[key].reshape(-1) for s in states], dim=1).to(work)  # noqa: E731  (numel, n)
 
     # Pass 1: the fits and the confidences that set the weights. A fit keeps its line and kept-mask,
     # not the restricted values: those are (numel, n) in float64 for every tensor at once, three times
@@ -170,15 +164,13 @@ def arfl_aggregate(states: Sequence[Mapping[str, torch.Tensor]], huber_lambda: f
             fits[key].append(fit._replace(confidence=None))
     w = client_weights(conf_sum.cpu())
     result: State = {}
-    for key, v in ref.items():
-        if key in fits:
-            y = values(key)
-            out = torch.empty_like(y)
-            for i, start in enumerate(range(0, y.shape[0], per_chunk)):
-                out[start:start + per_chunk] = fits[key][i].restricted(y[start:start + per_chunk])
-            result[key] = (out @ w.to(device=device, dtype=work)).reshape(v.shape).to(v.dtype)
-    rest = weighted_average([{k: s[k] for k in ref if k not in fits} for s in states], w.tolist())
-    result.update(rest)
+    for key, key_fits in fits.items():
+        y = values(key)
+        out = torch.empty_like(y)
+        for fit, start in zip(key_fits, range(0, y.shape[0], per_chunk)):
+            out[start:start + per_chunk] = fit.restricted(y[start:start + per_chunk])
+        result[key] = (out @ w.to(device=device, dtype=work)).reshape(ref[key].shape).to(ref[key].dtype)
+    result.update(weighted_average([{k: s[k] for k in ref if k not in fits} for s in states], w.tolist()))
     return {k: result[k] for k in ref}, w
 
 
@@ -210,14 +202,11 @@ class ARFL(FLMethod):
 
     def client_results(self):
         data = self.ctx.data
-        flipped = (data.given != data.y_true).cpu().numpy() if not data.multi_label else None
-        rows = []
-        for k, idx in enumerate(data.clients):
-            sel = int(self.times_selected[k])
-            rows.append({
-                "client": k, "n": len(idx),
-                "noise_rate": float(flipped[idx.numpy()].mean()) if flipped is not None and len(idx) else float("nan"),
-                "times_selected": sel,
-                "mean_arfl_weight": float(self.weight_sum[k] / sel) if sel else float("nan"),
-            })
-        return pd.DataFrame(rows)
+        nan = float("nan")
+        rates = [nan] * data.num_clients if data.multi_label else client_rates(
+            data.clients, (data.given != data.y_true).cpu().numpy(), nan)
+        sel = [int(s) for s in self.times_selected]
+        return pd.DataFrame([{
+            "client": k, "n": len(idx), "noise_rate": rates[k], "times_selected": sel[k],
+            "mean_arfl_weight": float(self.weight_sum[k] / sel[k]) if sel[k] else nan,
+        } for k, idx in enumerate(data.clients)])

@@ -31,11 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import (
-    ConfigError, FLMethod, load, LocalJob, MethodParams, param, register, snapshot, StackedBatch, Stage,
-    weighted_average,
-)
-from .multilabel import client_active_classes, partial_bce
+from .api import (FLMethod, load, LocalJob, MethodParams, param, register, snapshot, StackedBatch, Stage,
+                  weighted_average)
+from .multilabel import annotated_bce, client_active_classes
+from .parts import check_rounds_left
 
 
 @dataclass(frozen=True)
@@ -55,10 +54,7 @@ class CBAFedParams(MethodParams):
             raise self.error("tau_min", f"is larger than tau_max={self.tau_max}; swap them")
 
     def check_training(self, settings) -> None:
-        if self.warmup_rounds >= settings.rounds:
-            raise ConfigError(
-                f"method 'cbafed': warmup_rounds={self.warmup_rounds} must be < training.rounds={settings.rounds}"
-            )
+        check_rounds_left(self, "warmup_rounds", settings)
 
 
 # -- pure rules ------------------------------------------------------------------------------
@@ -126,19 +122,12 @@ class CBAFed(FLMethod):
     # the one loss form over a chunk of K clients (the sequential engine: K = 1), with its hooks
     def begin_chunk(self, r, clients, jobs):
         # the chunk's label entries used, written into each job's info at its end
-        k, c = len(clients), self.ctx.data.num_classes
-        dev = self.ctx.device
+        k, c, dev = len(clients), self.ctx.data.num_classes, self.ctx.device
         self._tally = (torch.zeros(k, dtype=torch.int64, device=dev), torch.zeros(k, c, device=dev))
 
     def _supervised(self, sb: StackedBatch) -> torch.Tensor:
-        k, b, c = sb.logits.shape
-        self._tally[0].add_(b if sb.mask is None else sb.mask.sum(1))
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
-        return partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
-                           classes=self.active[sb.clients])
-
-    def warmup_loss(self, sb: StackedBatch):
-        return self._supervised(sb)
+        self._tally[0].add_(sb.idx.shape[1] if sb.mask is None else sb.mask.sum(1))
+        return annotated_bce(self, sb, sb.logits)
 
     def pseudo_loss(self, sb: StackedBatch):
         loss = self._supervised(sb)
@@ -157,23 +146,18 @@ class CBAFed(FLMethod):
             job.info["active"] += n
             job.info["pseudo"] += counts
 
-    stages = {
-        "warmup": Stage(prepare=prepare, upload=upload, loss=warmup_loss, begin=begin_chunk, end=end_chunk),
-        "pseudo": Stage(prepare=prepare, upload=upload, loss=pseudo_loss, begin=begin_chunk, end=end_chunk),
-    }
+    _hooks = dict(prepare=prepare, upload=upload, begin=begin_chunk, end=end_chunk)
+    stages = {"warmup": Stage(loss=_supervised, **_hooks), "pseudo": Stage(loss=pseudo_loss, **_hooks)}
 
     def aggregate(self, r, updates):
         p, w = self.params, self.params.warmup_rounds
         # warm-up: FedAvg by N_k (or the run's weighting); stage 2: by data_k, the label entries used
-        weight = (lambda u: max(u.uploads["data"], 1e-12)) if r >= w else None
-        ups = self.fedavg(updates, weight)
+        ups = self.fedavg(updates, (lambda u: max(u.uploads["data"], 1e-12)) if r >= w else None)
         if r == 0 or r == w:
             self.w_rec = snapshot(self.global_model)
-        elif r < w and r % p.period == 0:
-            self.w_rec = residual_mix(snapshot(self.global_model), self.w_rec, p.residual_warmup)
-            load(self.global_model, self.w_rec)
-        elif r > w and (r - w) % p.period == 0:
-            self.w_rec = residual_mix(snapshot(self.global_model), self.w_rec, p.residual_after)
+        elif (r if r < w else r - w) % p.period == 0:  # a residual step, in warm-up or in stage 2
+            share = p.residual_warmup if r < w else p.residual_after
+            self.w_rec = residual_mix(snapshot(self.global_model), self.w_rec, share)
             load(self.global_model, self.w_rec)
         counts = torch.zeros(self.ctx.data.num_classes, dtype=torch.float64)
         for u in ups:

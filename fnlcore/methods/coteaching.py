@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import evaluate, FLMethod, LocalJob, MethodParams, param, Phase, register, Stage
+from .rofl import small_loss_order
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,8 @@ def keep_rate(r: int, tau: float, t_k: int, c: float = 1.0) -> float:
 def small_loss_masks(losses: torch.Tensor, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """(K, B) bool: each client's m_k smallest losses among its real rows (a stable sort: ties broken by
     position, padded rows last)."""
-    k, b = losses.shape
-    keyed = losses.detach() if mask is None else torch.where(mask, losses.detach(), float("inf"))
-    order = torch.argsort(keyed, dim=1, stable=True)
-    ranks = torch.arange(b, device=losses.device).expand(k, b)
-    return torch.zeros_like(order, dtype=torch.bool).scatter_(1, order, ranks < m[:, None])
+    order, kept = small_loss_order(losses, m, mask)  # RoFL's selection, scattered back to the row order
+    return torch.zeros_like(order, dtype=torch.bool).scatter_(1, order, kept)
 
 
 def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: torch.Tensor,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .api import FLMethod, MethodParams, register, Stage
-from .multilabel import client_active_classes, partial_bce
+from .multilabel import annotated_bce, client_active_classes
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,6 @@ class FedAvgPL(FLMethod):
         self.active = client_active_classes(ctx.data)
 
     def loss(self, sb):
-        k, b, c = sb.logits.shape
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
-        return partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
-                           classes=self.active[sb.clients])
+        return annotated_bce(self, sb, sb.logits)
 
     stages = {"main": Stage(loss=loss)}

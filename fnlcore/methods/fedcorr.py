@@ -57,8 +57,8 @@ from .api import (
     MethodParams, on, param, parameter_keys, Phase, register, snapshot, StackedBatch, Stage,
 )
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import (PASS_BATCH, MixupDraw, client_outputs, group_shape, lid_scores, mixup_cross_entropy, mixup_view,
-                    proximal_term, sequential_client_groups)
+from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, group_shape, lid_scores, mixup_cross_entropy,
+                    mixup_view, proximal_term, sequential_client_groups)
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,8 @@ class FedCorrParams(MethodParams):
 
     def check_training(self, settings) -> None:
         if self.rounds1 > settings.rounds:
-            raise ConfigError(
-                f"method 'fedcorr': rounds1={self.rounds1} must be <= training.rounds={settings.rounds} "
-                "(training.rounds = fine-tuning + usual rounds)"
-            )
+            raise ConfigError(f"method 'fedcorr': rounds1={self.rounds1} must be <= training.rounds={settings.rounds} "
+                              "(training.rounds = fine-tuning + usual rounds)")
 
 
 # -- pure parts ------------------------------------------------------------------------------
@@ -111,8 +109,7 @@ def _gmm_components(values: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarr
 def client_split(lid_acc: np.ndarray, seed: int) -> np.ndarray:
     """Noisy clients (ascending ids): those not in the smaller-mean component of a GMM on accumulated LID."""
     pred, means = _gmm_components(lid_acc, seed)
-    clean = int(np.argsort(means)[0])
-    return np.flatnonzero(pred != clean)
+    return np.flatnonzero(pred != int(np.argsort(means)[0]))
 
 
 def estimate_noise_level(losses: np.ndarray, seed: int) -> float:
@@ -121,8 +118,7 @@ def estimate_noise_level(losses: np.ndarray, seed: int) -> float:
     if len(losses) < 2:  # a GMM needs two samples (the code would fail)
         return 0.0
     pred, means = _gmm_components(losses, seed)
-    noisy = int(np.argsort(means)[-1])
-    return float(np.count_nonzero(pred == noisy)) / len(losses)
+    return float(np.count_nonzero(pred == int(np.argsort(means)[-1]))) / len(losses)
 
 
 def confident_relabels(probs: np.ndarray, thres: float) -> tuple[np.ndarray, np.ndarray]:
@@ -139,8 +135,7 @@ def relabel_candidates(losses: np.ndarray, probs: np.ndarray, noise_level: float
     Returns (ascending positions within the client, argmax labels of ``probs``).
     """
     losses = np.asarray(losses)
-    n_cand = int(len(losses) * noise_level * relabel_ratio)
-    largest = np.argsort(-losses, kind="stable")[:n_cand]
+    largest = np.argsort(-losses, kind="stable")[:int(len(losses) * noise_level * relabel_ratio)]
     conf, _ = confident_relabels(probs, thres)
     pos = np.intersect1d(largest, conf)
     return pos, np.asarray(probs)[pos].argmax(1)
@@ -403,14 +398,9 @@ class FedCorr(LogitAdjusted, FLMethod):
         original[log["sample"].to_numpy()] = log["from_label"].to_numpy()  # labels before any correction
         y_true, given = data.y_true.cpu().numpy(), data.given.cpu().numpy()
         noisy = set(self.noisy_set)
-        rows = []
-        for k, idx in enumerate(data.clients):
-            i = idx.numpy()
-            rate = float((original[i] != y_true[i]).mean()) if len(i) else 0.0
-            rows.append({
-                "client": k, "n": len(i), "noise_rate": rate, "true_noisy": rate > 0,
-                "noise_rate_after": float((given[i] != y_true[i]).mean()) if len(i) else 0.0,
-                "lid_acc": float(self.lid_acc[k]), "estimated_noise_level": float(self.noise_level[k]),
-                "detected_noisy": k in noisy, "finetune_candidate": self.candidates is not None and k in self.candidates,
-            })
-        return pd.DataFrame(rows)
+        rates, now = client_rates(data.clients, original != y_true), client_rates(data.clients, given != y_true)
+        return pd.DataFrame([{
+            "client": k, "n": len(idx), "noise_rate": rates[k], "true_noisy": rates[k] > 0, "noise_rate_after": now[k],
+            "lid_acc": float(self.lid_acc[k]), "estimated_noise_level": float(self.noise_level[k]),
+            "detected_noisy": k in noisy, "finetune_candidate": self.candidates is not None and k in self.candidates,
+        } for k, idx in enumerate(data.clients)])

@@ -54,8 +54,8 @@ from .api import (
     ClientUpdate, ConfigError, CostStage, draw_predict, FLMethod, LocalJob, MethodParams, param, Phase,
     register, sampling, StackedBatch, Stage,
 )
-from .parts import (PASS_BATCH, MixupDraw, client_outputs, double_softmax_loss, group_shape, mixup_cross_entropy,
-                    mixup_view, sequential_client_groups)
+from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, double_softmax_loss, group_shape,
+                    mixup_cross_entropy, mixup_view, sequential_client_groups)
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
 
@@ -147,8 +147,7 @@ def m_step(x: np.ndarray, resp: np.ndarray, reg_covar: float = REG_COVAR) -> np.
     """sklearn's M-step for a full-covariance 1-D mixture (10 eps added to the counts, reg_covar to the variances)."""
     nk = resp.sum(0) + 10 * np.finfo(np.float64).eps
     mu = resp.T @ x / nk
-    var = (resp * (x[:, None] - mu[None, :]) ** 2).sum(0) / nk + reg_covar
-    return np.stack([nk / nk.sum(), mu, var])
+    return np.stack([nk / nk.sum(), mu, (resp * (x[:, None] - mu[None, :]) ** 2).sum(0) / nk + reg_covar])
 
 
 def em_steps(x: np.ndarray, w: np.ndarray, steps: int, reg_covar: float = REG_COVAR,
@@ -178,11 +177,7 @@ def aggregate_filters(filters: np.ndarray, sizes: np.ndarray, variance_weights: 
     filters = np.asarray(filters, dtype=np.float64)
     gamma = np.asarray(sizes, dtype=np.float64) / np.sum(sizes)
     gv = gamma ** 2 if variance_weights == "squared" else gamma
-    return np.stack([
-        np.einsum("k,kg->g", gamma, filters[:, 0]),
-        np.einsum("k,kg->g", gamma, filters[:, 1]),
-        np.einsum("k,kg->g", gv, filters[:, 2]),
-    ])
+    return np.stack([np.einsum("k,kg->g", g, filters[:, row]) for row, g in enumerate((gamma, gamma, gv))])
 
 
 def pcs_select(clean: torch.Tensor, candidates: torch.Tensor, global_pred: torch.Tensor,
@@ -221,8 +216,7 @@ def debias_prior_update(logits: torch.Tensor, probs: torch.Tensor, prior: torch.
                         mask_thres: float = 0.85, momentum: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """(de-biased labels, new prior) (Eqs. 9, 12 as the code): q = softmax(z - xi log p_old);
     p <- m p + (1 - m) mean of the probabilities of samples with max q > mask_thres (empty: p kept)."""
-    q = F.softmax(logits - xi * torch.log(prior)[None, :], dim=1)
-    conf, labels = q.max(1)
+    conf, labels = F.softmax(logits - xi * torch.log(prior)[None, :], dim=1).max(1)
     mask = conf > mask_thres
     if not bool(mask.any()):
         return labels, prior.clone()
@@ -324,8 +318,8 @@ class FedDiv(FLMethod):
         self.delta_hat = np.full(k, np.nan)
         self.debiased = torch.zeros(len(data.train), dtype=torch.int64, device=ctx.device)
         self.warmup_groups: list[list[int]] = []
-        flipped = (data.given != data.y_true).cpu().numpy()  # before any relabel: the true noise
-        self._true_noise = np.array([flipped[i.numpy()].mean() if len(i) else 0.0 for i in data.clients])
+        # before any relabel: the true noise
+        self._true_noise = np.array(client_rates(data.clients, (data.given != data.y_true).cpu().numpy()))
 
     # -- schedule ------------------------------------------------------------------------
     def num_rounds(self) -> int:
@@ -378,11 +372,8 @@ class FedDiv(FLMethod):
         return LocalJob(phases=[self._phase()], lr_round=self._lr_round(r), info=ClientPlan(self.ctx.data.given))
 
     def _per_sample_loss(self, logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
-        if self.params.loss_form == "double_softmax":
-            loss = double_softmax_loss(probs, labels)
-        else:
-            loss = F.cross_entropy(logits, labels, reduction="none")
-        loss = loss.double().cpu().numpy()
+        loss = (double_softmax_loss(probs, labels) if self.params.loss_form == "double_softmax"
+                else F.cross_entropy(logits, labels, reduction="none")).double().cpu().numpy()
         return minmax_normalise(loss) if self.params.normalize_losses else loss
 
     def _filter_for(self, k: int) -> np.ndarray:
@@ -508,12 +499,8 @@ class FedDiv(FLMethod):
     # -- outputs -------------------------------------------------------------------------
     def client_results(self):
         data = self.ctx.data
-        flipped = (data.given != data.y_true).cpu().numpy()
-        rows = []
-        for k, idx in enumerate(data.clients):
-            rows.append({
-                "client": k, "n": len(idx), "noise_rate": float(self._true_noise[k]),
-                "noise_rate_now": float(flipped[idx.numpy()].mean()) if len(idx) else 0.0,
-                "delta_hat": float(self.delta_hat[k]), "participations": int(self.counts[k]),
-            })
-        return pd.DataFrame(rows)
+        now = client_rates(data.clients, (data.given != data.y_true).cpu().numpy())
+        return pd.DataFrame([{
+            "client": k, "n": len(idx), "noise_rate": float(self._true_noise[k]), "noise_rate_now": now[k],
+            "delta_hat": float(self.delta_hat[k]), "participations": int(self.counts[k]),
+        } for k, idx in enumerate(data.clients)])

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
-from .multilabel import client_active_classes, partial_bce
+from .multilabel import annotated_bce, client_active_classes
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,7 @@ class FedFixMatchParams(MethodParams):
 def confident_pseudo_labels(p_weak: torch.Tensor, missing: torch.Tensor, upper: float, lower: float):
     """K clients' (confident sample mask (K, B), hard labels (K, B, C)) from weak-view probabilities
     (K, B, C) and missing classes (K, C): confident on every missing class; 1[p > 0.5]."""
-    sure = (p_weak > upper) | (p_weak < lower) | ~missing.bool()[:, None, :]
-    return sure.all(2), (p_weak > 0.5).float()
+    return ((p_weak > upper) | (p_weak < lower) | ~missing.bool()[:, None, :]).all(2), (p_weak > 0.5).float()
 
 
 def unsupervised_loss(z_strong: torch.Tensor, hard: torch.Tensor, confident: torch.Tensor,
@@ -91,11 +90,9 @@ class FedFixMatch(FLMethod):
     def loss(self, sb: StackedBatch):
         p = self.params
         z_w = sb.forward(sb.views["weak"])
-        k, b, c = z_w.shape
-        active = self.active[sb.clients]
-        missing = 1.0 - active
-        loss = partial_bce(z_w, self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c),
-                           self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask, classes=active)
+        k, b, _ = z_w.shape
+        missing = 1.0 - self.active[sb.clients]
+        loss = annotated_bce(self, sb, z_w)
         confident, hard = confident_pseudo_labels(torch.sigmoid(z_w.detach().float()), missing, p.upper, p.lower)
         if sb.mask is not None:
             confident = confident & sb.mask

@@ -76,9 +76,10 @@ import torch
 import torch.nn.functional as F
 
 from .api import (
-    clients_cross_entropy, ClientStore, ConfigError, CostStage, FLMethod, forward_bounded, load, LocalJob,
+    clients_cross_entropy, ClientStore, CostStage, FLMethod, forward_bounded, load, LocalJob,
     masked_mean, MethodParams, param, Phase, register, sampling, StackedBatch, Stage, State,
 )
+from .parts import check_rounds_left
 from ..randaugment import RandAugmentSpec
 
 
@@ -135,11 +136,8 @@ class FedGRParams(MethodParams):
     freeze_sieving: bool = False
 
     def check_training(self, settings) -> None:
-        if self.warmup_rounds >= settings.rounds:
-            raise ConfigError(
-                f"method 'fedgr': warmup_rounds={self.warmup_rounds} must be < training.rounds={settings.rounds} "
-                "(the main phase would never run); lower warmup_rounds"
-            )
+        check_rounds_left(self, "warmup_rounds", settings,
+                          "(the main phase would never run); lower warmup_rounds")
 
 
 # -- pure parts ----------------------------------------------------------------------------
@@ -170,8 +168,7 @@ def sieve(proxies: np.ndarray, p_threshold: float, max_iter: int, tol: float, re
         # imported here, not with the module: sklearn costs every job and Snakefile parse ~1.7 s
         from sklearn.mixture import GaussianMixture
 
-        gmm = GaussianMixture(n_components=2, max_iter=max_iter, tol=tol, reg_covar=reg_covar, random_state=seed)
-        gmm.fit(x)
+        gmm = GaussianMixture(n_components=2, max_iter=max_iter, tol=tol, reg_covar=reg_covar, random_state=seed).fit(x)
         q = gmm.predict_proba(x)[:, int(np.argmin(gmm.means_.reshape(-1)))]
     return q, q >= p_threshold
 
@@ -183,9 +180,7 @@ def refine_reliable(noisy_flag: torch.Tensor, given: torch.Tensor, pseudo: torch
 
     Returns (labels, has-entry mask); labels without an entry are left as they were.
     """
-    conf = pseudo >= 0
-    take_given = ~noisy_flag
-    take_pseudo = noisy_flag & conf
+    take_given, take_pseudo = ~noisy_flag, noisy_flag & (pseudo >= 0)
     labels = torch.where(take_given, given, torch.where(take_pseudo, pseudo, reliable))
     return labels, has_reliable | take_given | take_pseudo
 
@@ -202,8 +197,7 @@ def refined_terms(logits: torch.Tensor, given: torch.Tensor, reliable: torch.Ten
     ce_rel = F.cross_entropy(logits, target, reduction="none") * has_reliable.to(logits.dtype)
     ce_given = F.cross_entropy(logits, given, reduction="none")
     q = q.to(logits.dtype)
-    mixed = q * ce_given + (1.0 - q) * ce_rel
-    return torch.where(high_noise, ce_rel, mixed)
+    return torch.where(high_noise, ce_rel, q * ce_given + (1.0 - q) * ce_rel)
 
 
 def distill_kl_rows(student: torch.Tensor, target: torch.Tensor, tau: float) -> torch.Tensor:
@@ -333,15 +327,12 @@ class FedGR(FLMethod):
         augmentation the weak view is the un-augmented image; without strong augmentation the
         strong view is the batch's weak view."""
         p, gen = self.params, self.ctx.aug_gen
-        weak_name = "weak" if p.weak_aug else "eval"
-        out = {}
-        if "weak" in names:
-            out["weak"] = self.pipeline.view(weak_name, x, gen)
-        if "strong" in names:
-            if p.strong_aug:
-                out["strong"] = self.pipeline.view("strong", x, gen)
-            else:
-                out["strong"] = out["weak"] if "weak" in out else self.pipeline.view(weak_name, x, gen)
+        weak = lambda: self.pipeline.view("weak" if p.weak_aug else "eval", x, gen)  # noqa: E731
+        out = {"weak": weak()} if "weak" in names else {}
+        if "strong" in names and p.strong_aug:
+            out["strong"] = self.pipeline.view("strong", x, gen)
+        elif "strong" in names:
+            out["strong"] = out["weak"] if "weak" in out else weak()
         return out
 
     @torch.no_grad()
@@ -390,8 +381,7 @@ class FedGR(FLMethod):
         network; returns the γ_g used (0 = replaced by the global model; also a client's first EMA model)."""
         p = self.params
         decay = revision_decay(r, p.warmup_rounds, noise_ratio, reliable_frac, p.beta, p.mu, p.gamma_g,
-                               p.ema_reset_strict)
-        decay = decay if k in self.ema else 0.0
+                               p.ema_reset_strict) if k in self.ema else 0.0
         net = self.workers["ema"]
         if decay > 0:
             load(net, self.ema.get(k))
@@ -444,8 +434,7 @@ class FedGR(FLMethod):
         if not p.strong_aug:
             return (weak,)
         online = stage == "main" and p.lambda_b > 0 and p.teacher == "online"
-        needs_weak = (p.lambda_r > 0 and not self._cache_features) or online
-        return ((weak,) if needs_weak else ()) + ("strong",)
+        return ((weak,) if (p.lambda_r > 0 and not self._cache_features) or online else ()) + ("strong",)
 
     def _weak_strong(self, views: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(weak view or None, the student's view) of a step's declared views (see _step_views)."""
@@ -472,8 +461,7 @@ class FedGR(FLMethod):
         if p.lambda_b > 0 and p.teacher == "revised":  # Eq. 14: the revised EMA model's logits, once per round
             if self._teacher is None:
                 self._teacher = torch.zeros(len(ctx.data.train), ctx.data.num_classes, device=ctx.device)
-            teacher = self._teacher
-            idx = ctx.data.clients[k]
+            teacher, idx = self._teacher, ctx.data.clients[k]
             teacher[idx.to(ctx.device)] = self._pass(nets["ema"], idx, ("weak",))["weak"]
         return self._job("main", nets, _JobInfo(r_k >= p.beta, teacher, self._features(k, out)))
 
@@ -547,12 +535,9 @@ class FedGR(FLMethod):
         self._local_sieve(r, idx, nets["model"])
         return {}
 
-    stages = {
-        "warmup": Stage(prepare=prepare_warmup, upload=upload, loss=warmup_loss, begin=begin, after_step=after_step,
-                        copies=("ema",)),
-        "main": Stage(prepare=prepare_main, upload=upload, loss=main_loss, begin=begin, after_step=after_step,
-                      copies=("ema",)),
-    }
+    _hooks = dict(upload=upload, begin=begin, after_step=after_step, copies=("ema",))
+    stages = {"warmup": Stage(prepare=prepare_warmup, loss=warmup_loss, **_hooks),
+              "main": Stage(prepare=prepare_main, loss=main_loss, **_hooks)}
 
     def _local_sieve(self, r: int, idx: torch.Tensor, model: torch.nn.Module) -> None:
         """'w/o FS': the client observes with its trained model and sieves on its own."""

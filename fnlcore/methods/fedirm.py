@@ -39,11 +39,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import (
-    ClientStore, ConfigError, FLMethod, load, LocalJob, MethodParams, param, Phase, register, StackedBatch,
-    Stage,
-)
-from .multilabel import client_active_classes, partial_bce
+from .api import ClientStore, FLMethod, load, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
+from .multilabel import annotated_bce, client_active_classes
+from .parts import check_rounds_left
 
 
 @dataclass(frozen=True)
@@ -64,11 +62,7 @@ class FedIRMParams(MethodParams):
     ema_decay: float = param(0.99, ge=0, le=1, doc="upper bound of the EMA teacher's alpha = min(1 - 1/(step+1), .)")
 
     def check_training(self, settings) -> None:
-        if self.sup_rounds >= settings.rounds:
-            raise ConfigError(
-                f"method 'fedirm': sup_rounds={self.sup_rounds} must be < training.rounds={settings.rounds} "
-                "(no round would match relations)"
-            )
+        check_rounds_left(self, "sup_rounds", settings, "(no round would match relations)")
 
 
 # -- pure rules ------------------------------------------------------------------------------
@@ -89,8 +83,7 @@ def relation_rows(logits: torch.Tensor, positives: torch.Tensor, mask: torch.Ten
     (K, B, C) give (K, C, C); one batch's (B, C) one matrix."""
     pos = positives.float() if mask is None else (positives & mask[..., None]).float()
     n = pos.sum(-2)  # (..., C)
-    mean = (pos.transpose(-1, -2) @ logits.float()) / n.clamp_min(1)[..., None]
-    rows = torch.sigmoid(mean / temperature)
+    rows = torch.sigmoid((pos.transpose(-1, -2) @ logits.float()) / n.clamp_min(1)[..., None] / temperature)
     has = n > 0
     return torch.where(has[..., None], rows, torch.full_like(rows, 0.5)), has
 
@@ -109,16 +102,14 @@ def relation_kl(source: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -
     p = source / source.sum(-1, keepdim=True)
     q = target / target.sum(-1, keepdim=True)
     lp, lq = p.clamp_min(eps).log(), q.clamp_min(eps).log()
-    sym = 0.5 * ((p * (lp - lq)).sum(-1) + (q * (lq - lp)).sum(-1))
-    return sym.sum(-1) / source.shape[-2]
+    return (0.5 * ((p * (lp - lq)).sum(-1) + (q * (lq - lp)).sum(-1))).sum(-1) / source.shape[-2]
 
 
 def confident_mask(p: torch.Tensor, upper: float, lower: float, max_entropy: float) -> torch.Tensor:
     """(B,) samples confident on every class (> upper or < lower) with summed binary entropy < max_entropy."""
     sure = ((p > upper) | (p < lower)).all(1)
     q = p.clamp(1e-12, 1 - 1e-12)
-    ent = -(q * q.log() + (1 - q) * (1 - q).log()).sum(1)
-    return sure & (ent < max_entropy)
+    return sure & (-(q * q.log() + (1 - q) * (1 - q).log()).sum(1) < max_entropy)
 
 
 def ema_alpha(steps: torch.Tensor, cap: float) -> torch.Tensor:
@@ -180,14 +171,11 @@ class FedIRM(FLMethod):
         # the last supervised round already collects the relation rows the first matching round needs
         return "collect" if r == self.params.sup_rounds - 1 else self.stage(r)
 
-    VIEWS = ("weak:1", "weak:2")  # raw batches, two weak views of each
-
-    def prepare(self, r, k, nets):
-        return LocalJob([Phase(augment="raw", views=self.VIEWS)])
+    def prepare(self, r, k, nets, info=None):
+        return LocalJob([Phase(augment="raw", views=("weak:1", "weak:2"))], info=info)  # raw batches, two weak views
 
     def collect_prepare(self, r, k, nets):
-        return LocalJob([Phase(augment="raw", views=self.VIEWS)],
-                        info={"rows": _RowMean(self.ctx.data.num_classes, self.ctx.device)})
+        return self.prepare(r, k, nets, {"rows": _RowMean(self.ctx.data.num_classes, self.ctx.device)})
 
     def relation_prepare(self, r, k, nets):
         p, c = self.params, self.ctx.data.num_classes
@@ -199,18 +187,14 @@ class FedIRM(FLMethod):
         teacher.eval()
         target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=self.ctx.device)
         w = ramp_weight(r, p.consistency, p.ramp_rounds)
-        info = {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w}
-        return LocalJob([Phase(augment="raw", views=self.VIEWS)], info=info)
+        return self.prepare(r, k, nets, {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w})
 
     def _supervised(self, sb: StackedBatch):
         """((K,) L_sup(v1) + L_sup(v2), (K, B, C) v1 logits, v1 annotated positives)."""
-        k, bsz = sb.idx.shape
-        active, pw, bs = self.active[sb.clients], self.pos_weights()[sb.clients], self.ctx.settings.batch_size
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, bsz, -1)
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(*sb.idx.shape, -1)
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
-        loss = partial_bce(z1, y, pw, bs, sb.mask, classes=active) + \
-            partial_bce(z2, y, pw, bs, sb.mask, classes=active)
-        return loss, z1, (y > 0.5) & active.bool()[:, None, :]
+        loss = annotated_bce(self, sb, z1, y) + annotated_bce(self, sb, z2, y)
+        return loss, z1, (y > 0.5) & self.active[sb.clients].bool()[:, None, :]
 
     def supervised_loss(self, sb: StackedBatch):
         return self._supervised(sb)[0]
@@ -244,8 +228,7 @@ class FedIRM(FLMethod):
     def relation_begin(self, r, clients, jobs):
         """The chunk's EMA step counters (host) and mask counts."""
         zeros = torch.zeros(len(clients), dtype=torch.int64, device=self.ctx.device)
-        steps = torch.tensor([self.steps[c] for c in clients], dtype=torch.float64)
-        self._chunk = _Chunk(steps, zeros, zeros.clone())
+        self._chunk = _Chunk(torch.tensor([self.steps[c] for c in clients], dtype=torch.float64), zeros, zeros.clone())
 
     def relation_after_step(self, sb, stepped):
         """Each stepped client's teacher update with its own alpha (:func:`ema_alpha`, on the host),

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, LocalJob, MethodParams, on, param, Phase, register, StackedBatch, Stage
-from .parts import js_elementwise, lam_beta11
+from .api import FLMethod, MethodParams, on, param, register, StackedBatch, Stage
+from .fedlsr import FedLSR
+from .parts import js_elementwise
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,6 @@ class FedLSRML(FLMethod):
     paper = "Jiang et al. (CIKM'22) as FedMLP's code ports it; baseline in FedMLP"
     label_kinds = ("multi",)
 
-    def prepare(self, r, k, nets):
-        # raw images: two weak views, then lam, declared so the batched engine can draw them ahead
-        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=lam_beta11)])
-
     def loss(self, sb: StackedBatch):
         """The one loss form over K clients; the sequential engine runs it at K = 1."""
         p = self.params
@@ -91,4 +88,4 @@ class FedLSRML(FLMethod):
         return fedlsr_ml_loss(z1, z2, y, self.pos_weights()[sb.clients], lam, ramp(sb.r, p.gamma, p.t_w),
                               self.ctx.settings.batch_size, p, sb.mask)
 
-    stages = {"main": Stage(prepare=prepare, loss=loss)}
+    stages = {"main": Stage(prepare=FedLSR.prepare, loss=loss)}  # FedLSR's two weak views and lam draw

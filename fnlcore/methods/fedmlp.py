@@ -75,12 +75,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (
-    ConfigError, draw_predict, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register,
-    StackedBatch, Stage,
-)
+from .api import (draw_predict, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register,
+                  StackedBatch, Stage)
 from .logit_adjust import la_bce, la_shift
 from .multilabel import client_active_classes, partial_bce
+from .parts import check_rounds_left
 
 UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
 
@@ -115,10 +114,7 @@ class FedMLPParams(MethodParams):
             raise self.error("low", f"is larger than high={self.high}; swap them")
 
     def check_training(self, settings) -> None:
-        if self.warmup_rounds >= settings.rounds:
-            raise ConfigError(
-                f"method 'fedmlp': warmup_rounds={self.warmup_rounds} must be < training.rounds={settings.rounds}"
-            )
+        check_rounds_left(self, "warmup_rounds", settings)
 
 
 # -- losses: K clients at once, (K, B, C) entries, (K, C) class masks, (K, B) real rows (None: all) -> (K,)
@@ -202,9 +198,7 @@ def select_pseudo_labels(s: torch.Tensor, degree: float, lambda0: float, lambda1
     n_s0 = int((s >= 0).sum())
     n0 = math.floor(lambda0 * degree * n_s0)
     n1 = math.floor(lambda1 * degree * (len(s) - n_s0))
-    neg = torch.argsort(s, descending=True, stable=True)[:n0]
-    pos = torch.argsort(s, stable=True)[:n1]
-    return neg, pos
+    return torch.argsort(s, descending=True, stable=True)[:n0], torch.argsort(s, stable=True)[:n1]
 
 
 # -- the method ----------------------------------------------------------------------------------
@@ -248,8 +242,7 @@ class FedMLP(FLMethod):
         i = idx.to(self.ctx.device)
         a = self.active[k]
         pos = (self.ctx.data.given[i].float() * a).sum(0)
-        pseudo_pos = (self.pseudo[i] == 1).float().sum(0) * (1.0 - a)
-        return (pos + pseudo_pos) / max(len(idx), 1)
+        return (pos + (self.pseudo[i] == 1).float().sum(0) * (1.0 - a)) / max(len(idx), 1)  # + pseudo-positives
 
     def _shift(self, k: int) -> torch.Tensor:
         """Client k's LA shift for this local update (job.info), from its priors after detection."""
@@ -302,9 +295,8 @@ class FedMLP(FLMethod):
         z = sb.logits
         if not p.wpc and not consistency:
             return partial_bce(z, y, pw, bs, sb.mask)
-        per = la_bce(z, y, self._shifts[:, None, :]) if p.wpc else F.binary_cross_entropy_with_logits(
-            z.float(), y, pos_weight=pw[:, None, :], reduction="none"
-        )
+        per = (la_bce(z, y, self._shifts[:, None, :]) if p.wpc
+               else F.binary_cross_entropy_with_logits(z.float(), y, pos_weight=pw[:, None, :], reduction="none"))
         mse = (torch.sigmoid(z.float()) - sb.per_client(self._teacher_probs(sb.x))) ** 2 if consistency else None
         return stage2_loss(per, mse, active | labelled, sb.mask)
 
@@ -327,10 +319,9 @@ class FedMLP(FLMethod):
             return None
         return draw_predict(self.ctx, len(self.ctx.data.clients[k]), self.ctx.settings.eval_batch_size)
 
-    stages = {
-        "warmup": Stage(prepare=prepare_warmup, upload=upload, loss=loss_warmup, reserve=reserve, begin=begin_chunk),
-        "stage2": Stage(prepare=prepare_stage2, upload=upload, loss=loss_stage2, reserve=reserve, begin=begin_chunk),
-    }
+    _hooks = dict(upload=upload, reserve=reserve, begin=begin_chunk)
+    stages = {"warmup": Stage(prepare=prepare_warmup, loss=loss_warmup, **_hooks),
+              "stage2": Stage(prepare=prepare_stage2, loss=loss_stage2, **_hooks)}
 
     @torch.no_grad()
     def _features(self, model: torch.nn.Module, idx: torch.Tensor, drawn: list | None = None

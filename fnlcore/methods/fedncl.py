@@ -51,6 +51,7 @@ import pandas as pd
 import torch
 
 from .api import ConfigError, FLMethod, load, MethodParams, param, predict, register, Stage, State
+from .parts import check_rounds_left, client_rates
 
 
 @dataclass(frozen=True)
@@ -77,16 +78,10 @@ class FedNCLParams(MethodParams):
     use_loss: bool = True
 
     def check_training(self, settings) -> None:
-        _check(self, settings.rounds)
-
-
-def _check(p: FedNCLParams, rounds: int) -> None:
-    if not (p.use_divergence or p.use_loss):
-        raise ConfigError("method 'fedncl': use_divergence and use_loss cannot both be false (q would be 1/|D| only)")
-    if p.correction_round >= rounds:
-        raise ConfigError(
-            f"method 'fedncl': correction_round={p.correction_round} must be < training.rounds={rounds}"
-        )
+        if not (self.use_divergence or self.use_loss):
+            raise ConfigError("method 'fedncl': use_divergence and use_loss cannot both be false "
+                              "(q would be 1/|D| only)")
+        check_rounds_left(self, "correction_round", settings)
 
 
 # -- pure parts -------------------------------------------------------------------------------
@@ -184,7 +179,7 @@ class FedNCL(FLMethod):
 
     def __init__(self, params: FedNCLParams, ctx):
         super().__init__(params, ctx)
-        _check(params, ctx.settings.rounds)
+        params.check_training(ctx.settings)
         k = ctx.data.num_clients
         self.counts = np.zeros(k, dtype=np.int64)  # detections during t < T_corr
         self.in_correction = np.zeros(k, dtype=bool)  # S_corr (permanent)
@@ -203,8 +198,7 @@ class FedNCL(FLMethod):
     def relabel_client(self, r: int, k: int) -> None:
         idx = self.ctx.data.clients[k]
         probs = torch.softmax(predict(self.ctx, self.global_model, self.ctx.data.train, idx), dim=1)
-        original = self.original[idx.to(self.original.device)]
-        new = confident_relabel(probs, original.to(probs.device), self.params.eta)
+        new = confident_relabel(probs, self.original[idx.to(self.original.device)].to(probs.device), self.params.eta)
         self.ctx.data.relabel(idx, new, r, self.stage(r), k)
 
     def aggregate(self, r: int, updates) -> None:
@@ -230,19 +224,14 @@ class FedNCL(FLMethod):
         if r < p.correction_round:
             self.counts += self.last_noisy
             self.in_correction |= correction_members(self.counts, p.alpha, p.correction_round)
-        self.round_info.update(
-            detected_noisy=float(noisy.sum()), penalty=float(m), correction_set=float(self.in_correction.sum())
-        )
+        self.round_info.update(detected_noisy=float(noisy.sum()), penalty=float(m),
+                               correction_set=float(self.in_correction.sum()))
 
     def client_results(self):
         data = self.ctx.data
-        flipped = (self.original != data.y_true).cpu().numpy()
-        rows = []
-        for k, idx in enumerate(data.clients):
-            rate = float(flipped[idx.numpy()].mean()) if len(idx) else 0.0
-            rows.append({
-                "client": k, "n": len(idx), "noise_rate": rate, "true_noisy": rate > 0,
-                "detection_count": int(self.counts[k]), "detected_noisy": bool(self.in_correction[k]),
-                "flagged_last_round": bool(self.last_noisy[k]),
-            })
-        return pd.DataFrame(rows)
+        rates = client_rates(data.clients, (self.original != data.y_true).cpu().numpy())
+        return pd.DataFrame([{
+            "client": k, "n": len(idx), "noise_rate": rates[k], "true_noisy": rates[k] > 0,
+            "detection_count": int(self.counts[k]), "detected_noisy": bool(self.in_correction[k]),
+            "flagged_last_round": bool(self.last_noisy[k]),
+        } for k, idx in enumerate(data.clients)])

@@ -32,12 +32,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (
-    ConfigError, FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, predict, register,
-    Stage, warm_up_then, weighted_average,
-)
+from .api import (FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, predict, register, Stage,
+                  warm_up_then, weighted_average)
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import class_loss_matrix, gaussian_ramp_up, minmax_columns
+from .parts import check_rounds_left, class_loss_matrix, client_rates, gaussian_ramp_up, minmax_columns
 
 
 @dataclass(frozen=True)
@@ -63,12 +61,7 @@ class FedNoRoParams(MethodParams):
     use_daagg: bool = True
 
     def check_training(self, settings) -> None:
-        _check_warmup(self, settings.rounds)
-
-
-def _check_warmup(params: "FedNoRoParams", rounds: int) -> None:
-    if params.warmup_rounds >= rounds:
-        raise ConfigError(f"method 'fednoro': warmup_rounds={params.warmup_rounds} must be < training.rounds={rounds}")
+        check_rounds_left(self, "warmup_rounds", settings)
 
 
 def gmm_noisy_clients(features: np.ndarray, random_state: int) -> frozenset[int]:
@@ -104,8 +97,7 @@ def detect_noisy_clients(matrix: np.ndarray, votes: int) -> frozenset[int]:
 def daagg_weights(sizes: np.ndarray, distances: np.ndarray) -> np.ndarray:
     """DaAgg (Eqs. 6-7): w_i proportional to (n_i / sum n) * exp(-d_i / max d); d = 0 for clean clients."""
     dmax = distances.max()
-    scaled = distances / dmax if dmax > 0 else np.zeros_like(distances)
-    w = sizes / sizes.sum() * np.exp(-scaled)
+    w = sizes / sizes.sum() * np.exp(-(distances / dmax if dmax > 0 else np.zeros_like(distances)))
     return w / w.sum()
 
 
@@ -125,12 +117,9 @@ class FedNoRo(LogitAdjusted, FLMethod):
 
     def __init__(self, params: FedNoRoParams, ctx):
         super().__init__(params, ctx)
-        rounds = ctx.settings.rounds
-        _check_warmup(params, rounds)
-        self.ramp = (
-            params.warmup_rounds if params.ramp_begin is None else params.ramp_begin,
-            rounds // 2 - 1 if params.ramp_end is None else params.ramp_end,
-        )
+        params.check_training(ctx.settings)
+        self.ramp = (params.warmup_rounds if params.ramp_begin is None else params.ramp_begin,
+                     ctx.settings.rounds // 2 - 1 if params.ramp_end is None else params.ramp_end)
         self.noisy: frozenset[int] | None = None  # detected after warm-up
         self.loss_matrix: np.ndarray | None = None
 
@@ -200,8 +189,7 @@ class FedNoRo(LogitAdjusted, FLMethod):
     def _distance(self, a, b) -> float:
         if self.params.distance == "per_tensor_sum":
             return per_tensor_distance(a, b)
-        sq = sum(float(((a[k] - b[k]).double() ** 2).sum()) for k in a if a[k].is_floating_point())
-        return math.sqrt(sq)
+        return math.sqrt(sum(float(((a[k] - b[k]).double() ** 2).sum()) for k in a if a[k].is_floating_point()))
 
     def end_round(self, r):
         if r != self.params.warmup_rounds - 1:
@@ -225,9 +213,6 @@ class FedNoRo(LogitAdjusted, FLMethod):
         if self.noisy is None:
             return None
         data = self.ctx.data
-        flipped = (data.given != data.y_true).cpu().numpy()
-        rows = []
-        for k, idx in enumerate(data.clients):
-            rate = float(flipped[idx.numpy()].mean()) if len(idx) else 0.0
-            rows.append({"client": k, "n": len(idx), "noise_rate": rate, "true_noisy": rate > 0, "detected_noisy": k in self.noisy})
-        return pd.DataFrame(rows)
+        rates = client_rates(data.clients, (data.given != data.y_true).cpu().numpy())
+        return pd.DataFrame([{"client": k, "n": len(idx), "noise_rate": rates[k], "true_noisy": rates[k] > 0,
+                              "detected_noisy": k in self.noisy} for k, idx in enumerate(data.clients)])

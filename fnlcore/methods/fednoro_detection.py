@@ -48,8 +48,7 @@ def detection_scores(detected: np.ndarray, truth: np.ndarray) -> tuple[float, fl
     """(recall, precision, matching) of one detected client mask against the true one."""
     hit = float((detected & truth).sum())
     recall = hit / truth.sum() if truth.sum() else float(not detected.any())
-    precision = hit / detected.sum() if detected.sum() else 0.0
-    return recall, precision, float(np.array_equal(detected, truth))
+    return recall, hit / detected.sum() if detected.sum() else 0.0, float(np.array_equal(detected, truth))
 
 
 def gmm_detection_rates(features: np.ndarray, truth: np.ndarray, seeds: int, noisy_high: bool = True) -> tuple[float, float, float]:
@@ -126,11 +125,8 @@ def client_indicators(ctx, model, p: FedNoRoDetectionParams) -> np.ndarray:
     n = len(data.train)
     if p.indicator == "lid":
         probs = F.softmax(logits, dim=1)
-        out, start = [], 0
-        for idx in data.clients:
-            out.append([float(np.mean(np.asarray(lid_scores(probs[start:start + len(idx)], p.lid_k))))])
-            start += len(idx)
-        return np.array(out)
+        return np.array([[float(np.mean(np.asarray(lid_scores(part, p.lid_k))))]
+                         for part in probs.split([len(idx) for idx in data.clients])])
     if p.indicator == "conf":
         per_sample = F.softmax(logits, dim=1).gather(1, given[:, None]).squeeze(1)
     else:

@@ -21,8 +21,7 @@ class GCEParams(MethodParams):
 
 def gce_per_sample(logits: torch.Tensor, y: torch.Tensor, q: float) -> torch.Tensor:
     """(1 - p_y^q) / q of each row (N, C) logits, y (N,)."""
-    p_y = F.softmax(logits, dim=1).gather(1, y[:, None]).squeeze(1)
-    return (1.0 - p_y.pow(q)) / q
+    return (1.0 - F.softmax(logits, dim=1).gather(1, y[:, None]).squeeze(1).pow(q)) / q
 
 
 @register

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State
-from .krum import float_keys, noisy_client_flags
+from .krum import float_keys, noisy_client_flags, weighted_sum
 
 # Client values taken at a time in the distance pass (a float64 chunk of every client's values).
 CHUNK_VALUES = 2**22
@@ -49,17 +49,6 @@ class GeometricMedianParams(MethodParams):
     max_iter: int = param(2, ge=0, doc="Weiszfeld iterations after the weighted-mean start (RFA's experiments: 2)")
     nu: float = param(1e-5, gt=0, doc="smoothing: a distance below nu counts as nu (RFA's code: 1e-5)")
     ftol: float = param(1e-6, ge=0, doc="stop once the objective changes by less than ftol times its value")
-
-
-def _weighted_sum(states: list[State], keys: list[str], w: torch.Tensor) -> State:
-    """sum_i w_i states_i over ``keys``, float64."""
-    out: State = {}
-    for k in keys:
-        acc = torch.zeros_like(states[0][k], dtype=torch.float64)
-        for s, wi in zip(states, w.tolist()):
-            acc.add_(s[k].to(torch.float64), alpha=wi)
-        out[k] = acc
-    return out
 
 
 def _distances(z: State, states: list[State], keys: list[str]) -> torch.Tensor:
@@ -87,14 +76,14 @@ def weiszfeld(states: list[State], weights, max_iter: int = 2, nu: float = 1e-5,
     if len(alpha) != len(states) or (alpha < 0).any() or alpha.sum() <= 0:
         raise ValueError(f"weights must be {len(states)} non-negative numbers with a positive sum, got {alpha.tolist()}")
     alpha = alpha / alpha.sum()
-    z = _weighted_sum(states, keys, alpha)
+    z = weighted_sum(states, keys, alpha.tolist())
     dist = _distances(z, states, keys).cpu()
     obj = float((alpha * dist).sum())
     beta, done = alpha, 0
     for done in range(1, max_iter + 1):
         beta = alpha / dist.clamp(min=nu)
         beta = beta / beta.sum()
-        z = _weighted_sum(states, keys, beta)
+        z = weighted_sum(states, keys, beta.tolist())
         dist = _distances(z, states, keys).cpu()
         prev, obj = obj, float((alpha * dist).sum())
         if abs(prev - obj) < ftol * obj:
@@ -107,8 +96,7 @@ def geometric_median(states: list[State], weights, max_iter: int = 2, nu: float 
     """The aggregate state (floating entries: :func:`weiszfeld`, cast to their dtype; integer entries
     from states[0]), the final weights and the iterations run."""
     z, beta, done = weiszfeld(states, weights, max_iter, nu, ftol)
-    out = {k: (z[k].to(v.dtype) if k in z else v.clone()) for k, v in states[0].items()}
-    return out, beta, done
+    return {k: (z[k].to(v.dtype) if k in z else v.clone()) for k, v in states[0].items()}, beta, done
 
 
 @register

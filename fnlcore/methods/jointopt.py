@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import ConfigError, FLMethod, host_side, masked_mean, MethodParams, param, register, StackedBatch, Stage
+from .api import FLMethod, host_side, masked_mean, MethodParams, param, register, StackedBatch, Stage
+from .parts import check_rounds_left
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,7 @@ class JointOptParams(MethodParams):
     warmup_rounds: int = param(50, ge=0, rounds=True, doc="rounds before labels are updated (§10(a) budget)")
 
     def check_training(self, settings) -> None:
-        if self.warmup_rounds >= settings.rounds:
-            raise ConfigError(
-                f"method 'jointopt': warmup_rounds={self.warmup_rounds} must be < training.rounds={settings.rounds} "
-                "(labels would never be updated); lower warmup_rounds"
-            )
+        check_rounds_left(self, "warmup_rounds", settings, "(labels would never be updated); lower warmup_rounds")
 
 
 # -- pure parts ----------------------------------------------------------------------------
@@ -90,15 +87,13 @@ def jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float,
 
 def record_predictions(history: torch.Tensor, counts: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor) -> None:
     """Write ``probs`` into each sample's ring buffer of Q predictions (in place); ``idx`` distinct."""
-    slot = counts[idx] % history.shape[1]
-    history[idx, slot] = probs
+    history[idx, counts[idx] % history.shape[1]] = probs
     counts[idx] += 1
 
 
 def history_mean(history: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Mean of the recorded predictions (the last min(count, Q)); unwritten slots are zero."""
-    n = counts.clamp(max=history.shape[1]).clamp_min(1).to(history.dtype)
-    return history.sum(1) / n.unsqueeze(1)
+    return history.sum(1) / counts.clamp(max=history.shape[1]).clamp_min(1).to(history.dtype).unsqueeze(1)
 
 
 @register
@@ -148,10 +143,7 @@ class JointOpt(FLMethod):
         idx = self.ctx.data.clients[k]
         return {"relabelled": self.ctx.data.relabel(idx, self.soft[idx.to(self.ctx.device)].argmax(1), r, self.stage(r), k)}
 
-    stages = {
-        "warmup": Stage(loss=loss),
-        "joint": Stage(loss=loss, upload=upload_joint, after_step=epoch_end),
-    }
+    stages = {"warmup": Stage(loss=loss), "joint": Stage(loss=loss, upload=upload_joint, after_step=epoch_end)}
 
     def end_round(self, r: int) -> None:
         data = self.ctx.data

@@ -73,9 +73,7 @@ def krum_scores(d: torch.Tensor, f: int) -> torch.Tensor:
     nearest = n - f - 2
     if nearest < 1:
         raise ConfigError(f"Krum with f={f} needs more than f + 2 = {f + 2} updates, got {n}")
-    others = d.clone()
-    others.fill_diagonal_(float("inf"))
-    return others.sort(dim=1).values[:, :nearest].sum(dim=1)
+    return d.clone().fill_diagonal_(float("inf")).sort(dim=1).values[:, :nearest].sum(dim=1)
 
 
 def max_byzantine(n: int) -> int:
@@ -105,6 +103,17 @@ def krum_select(states: list[State], f: int | None = None, multi: int = 1) -> li
     return [int(i) for i in torch.argsort(scores.cpu(), stable=True)[:multi]]
 
 
+def weighted_sum(states: list[State], keys: list[str], weights: list[float]) -> State:
+    """sum_i w_i states_i over ``keys``, float64."""
+    out: State = {}
+    for k in keys:
+        acc = torch.zeros_like(states[0][k], dtype=torch.float64)
+        for s, wi in zip(states, weights):
+            acc.add_(s[k].to(torch.float64), alpha=wi)
+        out[k] = acc
+    return out
+
+
 def krum(states: list[State], f: int | None = None, multi: int = 1) -> tuple[State, list[int]]:
     """The aggregate and the chosen positions: Krum's pick, or the mean of Multi-Krum's picks
     (float entries in float64, cast back; integer entries from the best-scored pick)."""
@@ -112,16 +121,8 @@ def krum(states: list[State], f: int | None = None, multi: int = 1) -> tuple[Sta
     best = states[chosen[0]]
     if len(chosen) == 1:
         return dict(best), chosen
-    out: State = {}
-    for k, ref in best.items():
-        if ref.is_floating_point():
-            acc = torch.zeros_like(ref, dtype=torch.float64)
-            for i in chosen:
-                acc.add_(states[i][k].to(torch.float64))
-            out[k] = acc.div_(len(chosen)).to(ref.dtype)
-        else:
-            out[k] = ref.clone()
-    return out, chosen
+    acc = weighted_sum([states[i] for i in chosen], float_keys(best), [1.0] * len(chosen))
+    return {k: acc[k].div_(len(chosen)).to(v.dtype) if k in acc else v.clone() for k, v in best.items()}, chosen
 
 
 def noisy_client_flags(ctx, clients: list[int]) -> list[bool] | None:

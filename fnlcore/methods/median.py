@@ -51,8 +51,7 @@ def median_of(stacked: torch.Tensor, even: str = "mean") -> torch.Tensor:
 def coordinate_median(states: list[State], even: str = "mean") -> State:
     """Every floating entry: the coordinate-wise median of the states; integer entries from states[0]."""
     out: State = {}
-    n = len(states)
-    step = max(1, CHUNK_VALUES // n)
+    step = max(1, CHUNK_VALUES // len(states))
     for k, ref in states[0].items():
         if not ref.is_floating_point():
             out[k] = ref.clone()

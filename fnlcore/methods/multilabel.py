@@ -39,6 +39,14 @@ def client_active_classes(data) -> torch.Tensor:
     ]).to(dev)
 
 
+def annotated_bce(method, sb, z: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """FedAvg-PL's loss of a step's K clients: :func:`partial_bce` of logits ``z`` (K, B, C) over each client's
+    annotated classes (``method.active``); ``y`` the targets, default the step's given labels."""
+    y = method.multi_label_targets(sb.idx.reshape(-1)).view(z.shape) if y is None else y
+    return partial_bce(z, y, method.pos_weights()[sb.clients], method.ctx.settings.batch_size, sb.mask,
+                       classes=method.active[sb.clients])
+
+
 def partial_bce(
     logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor | None, batch_size: int,
     mask: torch.Tensor | None = None, classes: torch.Tensor | None = None,

@@ -13,7 +13,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .api import draw_device, host_side, masked_mean, predict
+from .api import ConfigError, draw_device, host_side, masked_mean, predict
+
+
+def check_rounds_left(params, field: str, settings, why: str = "") -> None:
+    """ConfigError (saying ``why``) unless the round-valued ``field`` of a method's hyper-parameters is
+    below ``training.rounds``: the stage it starts would never run."""
+    value = getattr(params, field)
+    if value >= settings.rounds:
+        raise ConfigError(f"method {params.name!r}: {field}={value} must be < training.rounds={settings.rounds}"
+                          + (f" {why}" if why else ""))
 
 
 def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -24,6 +33,11 @@ def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     on 10 classes) is what their GMMs and rankings saw (fedcorr.md §4, A2).
     """
     return F.cross_entropy(probs.float(), labels, reduction="none")
+
+
+def client_rates(clients: list[torch.Tensor], flags: np.ndarray, empty: float = 0.0) -> list[float]:
+    """Each client's share of flagged samples (``flags`` (N,) bool: wrong labels); ``empty`` without samples."""
+    return [float(flags[idx.numpy()].mean()) if len(idx) else empty for idx in clients]
 
 
 def gaussian_ramp_up(r: int, begin: int, end: int, top: float) -> float:
@@ -87,8 +101,7 @@ def client_outputs(ctx, model: torch.nn.Module, idx: torch.Tensor, augment: bool
     """
     logits = predict(ctx, model, ctx.data.train, idx, augment=augment, batch_size=batch_size, drawn=drawn)
     probs = F.softmax(logits, dim=1)
-    labels = ctx.data.given[idx.to(ctx.device)]
-    return logits, probs, double_softmax_loss(probs, labels)
+    return logits, probs, double_softmax_loss(probs, ctx.data.given[idx.to(ctx.device)])
 
 
 def proximal_term(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], keys: list[str], mu,
@@ -143,8 +156,7 @@ def lam_beta11(n: int, gen: torch.Generator | None, device) -> tuple[torch.Tenso
 
 def class_loss_matrix(losses: np.ndarray, labels: np.ndarray, clients: list[np.ndarray], num_classes: int) -> np.ndarray:
     """K x C mean loss per client and (given) class; missing entries filled with the column minimum."""
-    k = len(clients)
-    mat = np.full((k, num_classes), np.nan)
+    mat = np.full((len(clients), num_classes), np.nan)
     for i, idx in enumerate(clients):
         s = np.bincount(labels[idx], weights=losses[idx], minlength=num_classes)
         n = np.bincount(labels[idx], minlength=num_classes)
@@ -177,8 +189,7 @@ def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
     if n < 2:  # undefined (the code would fail); a neutral value keeps the client's mean finite
         return torch.zeros(n, dtype=torch.float64, device=x.device)
     d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")  # exact distances, self = 0
-    kk = min(k, n - 1)
-    r = torch.topk(d, kk + 1, dim=1, largest=False, sorted=True).values[:, 1:]
+    r = torch.topk(d, min(k, n - 1) + 1, dim=1, largest=False, sorted=True).values[:, 1:]
     return -k / (torch.log(r / (r[:, -1:] + LID_EPS)).sum(1) + LID_EPS)
 
 

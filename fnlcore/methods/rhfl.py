@@ -14,7 +14,6 @@ Switch: ``local_loss`` 'sce' (RHFL's noise-tolerant loss, default) | 'ce' (plain
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,8 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, load, masked_mean, MethodParams, param, predict, register, Stage, weighted_average
-
-LOG_1E4 = math.log(1e-4)
+from .sce import LOG_ZERO, sce_per_sample
 
 
 @dataclass(frozen=True)
@@ -38,11 +36,9 @@ class RHFLParams(MethodParams):
 
 
 def symmetric_ce(logits: torch.Tensor, y: torch.Tensor, alpha: float, beta: float, reduction: str = "mean") -> torch.Tensor:
-    """alpha CE + beta RCE with RHFL's clamps: RCE = -log(1e-4) (1 - p_y) for p clamped to [1e-7, 1]."""
-    ce = F.cross_entropy(logits, y, reduction="none")
-    p = F.softmax(logits, dim=1).clamp(1e-7, 1.0)
-    p_other = p.sum(1) - p.gather(1, y[:, None]).squeeze(1)  # sum of p_c over c != y: the terms log(1e-4) multiplies
-    loss = alpha * ce + beta * (-LOG_1E4) * p_other
+    """alpha CE + beta RCE with RHFL's clamps: RCE = -log(1e-4) (1 - p_y) for p clamped to [1e-7, 1] (SCE's
+    :func:`~.sce.sce_per_sample` with the official code's log 0)."""
+    loss = sce_per_sample(logits, y, alpha, beta, LOG_ZERO["code"])
     return loss.mean() if reduction == "mean" else loss
 
 
@@ -87,11 +83,9 @@ class RHFL(FLMethod):
 
     def loss(self, sb):
         k, b, c = sb.logits.shape
-        z, y = sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1))
-        if self.params.local_loss == "ce":
-            per = F.cross_entropy(z, y, reduction="none")
-        else:
-            per = symmetric_ce(z, y, self.params.alpha, self.params.beta_s, reduction="none")
+        z, y, p = sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), self.params
+        per = (F.cross_entropy(z, y, reduction="none") if p.local_loss == "ce"
+               else symmetric_ce(z, y, p.alpha, p.beta_s, "none"))
         return masked_mean(per.view(k, b), sb.mask)
 
     stages = {"main": Stage(upload=upload, loss=loss)}
@@ -100,8 +94,7 @@ class RHFL(FLMethod):
         ups = list(updates)  # CCR needs every client's loss before weighting
         clients = [u.client for u in ups]
         cur = np.array([u.uploads["mean_loss"] for u in ups], dtype=np.float64)
-        prev = self.prev_loss[clients]
-        weights = ccr_aggregation_weights(prev, cur, self.params.beta_c)
+        weights = ccr_aggregation_weights(self.prev_loss[clients], cur, self.params.beta_c)
         load(self.global_model, weighted_average([u.state for u in ups], weights))
         self.prev_loss[clients] = cur
         self.round_info["ccr_max_weight"] = float(weights.max()) if len(weights) else float("nan")

@@ -41,9 +41,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .api import (
-    ClientUpdate, ConfigError, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register, Stage,
-)
+from .api import ClientUpdate, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register, Stage
+from .parts import check_rounds_left
 
 DENOMINATOR_GUARD = 1e-8  # |Σ_k s_kc| below this is replaced by 1 (spec A4(d))
 
@@ -68,11 +67,7 @@ class RoFLParams(MethodParams):
     fg_init: str = param("random", choices=("random", "round0_mean"))
 
     def check_training(self, settings) -> None:
-        if self.t_pl >= settings.rounds:
-            raise ConfigError(
-                f"method 'rofl': t_pl={self.t_pl} must be < training.rounds={settings.rounds} "
-                "(pseudo-labels would never be used); lower t_pl"
-            )
+        check_rounds_left(self, "t_pl", settings, "(pseudo-labels would never be used); lower t_pl")
 
 
 # -- schedules -----------------------------------------------------------------------------
@@ -97,8 +92,7 @@ def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) 
     """(C, d) mean feature per label; a class without samples gets the zero vector."""
     sums = torch.zeros(num_classes, features.shape[1], dtype=features.dtype, device=features.device)
     sums.index_add_(0, labels, features)
-    counts = torch.bincount(labels, minlength=num_classes).to(features.dtype)
-    return sums / counts.clamp_min(1).unsqueeze(1)
+    return sums / torch.bincount(labels, minlength=num_classes).to(features.dtype).clamp_min(1).unsqueeze(1)
 
 
 def aggregate_centroids(global_old: torch.Tensor, client_centroids: torch.Tensor) -> torch.Tensor:
@@ -132,9 +126,7 @@ def small_loss_order(losses: torch.Tensor, keep: torch.Tensor, mask: torch.Tenso
     padded rows last; kept (K, B) bool in that order, the first ``keep`` (K,) of each client)."""
     k, b = losses.shape
     keyed = losses.detach() if mask is None else torch.where(mask, losses.detach(), float("inf"))
-    order = torch.argsort(keyed, dim=1, stable=True)
-    kept = torch.arange(b, device=losses.device).expand(k, b) < keep[:, None]
-    return order, kept
+    return torch.argsort(keyed, dim=1, stable=True), torch.arange(b, device=losses.device).expand(k, b) < keep[:, None]
 
 
 class BatchLoss(NamedTuple):
@@ -153,8 +145,7 @@ def rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor
     loss per client."""
     k, b, c = logits.shape
     per_sample = F.cross_entropy(logits.reshape(k * b, c), labels.reshape(-1), reduction="none").view(k, b)
-    n_rows = torch.full((k,), b, device=logits.device) if rows is None else rows.sum(1)
-    keep = keep_counts(n_rows, forget_rate)
+    keep = keep_counts(torch.full((k,), b, device=logits.device) if rows is None else rows.sum(1), forget_rate)
     order, kept = small_loss_order(per_sample, keep, rows)
     z, y = logits.gather(1, order[:, :, None].expand(k, b, c)), labels.gather(1, order)
     f = features.gather(1, order[:, :, None].expand(k, b, features.shape[2]))
@@ -168,8 +159,7 @@ def rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor
     dist = (mask.unsqueeze(2) * (phi - centroids.gather(1, y[:, :, None].expand(k, b, phi.shape[2]))).pow(2)).sum(2)
     l_cen = torch.where(kept, dist, torch.zeros((), dtype=dist.dtype, device=dist.device)).sum(1)
     log_p = F.log_softmax(z, dim=2)
-    entropy = -(log_p.exp() * log_p).sum(2)
-    l_e = torch.where(kept, entropy, zero).sum(1) / denom
+    l_e = torch.where(kept, -(log_p.exp() * log_p).sum(2), zero).sum(1) / denom  # mean entropy
     return BatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, order, kept, targets, mask)
 
 
@@ -238,10 +228,7 @@ class RoFL(FLMethod):
         logits, feats = logits_and_features(ctx, self.global_model, idx)
         dev_idx = idx.to(ctx.device)
         self._pseudo[dev_idx] = logits.argmax(1)
-        if r == 0:
-            centroids = class_means(feats, ctx.data.given[dev_idx], ctx.data.num_classes)
-        else:
-            centroids = self.f_g.clone()
+        centroids = class_means(feats, ctx.data.given[dev_idx], ctx.data.num_classes) if r == 0 else self.f_g.clone()
         # the train augmentation declared as the "weak" view: the loss runs forward_features on it
         return LocalJob(phases=[Phase(augment="raw", views=("weak",))], info={"centroids": centroids})
 

@@ -37,7 +37,7 @@ from .api import (
     ClientStore, ConfigError, FLMethod, load, LocalJob, MethodParams, param, Phase, register, snapshot,
     StackedBatch, Stage, weighted_average,
 )
-from .multilabel import client_active_classes, partial_bce
+from .multilabel import annotated_bce, client_active_classes
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,13 @@ class RSCFedParams(MethodParams):
 def subconsensus_weights(sizes, distances, beta: float) -> torch.Tensor:
     """Normalised weights of a group: proportional to (n_i / sum n) exp(-beta d_i / n_i), in log space."""
     n = torch.as_tensor(sizes, dtype=torch.float64)
-    d = torch.as_tensor(distances, dtype=torch.float64)
-    logw = torch.log(n / n.sum()) - beta * d / n
-    return torch.softmax(logw, 0)
+    return torch.softmax(torch.log(n / n.sum()) - beta * torch.as_tensor(distances, dtype=torch.float64) / n, 0)
 
 
 def group_consensus(states, sizes, beta: float):
     """(sub-consensus state, weights) of one group: distance-weighted mean around the uniform mean."""
     mean = weighted_average(states, [1.0] * len(states))
-    dist = [_distance(s, mean) for s in states]
-    w = subconsensus_weights(sizes, dist, beta)
+    w = subconsensus_weights(sizes, [_distance(s, mean) for s in states], beta)
     return weighted_average(states, w.tolist()), w
 
 
@@ -128,9 +125,8 @@ class RSCFed(FLMethod):
                 "lower group_size or raise training.client_fraction"
             )
         rng = self.ctx.rng
-        self.groups = [
-            [clients[int(i)] for i in rng.choice(len(clients), p.group_size, replace=False)] for _ in range(p.num_groups)
-        ]
+        self.groups = [[clients[int(i)] for i in rng.choice(len(clients), p.group_size, replace=False)]
+                       for _ in range(p.num_groups)]
         return clients
 
     def prepare(self, r, k, nets):
@@ -141,11 +137,8 @@ class RSCFed(FLMethod):
         return LocalJob([Phase(augment="raw", views=("weak:1", "weak:2"))], info={"missing": 1.0 - self.active[k]})
 
     def loss(self, sb: StackedBatch):
-        k, bsz = sb.idx.shape
         z = sb.forward(sb.views["weak:1"])
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, bsz, -1)
-        loss = partial_bce(z, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask,
-                           classes=self.active[sb.clients])
+        loss = annotated_bce(self, sb, z)
         pt = torch.sigmoid(sb.copies["teacher"](sb.views["weak:2"]).float())
         missing = torch.stack([job.info["missing"] for job in sb.jobs])  # (K, C)
         return loss + missing_mse(torch.sigmoid(z.float()), pt, missing, sb.mask)

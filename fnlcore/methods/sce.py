@@ -44,13 +44,11 @@ class SCE(FLMethod):
     paper = "Wang et al., ICCV 2019 (symmetric cross-entropy); FedAvg's server; FNBench baseline"
     round_cost = 1.0  # FedAvg's round with another per-sample loss
 
-    def _per_sample(self, logits, y):
-        p = self.params
-        return sce_per_sample(logits, y, p.alpha, p.beta, LOG_ZERO[p.log_zero])
-
     def loss(self, sb):  # each client's mean per-sample loss over its real rows
         k, b, c = sb.logits.shape
-        per = self._per_sample(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)))
+        p = self.params
+        per = sce_per_sample(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), p.alpha, p.beta,
+                             LOG_ZERO[p.log_zero])
         return masked_mean(per.view(k, b), sb.mask)
 
     stages = {"main": Stage(loss=loss)}

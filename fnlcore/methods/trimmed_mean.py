@@ -58,20 +58,17 @@ def trimmed_mean(states: list[State], keep: int, rule: str = "code_scalar") -> S
     code rule's one scalar is the mean of the whole entry's kept deviations, assembled in place
     first, so the result equals the whole entry's in one chunk bit for bit."""
     out: State = {}
-    n = len(states)
+    step = max(1, CHUNK_VALUES // len(states))
     for k, ref in states[0].items():
         flat = [s[k].reshape(-1) for s in states]
         size = flat[0].numel()
-        step = max(1, CHUNK_VALUES // n)
         med = torch.empty(size, dtype=torch.float32)
         kept = torch.empty((keep, size), dtype=torch.float32)
         for a in range(0, size, step):
             chunk = torch.stack([f[a:a + step].to(torch.float32) for f in flat])
-            m = chunk.median(dim=0).values
+            med[a:a + step] = m = chunk.median(dim=0).values
             dev = chunk - m
-            order = torch.argsort(dev.abs(), dim=0, stable=True)[:keep]
-            med[a:a + step] = m
-            kept[:, a:a + step] = torch.take_along_dim(dev, order, dim=0)
+            kept[:, a:a + step] = torch.take_along_dim(dev, torch.argsort(dev.abs(), dim=0, stable=True)[:keep], dim=0)
         shift = kept.view(keep, *ref.shape).mean() if rule == "code_scalar" else kept.mean(dim=0)
         out[k] = (med + shift).view(ref.shape).to(ref.dtype)
     return out
@@ -89,10 +86,9 @@ class TrimmedMean(FLMethod):
         s = ctx.settings
         self.keep = params.keep or keep_count(ctx.data.num_clients, params.clean_fraction, s.client_fraction)
         if self.keep < 1:
-            raise ConfigError(
-                f"method 'trimmed_mean': keep = int({ctx.data.num_clients} clients * clean_fraction "
-                f"{params.clean_fraction} * client_fraction {s.client_fraction}) - 1 = {self.keep} < 1; set keep"
-            )
+            raise ConfigError(f"method 'trimmed_mean': keep = int({ctx.data.num_clients} clients * clean_fraction "
+                              f"{params.clean_fraction} * client_fraction {s.client_fraction}) - 1 = {self.keep} < 1; "
+                              "set keep")
 
     def aggregate(self, r: int, updates) -> None:
         states = [u.state for u in updates]  # the median needs every client's value of each entry
