@@ -5,9 +5,9 @@ host-side marks, the calls that would wait for a GPU: reads of a tensor's values
 tolist, bool/float/int of a tensor, nonzero, boolean-mask indexing, ...) and blocking copies to a
 device. On a GPU, ``fnl device-check`` counts them with ``torch.cuda.set_sync_debug_mode``.
 
-A method with a batched stage is counted in the two runs of tests/test_batched_contract.py (the
-golden set's longer digits run on each engine; :func:`assert_sync_free`); a method without one runs
-the same setting on the sequential engine here. The batched engine: 0 per step for every method.
+Every method is counted in the two runs of tests/test_batched_contract.py (the golden set's longer
+digits run on each engine; :func:`assert_sync_free`); each stage that never batches also runs here,
+on the sequential engine, with the switch that reaches it. The batched engine: 0 per step for every method.
 The sequential engine: 0, except the steps DECLARED below (none at present), each with why.
 """
 
@@ -34,12 +34,13 @@ from .test_contracts import _fitting_params
 DECLARED: dict[str, tuple[int, str]] = {}
 
 
-def _batched(name: str) -> bool:
-    return any(st.batchable for st in METHODS[name].stages.values())
-
-
-# the methods the batched contract does not run (no batched stage), on the sequential engine
-CASES = [(n, m, "sequential") for n, m, v in golden_cases() if v == "long" and not _batched(n)]
+# Every stage that never batches (Stage.batches=False; at present DivideMix's co-divide and FedDiv's
+# per-epoch PCS, whose training sets, and so their draws' sizes, come from the previous local epoch),
+# on the sequential engine: the contract's runs enter such a stage only where the golden parameters
+# reach it, so each is run here with the switch that selects it (REACH) and must be entered.
+REACH = {"main_epoch_pcs": {"pcs_reference": "local_epoch"}}  # FedDiv's PCS before every local epoch
+CASES = [(n, m, key) for n, m, v in golden_cases() if v == "long"
+         for key, st in METHODS[n].stages.items() if not st.batchable]
 
 
 def assert_sync_free(name: str, engine: str, counter: SyncCounter) -> None:
@@ -52,10 +53,12 @@ def assert_sync_free(name: str, engine: str, counter: SyncCounter) -> None:
         f"{dict(counter.counts)}; first at: {counter.where}")
 
 
-def _count(name: str, multi: bool, engine: str) -> SyncCounter:
+def _count(name: str, multi: bool, engine: str, extra: dict | None = None, entered: set | None = None) -> SyncCounter:
+    """The run's synchronising calls; ``extra`` hyper-parameters over the golden ones, ``entered`` filled
+    with the stage keys of its rounds."""
     settings = dataclasses.replace(_settings("long"), engine=engine)
     ctx = make_ctx(settings, seed=0, multi_label=multi)
-    params = _fitting_params(name)
+    params = dataclasses.replace(_fitting_params(name), **(extra or {}))
     try:
         params.check_training(settings)
         method = METHODS[name](params, ctx)
@@ -70,13 +73,16 @@ def _count(name: str, multi: bool, engine: str) -> SyncCounter:
             Simulation(method, ctx, progress=lambda s: None).run()
     finally:
         torch.set_num_threads(threads)
+    if entered is not None:
+        entered.update(method.stage_key(r) for r in range(method.num_rounds()))
     return counter
 
 
-@pytest.mark.parametrize("name, multi, engine", CASES,
-                         ids=[f"{n}{'-multi' if m else ''}-{e}" for n, m, e in CASES])
-def test_a_local_step_makes_no_host_device_sync(name, multi, engine):
-    assert_sync_free(name, engine, _count(name, multi, engine))
+@pytest.mark.parametrize("name, multi, stage", CASES, ids=[f"{n}{'-multi' if m else ''}-{k}" for n, m, k in CASES])
+def test_a_local_step_of_a_sequential_only_stage_makes_no_host_device_sync(name, multi, stage):
+    entered: set = set()
+    assert_sync_free(name, "sequential", _count(name, multi, "sequential", REACH.get(stage), entered))
+    assert stage in entered, f"{name}: the run never entered stage {stage!r}; add the switch that reaches it to REACH"
 
 
 def test_every_declared_count_is_of_a_registered_method_that_needs_it():
