@@ -79,3 +79,14 @@ def test_chunks_of_coordinates_give_the_whole_entrys_result_bit_for_bit(rule, ch
     out = trimmed_mean(states, 3, rule)
     for k, v in whole.items():
         assert out[k].dtype == v.dtype and out[k].shape == v.shape and torch.equal(out[k], v), k
+        assert torch.equal(v, _entry_reference([s[k] for s in states], 3, rule)), k
+
+
+def _entry_reference(values: list[torch.Tensor], keep: int, rule: str) -> torch.Tensor:
+    """One entry as the code computes it, whole (float32 stack, lower median over clients, the ``keep``
+    deviations of smallest magnitude in client order on ties, their mean: one scalar or per coordinate)."""
+    x = torch.stack([v.to(torch.float32) for v in values])  # (clients, *shape)
+    med = x.median(dim=0).values
+    dev = x - med
+    kept = torch.take_along_dim(dev, torch.argsort(dev.abs(), dim=0, stable=True)[:keep], dim=0)
+    return (med + (kept.mean() if rule == "code_scalar" else kept.mean(dim=0))).to(values[0].dtype)
