@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from fnlcore.errors import ConfigError, FNLError
-from fnlcore.fl.client import Batch, ClientUpdate, LocalJob
-from fnlcore.fl.one_client import one_client_batch
+from fnlcore.fl.client import ClientUpdate
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
@@ -21,6 +20,7 @@ from fnlcore.methods.fedcorr import (
 from fnlcore.methods.parts import MixupDraw, mixup_cross_entropy, mixup_view, proximal_term
 
 from .engine_helpers import make_ctx
+from .support.steps import one_step
 
 
 # -- LID -----------------------------------------------------------------------------------------
@@ -157,8 +157,8 @@ def test_proximal_term_is_unsquared_scaled_by_mu_and_skips_batch_zero():
     idx = torch.arange(8)
 
     def loss(step, k):  # the pre-processing stage's loss on one batch (K = 1, as the sequential engine runs it)
-        b = Batch(model, m.workers, x, idx, {}, step, 0, 0, k, LocalJob())
-        return m.preprocess_loss(one_client_batch(ctx, b, (model,), m.networks, False, False))[0]
+        return m.preprocess_loss(one_step(ctx, model, x, idx, k, nets=m.workers, step=step, networks=m.networks,
+                                          ends_epoch=False))[0]
 
     base = loss(0, 2)
     with_prox = loss(1, 2)

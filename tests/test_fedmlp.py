@@ -10,10 +10,10 @@ import torch
 from fnlcore.errors import ConfigError
 from fnlcore.fl.data import FederatedData, ImageSource
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.fl.one_client import one_client_batch
-from fnlcore.methods.base import Batch, LocalJob, client_pos_weights, partial_bce
+from fnlcore.methods.base import client_pos_weights, partial_bce
 
 from .engine_helpers import make_ctx
+from .support.steps import one_step
 
 
 # -- the engine's multi-label default (FedMLP's FedAvg loss, fedmlp.md §6) ------------------------
@@ -49,8 +49,7 @@ def test_fedavg_multi_label_default_loss_masks_missing_classes_and_uses_nominal_
         def forward(self, x):
             return logits
 
-    b = Batch(Fixed(), {}, torch.zeros(3, 1, 8, 8), idx, {}, 0, 0, 0, k, LocalJob())
-    loss = m.loss(one_client_batch(ctx, b, (b.model,), ("model",), False, True))  # the one loss form at K = 1
+    loss = m.loss(one_step(ctx, Fixed(), torch.zeros(3, 1, 8, 8), idx, k, nets={}))  # the one loss form at K = 1
     # zero logits: every entry costs ln 2, a positive one pw * ln 2; the missing classes count as 0
     y = ctx.data.y_true[idx] * ctx.data.active[idx]
     pw = m.pos_weights()[k]
@@ -344,8 +343,8 @@ def _batch(m, stage: str, model: torch.nn.Module, idx: torch.Tensor, k: int = 0)
     x = ctx.data.train.images[idx]
     v = ctx.pipeline.train(x, ctx.aug_gen)
     raw = stage == "warmup"  # the warm-up's two declared views; stage 2 trains on the train view
-    b = Batch(model, m.workers, v, idx, {"x": (x, idx)}, 0, 0, 1, k, job, views={"weak:1": v, "weak:2": v})
-    return one_client_batch(ctx, b, (model,), ("model",), raw, True)
+    return one_step(ctx, model, v if not raw else x, idx, k, nets=m.workers, job=job, r=1, raw=raw,
+                    views={"weak:1": v, "weak:2": v})
 
 
 class _Zero(torch.nn.Module):

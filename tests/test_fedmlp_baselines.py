@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from fnlcore.fl.one_client import one_client_batch
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.base import Batch, ClientUpdate, LocalJob, partial_bce
+from fnlcore.methods.base import ClientUpdate, partial_bce
 from fnlcore.methods.fedfixmatch import confident_pseudo_labels, unsupervised_loss
 
 from .engine_helpers import make_ctx
+from .support.steps import one_step
 
 
 class _Logits(torch.nn.Module):
@@ -35,8 +35,7 @@ def test_fedavg_pl_gives_missing_classes_no_gradient_and_matches_the_hand_value(
     idx = ctx.data.clients[k][:2]
     z = torch.zeros(2, 4, requires_grad=True)
     model = _Logits(z)
-    b = Batch(model, {"model": model}, torch.zeros(2, 1, 8, 8), idx, {}, 0, 0, 0, k, LocalJob())
-    loss = m.loss(one_client_batch(ctx, b, (model,), ("model",), False, True))  # the one loss form at K = 1
+    loss = m.loss(one_step(ctx, model, torch.zeros(2, 1, 8, 8), idx, k))  # the one loss form at K = 1
     loss.backward()
     assert z.grad[:, [0, 3]].abs().sum() == 0 and z.grad[:, [1, 2]].abs().sum() > 0
     y = ctx.data.y_true[idx][:, [1, 2]]
