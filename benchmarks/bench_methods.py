@@ -3,6 +3,7 @@
     python benchmarks/bench_methods.py                                   # every registered method
     python benchmarks/bench_methods.py --methods fedavg fedcorr feddiv --rounds 30 --seeds 1 2 3
     python benchmarks/bench_methods.py --method-args '{"fedcorr": {"iterations1": 2, "rounds1": 10}}'
+    python benchmarks/bench_methods.py --methods fedfixer dividemix --engines sequential batched
 
 Data: scikit-learn's digits (8x8 grey; 1,297 training / 500 test images), FedCorr's IID
 partition (``iid``) over K clients and FedCorr's noise model (``fedcorr``, rho, tau; the
@@ -16,6 +17,9 @@ stage. The ratio is the median seconds per round of a stage over FedAvg's median
 per round in the same process; methods run interleaved seed by seed, so machine load
 shifts all of them alike. Accuracy: Best = max test accuracy over the rounds the method's
 ``reported_stages`` count (FedCorr: stages 2-3; FedDiv: main phase), mean over seeds.
+
+``--engines``: each method on each training engine (default: sequential, as ``round_cost`` was
+measured), interleaved in one process; the ratio is always over FedAvg's sequential round.
 
 Not a test: prints markdown and asserts nothing.
 """
@@ -51,7 +55,7 @@ def digits_split(test_size: int = 500):
     return x[tr], y[tr], x[te], y[te]
 
 
-def make_run(method: str, params: dict, seed: int, args) -> Simulation:
+def make_run(method: str, params: dict, seed: int, args, engine: str = "sequential") -> Simulation:
     xtr, ytr, xte, yte = digits_split()
     part = partition_spec_from_dict({"name": "iid", "num_clients": args.clients}).run(ytr, seed)
     noise = noise_spec_from_dict(json.loads(args.noise) if args.noise else {"name": "fedcorr", "rho": args.rho, "tau": args.tau})
@@ -64,7 +68,7 @@ def make_run(method: str, params: dict, seed: int, args) -> Simulation:
     settings = TrainSettings(
         model="mlp", rounds=args.rounds, local_epochs=args.local_epochs, batch_size=10, optimizer="sgd",
         lr=args.lr, momentum=args.momentum, client_fraction=args.fraction, augmentation="none", normalize="data",
-        checkpoint_every=10**6,
+        checkpoint_every=10**6, engine=engine,
     )
     ctx = build_context(data, "digits", (8, 8), 1, settings, seed, dev, log=lambda m: None)
     spec = method_from_dict({"name": method, **params})
@@ -101,32 +105,37 @@ def main() -> None:
     ap.add_argument("--metric", choices=("best", "last10"), default="best")
     ap.add_argument("--seeds", type=int, nargs="*", default=[1])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engines", nargs="*", default=["sequential"], choices=("sequential", "batched", "auto"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     extra = json.loads(args.method_args)
     names = args.methods or sorted(METHODS.builtin())
     if "fedavg" not in names:
         names = ["fedavg", *names]
-    secs: dict[str, dict[str, list[float]]] = {n: {} for n in names}
-    bests: dict[str, list[float]] = {n: [] for n in names}
+    runs = [(n, e) for n in names for e in args.engines]
+    secs: dict[tuple, dict[str, list[float]]] = {r: {} for r in runs}
+    bests: dict[tuple, list[float]] = {r: [] for r in runs}
     load = __import__("os").getloadavg()[0]
     t0 = time.time()
     for i, seed in enumerate(args.seeds):
-        order = names if i % 2 == 0 else names[::-1]  # alternate the order: load drifts cancel
-        for n in order:
-            m = make_run(n, extra.get(n, {}), seed, args).run()
+        order = runs if i % 2 == 0 else runs[::-1]  # alternate the order: load drifts cancel
+        for n, e in order:
+            m = make_run(n, extra.get(n, {}), seed, args, e).run()
             for stage, s in m.groupby("stage", sort=False)["seconds"]:
-                secs[n].setdefault(stage, []).extend(s.tolist())
-            bests[n].append(score(m, METHODS[n], args.metric))
-    ref = statistics.median(v for s in secs["fedavg"].values() for v in s)
+                secs[(n, e)].setdefault(stage, []).extend(s.tolist())
+            bests[(n, e)].append(score(m, METHODS[n], args.metric))
+    fedavg = ("fedavg", "sequential") if ("fedavg", "sequential") in secs else ("fedavg", args.engines[0])
+    ref = statistics.median(v for s in secs[fedavg].values() for v in s)
     noise = args.noise or f"FedCorr noise rho={args.rho} tau={args.tau}"
     print(f"digits, K={args.clients}, {noise}, {args.rounds} main rounds, "
           f"E={args.local_epochs}, seeds {args.seeds}; load {load:.1f}; {time.time() - t0:.0f} s in all\n")
-    print(f"| method | {args.metric} acc (mean over seeds) | stage: median s/round (x FedAvg round) |")
-    print("|---|---|---|")
-    for n in names:
-        stages = ", ".join(f"{st}: {statistics.median(v):.3f} s ({statistics.median(v) / ref:.2f}x)" for st, v in secs[n].items())
-        print(f"| {n} | {100 * statistics.mean(bests[n]):.2f} ({', '.join(f'{100 * b:.1f}' for b in bests[n])}) | {stages} |")
+    print(f"| method | engine | {args.metric} acc (mean over seeds) | stage: median s/round (x {fedavg[1]} FedAvg round) |")
+    print("|---|---|---|---|")
+    for n, e in runs:
+        stages = ", ".join(f"{st}: {statistics.median(v):.3f} s ({statistics.median(v) / ref:.2f}x)"
+                           for st, v in secs[(n, e)].items())
+        accs = ", ".join(f"{100 * b:.1f}" for b in bests[(n, e)])
+        print(f"| {n} | {e} | {100 * statistics.mean(bests[(n, e)]):.2f} ({accs}) | {stages} |")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ class OneCopy:
         e, s = model.state_dict(), student.state_dict()
         self._floats = [(v, s[k]) for k, v in e.items() if v.is_floating_point()]
         self._ints = [(v, s[k]) for k, v in e.items() if not v.is_floating_point()]
+        self._named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # once: a step reuses them
+        with torch.no_grad():  # views of the parameters, written in place (no_grad) by assign_
+            self._views = {n: p.unsqueeze(0) for n, p in self._named}
 
     @torch.no_grad()
     def __call__(self, view: torch.Tensor) -> torch.Tensor:
@@ -62,13 +65,12 @@ class OneCopy:
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """Each trainable parameter by name, with a leading client axis (a view: writes reach the copy)."""
-        return {n: p.unsqueeze(0) for n, p in self.model.named_parameters() if p.requires_grad}
+        return self._views
 
     def grads(self, loss: torch.Tensor) -> dict[str, torch.Tensor]:
         """d loss / d each trainable parameter, (1, ...) (zero where the loss does not reach it)."""
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        gs = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        return {n: (torch.zeros_like(p) if g is None else g).unsqueeze(0) for (n, p), g in zip(named, gs)}
+        gs = torch.autograd.grad(loss, [p for _, p in self._named], allow_unused=True)
+        return {n: (torch.zeros_like(p) if g is None else g).unsqueeze(0) for (n, p), g in zip(self._named, gs)}
 
     def assign_(self, new: dict[str, torch.Tensor], stepped: torch.Tensor | None) -> None:
         """The copy's parameters := ``new`` (by name, (1, ...))."""

@@ -238,12 +238,9 @@ class FedFixer(FLMethod):
 
     def move(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
         """w ← w − λ·lr·(w − θ) after w's gradient is taken, before its optimiser step (the code's order)."""
-        rate = self._per_client(sb, 2)
-        rate = self.params.lam * rate
-        w = sb.parameters()
-        theta = sb.copies["theta"].parameters()
-        assign_clients_([w[n] for n in theta], list(move_towards({n: w[n] for n in theta}, theta, rate).values()),
-                        stepped)
+        w, theta = sb.parameters(), sb.copies["theta"].parameters()
+        moved = move_towards({n: w[n] for n in theta}, theta, self.params.lam * self._per_client(sb, 2))
+        assign_clients_([w[n] for n in moved], list(moved.values()), sb.moved)  # sb.moved None: all stepped
 
     def w_lr(self, r: int, epoch: int) -> float:
         """w's optimiser is the run's, at plr / (1 + β_e) in each local epoch."""
