@@ -137,10 +137,11 @@ def test_persistent_personal_models_are_kept_per_client_and_restored():
     assert all(torch.equal(fresh.personal.get(k)[n], v) for n, v in kept[k].items())
 
 
-def test_persistent_personal_models_survive_a_kill_and_resume(tmp_path):
+@pytest.mark.parametrize("engine", ["sequential", "batched"])
+def test_persistent_personal_models_survive_a_kill_and_resume(tmp_path, engine):
     params = FedFixerParams(begin_sel=0, inner_steps=1, personalised="persistent")
     s = TrainSettings(rounds=3, local_epochs=1, batch_size=16, optimizer="sgd", lr=0.02, momentum=0.5,
-                      client_fraction=0.5, checkpoint_every=1)
+                      client_fraction=0.5, checkpoint_every=1, engine=engine)
 
     def run(**kw):
         ctx = make_ctx(s, seed=0, n_train=80, noisy_clients=(0, 1))
