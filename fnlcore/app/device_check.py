@@ -361,7 +361,8 @@ class TinyRun:
 QUICK_RUN = TinyRun("tiny", 16, 8, 8, 32, 2)
 FULL_RUN = TinyRun("tiny", 32, 16, 16, 64, 3)
 BN_RUN = TinyRun("resnet18_cifar", 16, 16, 16, 64, 3)
-BN_METHODS = ("fedavg", "fedcorr", "fedgr", "fednoro", "coteaching", "dividemix")
+# (FedFixer: a client copy that trains, BatchNorm in train mode on the stacked copies)
+BN_METHODS = ("fedavg", "fedcorr", "fedgr", "fednoro", "coteaching", "dividemix", "fedfixer")
 ML_CLASSES = 4  # multi-label classes: the 4 bits of a 10-class label
 
 METHOD_COLUMNS = (
