@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import RunContext
-from ..syncs import host_side, step_region
+from ..syncs import step_region
 from .data import trim_last_batch
 from .client import epoch_order
 from .stacked import StackedNet, stacked_optimizer
@@ -195,11 +195,10 @@ class ChunkPhase:
 AfterStep = Callable[[StackedBatch, torch.Tensor], None]
 
 
-def _epoch_rates(epoch_lr: Callable[[int], float], epochs: torch.Tensor, device) -> float | torch.Tensor:
+def _epoch_rates(epoch_lr: Callable[[int], float], epochs: tuple[int, ...], device) -> float | torch.Tensor:
     """The step's learning rate from each client's epoch (K,): one value when the clients agree,
     else (K,) float64 on the device (each client steps at its own epoch's rate)."""
-    with host_side():  # a host tensor: no device sync
-        rates = [epoch_lr(e) for e in epochs.tolist()]
+    rates = [epoch_lr(e) for e in epochs]
     if all(v == rates[0] for v in rates):
         return rates[0]
     return torch.tensor(rates, dtype=torch.float64).to(device, non_blocking=True)
@@ -263,6 +262,7 @@ def train_clients(
     ids = ids_host.to(ctx.device, non_blocking=True)
     names = tuple(phase.train) if models is not None else ()
     kept = {n: StackedCopies(c, net) for n, c in (copies or {}).items()}
+    client_epochs = [tuple(row) for row in tl.epoch.tolist()]  # read once: each step's epochs as host ints
     step_losses = []
     autocast = ctx.autocast()
     raw = phase.augment == "raw"
@@ -283,13 +283,13 @@ def train_clients(
                 sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names,
                                   epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
                                   clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept,
-                                  epoch_host=tl.epoch[t])
+                                  epochs=client_epochs[t])
             else:
                 view = ctx.pipeline.apply_train(x, drawn)
                 sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names,
                                   epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
                                   clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept,
-                                  epoch_host=tl.epoch[t])
+                                  epochs=client_epochs[t])
             with autocast:
                 if not raw:
                     sb.logits = sb.forward(view)
@@ -299,8 +299,7 @@ def train_clients(
             if before_step is not None:
                 before_step(sb, stepped)
             if epoch_lr is not None:
-                opt.lr = _epoch_rates(epoch_lr, tl.epoch[t], ctx.device) if g == 1 else \
-                    _epoch_rates(epoch_lr, tl.epoch[t].repeat(g), ctx.device)
+                opt.lr = _epoch_rates(epoch_lr, client_epochs[t] * g, ctx.device)  # network-major, as the copies
             opt.step(grads, None if mask is None else stepped.repeat(g))
             if after_step is not None:
                 after_step(sb, stepped)

@@ -53,13 +53,6 @@ class OneClientSteps:
         self.moved_host = torch.ones(1, dtype=torch.bool)
         self.moved = self.moved_host.to(device, non_blocking=True)
         self._steps: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._epochs: dict[int, torch.Tensor] = {}
-
-    def epoch(self, e: int) -> torch.Tensor:
-        """Local epoch ``e`` as a (1,) host tensor."""
-        if e not in self._epochs:
-            self._epochs[e] = torch.tensor([e])
-        return self._epochs[e]
 
     def step(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch number ``i`` as (1,) tensors on the host and on the device."""
@@ -85,7 +78,7 @@ def one_client_batch(ctx, b, models: tuple[torch.nn.Module, ...], names: tuple[s
     x = b.streams[next(iter(b.streams))][0] if raw else b.x
     sb = OneClientBatch(None, idx, None, fixed.clients, x, step, None, b.r, dict(b.views), draws, [b.job],
                         names if len(names) > 1 else (), (0,) if ends_epoch else (), step_host, fixed.clients_host,
-                        fixed.moved_host, copies or {}, fixed.epoch(b.epoch))
+                        fixed.moved_host, copies or {}, (b.epoch,))
     sb.models = models
     if not raw:
         sb.logits = sb.forward(b.x)

@@ -135,6 +135,7 @@ class RoundEngine:
             if stage.reserve is not None:  # the upload's draws, at its place in the sequential order
                 job.reserved = stage.reserve(m, r, k, job)
         chunk = ctx.settings.batched_clients or len(clients)
+        form = OneForm.of(m, stage, r)  # the stage's loss and hooks, bound once for the round
         out: list[ClientUpdate] = []
         for at in range(0, len(clients), chunk):  # chunks in client order keep the sequential draw order
             part, part_jobs = clients[at : at + chunk], jobs[at : at + chunk]
@@ -152,7 +153,7 @@ class RoundEngine:
             for p in range(max(count, 1)):
                 phase = chunk_phase(m, r, [sh[p] if sh else None for sh in part_shapes])
                 states, losses = self._train_phase(
-                    r, stage, part, part_jobs, phase, [i[p] if i else torch.zeros(0, dtype=torch.int64) for i in part_ids],
+                    r, form, part, part_jobs, phase, [i[p] if i else torch.zeros(0, dtype=torch.int64) for i in part_ids],
                     [d[p] if d else ClientDraws([], []) for d in part_drawn], kept)
                 for i, (sh, job, st, loss) in enumerate(zip(part_shapes, part_jobs, states, losses)):
                     if sh:
@@ -187,7 +188,7 @@ class RoundEngine:
             kept[n].train(m.workers[n].training)  # the mode the prepare left, as the sequential copy
         return kept
 
-    def _train_phase(self, r, stage, part, jobs, phase, idx, drawn, kept):
+    def _train_phase(self, r, form: OneForm, part, jobs, phase, idx, drawn, kept):
         """One phase of a chunk's clients on the stacked network: each client's states (one per trained
         network, from the global ones) and mean loss."""
         from .batched import train_clients
@@ -197,7 +198,6 @@ class RoundEngine:
         copies = len(phase.train) * len(part)
         if copies not in self._stacked:
             self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)
-        form = OneForm.of(m, stage, r)
         return train_clients(ctx, m.global_model, idx, form.loss, r, self._stacked[copies],
                              torch.as_tensor(part, dtype=torch.int64), phase=phase, jobs=jobs,
                              after_step=form.after_step, models=[m.globals[n] for n in phase.train], drawn=drawn,

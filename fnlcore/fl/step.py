@@ -33,7 +33,7 @@ class StackedBatch:
     positions of the clients whose step ends one of their epochs, known on the host (a
     per-epoch decision needs no device sync); ``copies`` each of the method's ``client_networks``
     kept per client (:mod:`fnlcore.fl.copies`: ``sb.copies[name](view)`` -> (K, B, ...), moved by a
-    stage's ``after_step``); ``epoch_host`` each client's local epoch (a per-epoch rate, no sync).
+    stage's ``after_step``); ``epochs`` each client's local epoch, host ints (a per-epoch rate, no sync).
     """
 
     logits: torch.Tensor | None
@@ -53,7 +53,7 @@ class StackedBatch:
     clients_host: torch.Tensor | None = None  # ``clients`` on the host
     moved_host: torch.Tensor | None = None  # (K,) on the host: the clients that have a batch at this step
     copies: dict = field(default_factory=dict)  # the method's client networks, one per client (fl.copies)
-    epoch_host: torch.Tensor | None = None  # (K,) on the host: each client's local epoch within the phase
+    epochs: tuple[int, ...] = ()  # each client's local epoch within the phase (read once per chunk, host ints)
 
     @property
     def moved(self) -> torch.Tensor | None:

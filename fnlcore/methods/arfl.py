@@ -148,7 +148,8 @@ def arfl_aggregate(states: Sequence[Mapping[str, torch.Tensor]], huber_lambda: f
     work = torch.float64 if device.type == "cpu" else torch.float32
     per_chunk = max(chunk_elements // (n * (n - 1)), 1)
 
-    values = lambda key: torch.stack([s[key].reshape(-1) for s in states], dim=1).to(work)  # noqa: E731  (numel, n)
+    def values(key: str) -> torch.Tensor:  # (numel, n): every client's value of each coordinate
+        return torch.stack([s[key].reshape(-1) for s in states], dim=1).to(work)
 
     # Pass 1: the fits and the confidences that set the weights. A fit keeps its line and kept-mask,
     # not the restricted values: those are (numel, n) in float64 for every tensor at once, three times

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import (ClientStore, FLMethod, LocalJob, MethodParams, StackedBatch, Stage, State, assign_clients_,
-                  host_side, load, masked_mean, param, register)
+                  load, masked_mean, param, register)
 
 EMPTY_SCALE = 1e8  # the code's divisor for an empty selection and for Σ n̄ = 0
 LOG_EPS = 1e-8
@@ -195,9 +195,7 @@ class FedFixer(FLMethod):
 
     def _per_client(self, sb: StackedBatch, which: int) -> float | torch.Tensor:
         """Rate ``which`` of each client's local epoch: one value when they agree, else (K,) on the device."""
-        with host_side():  # a host tensor: no device sync
-            epochs = sb.epoch_host.tolist()
-        v = [self.rates(sb.r, e)[which] for e in epochs]
+        v = [self.rates(sb.r, e)[which] for e in sb.epochs]
         return v[0] if all(x == v[0] for x in v) else torch.tensor(v).to(self.ctx.device, non_blocking=True)
 
     def prepare(self, r: int, k: int, nets: dict) -> None:
