@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import ConfigError, evaluate, FLMethod, LocalJob, MethodParams, param, Phase, predict, register, Stage, warm_up_then
+from .parts import fit_two_gaussians
 from ..randaugment import mix_targets, mixup
 
 
@@ -139,12 +140,8 @@ def clean_posterior(losses: np.ndarray, max_iter: int, tol: float, reg_covar: fl
     x = normalise_losses(np.asarray(losses, dtype=np.float64).reshape(-1))
     if x is None:
         return np.ones(np.asarray(losses).size)
-    # imported here, not with the module: sklearn costs every job and Snakefile parse ~1.7 s
-    from sklearn.mixture import GaussianMixture
-
-    gmm = GaussianMixture(n_components=2, max_iter=max_iter, tol=tol, reg_covar=reg_covar, random_state=seed)
     x = x.reshape(-1, 1)
-    gmm.fit(x)
+    gmm = fit_two_gaussians(x, seed, max_iter=max_iter, tol=tol, reg_covar=reg_covar)
     return gmm.predict_proba(x)[:, int(np.argmin(gmm.means_.reshape(-1)))]
 
 

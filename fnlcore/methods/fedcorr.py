@@ -57,8 +57,8 @@ from .api import (
     MethodParams, on, param, parameter_keys, Phase, register, snapshot, StackedBatch, Stage,
 )
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, group_shape, lid_scores, mixup_cross_entropy,
-                    mixup_view, proximal_term, sequential_client_groups)
+from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, fit_two_gaussians, group_shape, lid_scores,
+                    mixup_cross_entropy, mixup_view, proximal_term, sequential_client_groups)
 
 
 @dataclass(frozen=True)
@@ -97,13 +97,9 @@ class FedCorrParams(MethodParams):
 
 def _gmm_components(values: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """1-D 2-component GaussianMixture (sklearn defaults, random_state=seed): (predicted component, means)."""
-    from sklearn.mixture import GaussianMixture
-    from threadpoolctl import threadpool_limits
-
     x = np.asarray(values).reshape(-1, 1)
-    with threadpool_limits(1):  # tiny 1-D fits: threads only add contention
-        gmm = GaussianMixture(n_components=2, random_state=seed).fit(x)
-        return gmm.predict(x), gmm.means_[:, 0]
+    gmm = fit_two_gaussians(x, seed)
+    return gmm.predict(x), gmm.means_[:, 0]
 
 
 def client_split(lid_acc: np.ndarray, seed: int) -> np.ndarray:

@@ -79,7 +79,7 @@ from .api import (
     clients_cross_entropy, ClientStore, CostStage, FLMethod, forward_bounded, load, LocalJob,
     masked_mean, MethodParams, param, Phase, register, sampling, StackedBatch, Stage, State,
 )
-from .parts import check_rounds_left
+from .parts import check_rounds_left, fit_two_gaussians
 from ..randaugment import RandAugmentSpec
 
 
@@ -165,10 +165,7 @@ def sieve(proxies: np.ndarray, p_threshold: float, max_iter: int, tol: float, re
     if len(x) < 2 or not float(x.max()) > float(x.min()):
         q = np.ones(len(x))
     else:
-        # imported here, not with the module: sklearn costs every job and Snakefile parse ~1.7 s
-        from sklearn.mixture import GaussianMixture
-
-        gmm = GaussianMixture(n_components=2, max_iter=max_iter, tol=tol, reg_covar=reg_covar, random_state=seed).fit(x)
+        gmm = fit_two_gaussians(x, seed, max_iter=max_iter, tol=tol, reg_covar=reg_covar)
         q = gmm.predict_proba(x)[:, int(np.argmin(gmm.means_.reshape(-1)))]
     return q, q >= p_threshold
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from .api import (FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, predict, register, Stage,
                   warm_up_then, weighted_average)
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import check_rounds_left, class_loss_matrix, client_rates, gaussian_ramp_up, minmax_columns
+from .parts import check_rounds_left, class_loss_matrix, fit_two_gaussians, client_rates, gaussian_ramp_up, minmax_columns
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,7 @@ class FedNoRoParams(MethodParams):
 
 def gmm_noisy_clients(features: np.ndarray, random_state: int) -> frozenset[int]:
     """One 2-component GMM fit (sklearn defaults); noisy = the component with the larger sum of means."""
-    from sklearn.mixture import GaussianMixture
-
-    gmm = GaussianMixture(n_components=2, random_state=random_state).fit(features)
+    gmm = fit_two_gaussians(features, random_state)
     noisy_comp = int(np.argmax(gmm.means_.sum(axis=1)))
     return frozenset(int(i) for i in np.flatnonzero(gmm.predict(features) == noisy_comp))
 
@@ -86,12 +84,8 @@ def vote(sets: list[frozenset[int]]) -> frozenset[int]:
 
 
 def detect_noisy_clients(matrix: np.ndarray, votes: int) -> frozenset[int]:
-    from threadpoolctl import threadpool_limits
-
     feats = minmax_columns(matrix)
-    # a K x C matrix is tiny: BLAS threads only add contention (9 fits: 15 ms vs 0.7 s on a busy machine)
-    with threadpool_limits(1):
-        return vote([gmm_noisy_clients(feats, s) for s in range(votes)])
+    return vote([gmm_noisy_clients(feats, s) for s in range(votes)])
 
 
 def daagg_weights(sizes: np.ndarray, distances: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .api import FLMethod, MethodParams, param, predict, register, Stage
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import class_loss_matrix, lid_scores, minmax_columns
+from .parts import class_loss_matrix, fit_two_gaussians, lid_scores, minmax_columns
 
 
 @dataclass(frozen=True)
@@ -53,21 +53,16 @@ def detection_scores(detected: np.ndarray, truth: np.ndarray) -> tuple[float, fl
 
 def gmm_detection_rates(features: np.ndarray, truth: np.ndarray, seeds: int, noisy_high: bool = True) -> tuple[float, float, float]:
     """Mean (recall, precision, matching ratio) over ``seeds`` single GMM fits (random_state 0..seeds-1)."""
-    from sklearn.mixture import GaussianMixture
-    from threadpoolctl import threadpool_limits
-
     total = np.zeros(3)
     cache: dict[bytes, tuple[float, float, float]] = {}
-    with threadpool_limits(1):  # K x C features: BLAS threads only add contention
-        for s in range(seeds):
-            gmm = GaussianMixture(n_components=2, random_state=s).fit(features)
-            sums = gmm.means_.sum(axis=1)
-            comp = int(np.argmax(sums) if noisy_high else np.argmin(sums))
-            detected = gmm.predict(features) == comp
-            key = detected.tobytes()
-            if key not in cache:
-                cache[key] = detection_scores(detected, truth)
-            total += cache[key]
+    for s in range(seeds):
+        gmm = fit_two_gaussians(features, s)
+        sums = gmm.means_.sum(axis=1)
+        detected = gmm.predict(features) == int(np.argmax(sums) if noisy_high else np.argmin(sums))
+        key = detected.tobytes()
+        if key not in cache:
+            cache[key] = detection_scores(detected, truth)
+        total += cache[key]
     return tuple(float(v) for v in total / seeds)
 
 

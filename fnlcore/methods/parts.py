@@ -25,6 +25,18 @@ def check_rounds_left(params, field: str, settings, why: str = "") -> None:
                           + (f" {why}" if why else ""))
 
 
+def fit_two_gaussians(x: np.ndarray, seed: int, **options):
+    """sklearn's 2-component GaussianMixture (its defaults, ``random_state=seed``, ``options``) fitted on
+    the (n, d) values ``x``, with BLAS on one thread: these fits are tiny, and threads only add contention.
+
+    sklearn is imported here, not with the module: it costs every job and Snakefile parse ~1.7 s."""
+    from sklearn.mixture import GaussianMixture
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return GaussianMixture(n_components=2, random_state=seed, **options).fit(x)
+
+
 def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-sample cross-entropy applied to softmax *probabilities* (FedCorr's and FedDiv's code).
 
