@@ -39,8 +39,12 @@ _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
 
 def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None,
-          doc: str = "", rounds: bool = False, passes: bool = False, slug: bool = True) -> Any:
+          doc: str = "", switch: str = "", rounds: bool = False, passes: bool = False, slug: bool = True) -> Any:
     """A spec field with declarative checks (bounds, choices), a doc line and flags.
+
+    ``switch``: the field selects between the official code's behaviour (its default) and the
+    paper text's, or between other published variants; the text says what each value does. It
+    joins the spec's ``switches`` (README's code≠paper column), next to the field it describes.
 
     No default makes the key required. ``rounds=True``: the value counts communication
     rounds (a warm-up, a ramp, a stage boundary), so a scale rescales it with
@@ -49,7 +53,7 @@ def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=N
     rehearsal shortens (metadata ``{"passes": True}``). ``slug=False``: the field never
     changes the numbers and stays out of the slug.
     """
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None}
+    meta = {"doc": doc, "switch": switch, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None}
     if rounds:
         meta["rounds"] = True
     if passes:
@@ -57,6 +61,15 @@ def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=N
     if not slug:
         meta["slug"] = False
     return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v not in (None, "")})
+
+
+class _Switches:
+    """``SpecClass.switches``: field -> its ``param(switch=...)`` text, in field order, then the class's
+    ``switch_notes`` (code≠paper differences that no field selects, e.g. a variant not offered)."""
+
+    def __get__(self, obj: Any, owner: type) -> dict[str, str]:
+        found = {f.name: f.metadata["switch"] for f in dataclasses.fields(owner) if "switch" in f.metadata}
+        return {**found, **owner.switch_notes}
 
 
 def _flagged(cls: type, flag: str) -> tuple[str, ...]:
@@ -158,15 +171,17 @@ class Spec:
     """Base of every spec: declared checks on construction, ``params``/``to_dict``, one slug scheme.
 
     ClassVars: ``kind`` (what errors call it: 'method', 'partition', 'noise model'),
-    ``name`` (the config name), ``paper`` (where it comes from), ``switches`` (code≠paper
-    switches: field -> explanation, for README), ``slug_head`` and ``slug_fields`` (see the
-    module doc), ``registry`` (a subclass that sets its own ``name`` joins it).
+    ``name`` (the config name), ``paper`` (where it comes from), ``switch_notes`` (code≠paper
+    differences no field selects; a field's own switch is ``param(switch=...)``, and ``switches``
+    lists both, for README), ``slug_head`` and ``slug_fields`` (see the module doc), ``registry``
+    (a subclass that sets its own ``name`` joins it).
     """
 
     kind: ClassVar[str] = "spec"
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
-    switches: ClassVar[dict[str, str]] = {}
+    switch_notes: ClassVar[dict[str, str]] = {}
+    switches = _Switches()  # read-only: computed from the fields and switch_notes
     slug_head: ClassVar[str] = ""
     slug_fields: ClassVar[tuple] = ()
     registry: ClassVar[Any] = None

@@ -43,8 +43,8 @@ class NoiseSpec(Spec):
     """Base class of the noise-model parameter dataclasses; a subclass with a ``name`` registers itself.
 
     ClassVars: ``name`` (config name), ``paper``, ``needs_soft_labels`` (H-IDN),
-    ``multi_label`` (works on (n, C) 0/1 labels), ``switches`` (code≠paper
-    switches: field -> explanation, for the README table), ``slug_head``/``slug_fields``.
+    ``multi_label`` (works on (n, C) 0/1 labels), ``slug_head``/``slug_fields``; a code≠paper
+    switch is declared on its field, ``param(..., switch=...)`` (fnlcore.spec).
 
     :meth:`run` is a template: it runs the checks every model shares (the noise seed, the
     soft labels as ``needs_soft_labels`` says, :meth:`check_dataset` for the class and client
@@ -162,15 +162,13 @@ class FedCorrNoise(NoiseSpec):
 
     name: ClassVar[str] = "fedcorr"
     paper: ClassVar[str] = "FedCorr (CVPR'22) util.add_noise; FedDiv (AAAI'24) Eq. 16"
-    switches: ClassVar[dict[str, str]] = {
-        "label_space": "'first10' (code: new label randint(0, 10) on every dataset, the CIFAR-100 bug) "
-        "| 'all' (paper text: uniform over all C classes)"
-    }
     slug_fields: ClassVar[tuple] = ("rho", "tau", ("label_space", {"all": "all"}))
 
     rho: float = param(ge=0, le=1, doc="probability that a client is noisy")
     tau: float = param(ge=0, le=1, doc="lower bound of the per-client noise level")
-    label_space: str = param("first10", choices=("first10", "all"))
+    label_space: str = param("first10", choices=("first10", "all"),
+                             switch="'first10' (code: new label randint(0, 10) on every dataset, the CIFAR-100 bug) | "
+                                    "'all' (paper text: uniform over all C classes)")
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         generators.label_space_size(self.label_space, check_num_classes(num_classes))
@@ -196,17 +194,15 @@ class FedNoRoHIDN(NoiseSpec):
     name: ClassVar[str] = "fednoro_hidn"
     paper: ClassVar[str] = "FedNoRo (IJCAI'23) utils.add_noise n_type='instance'"
     needs_soft_labels: ClassVar[bool] = True
-    switches: ClassVar[dict[str, str]] = {
-        "soft_labels": "'annotator' (paper Alg. 1: an annotator network per noisy client) "
-        "| 'official_csv' (code: one precomputed soft-label table, ICH only)"
-    }
     slug_head: ClassVar[str] = "hidn"
     slug_fields: ClassVar[tuple] = ("rho", ("eta_l", "eta"), ("eta_u", ""))
 
     rho: float = param(ge=0, le=1, doc="fraction of noisy clients")
     eta_l: float = param(ge=0, le=1, doc="lower bound of the per-client noise rate")
     eta_u: float = param(ge=0, le=1, doc="upper bound of the per-client noise rate")
-    soft_labels: str = param("annotator", choices=("annotator", "official_csv"))
+    soft_labels: str = param("annotator", choices=("annotator", "official_csv"),
+                             switch="'annotator' (paper Alg. 1: an annotator network per noisy client) | 'official_csv'"
+                                    " (code: one precomputed soft-label table, ICH only)")
     annotator_model: str = param("auto", doc="'auto' or a model name")
     annotator_epochs: int = param(5, ge=1)
     annotator_lr: float = param(3e-4, gt=0)
@@ -269,18 +265,16 @@ class FedNCLBernoulli(NoiseSpec):
 
     name: ClassVar[str] = "fedncl_bernoulli"
     paper: ClassVar[str] = "Fed-NCL (Tam et al.) Sec. III case 1, Bernoulli"
-    switches: ClassVar[dict[str, str]] = {
-        "include_true": "true (code: random.randint(0, K-1), ~1/C of the labels stay correct) "
-        "| false (paper: every label of a noisy client is corrupted)",
-        "stream": "'python' (code: per-sample Python random seeded with the noise seed, the official labels) "
-        "| 'numpy' (earlier project draws continuing the NumPy state)",
-    }
     slug_head: ClassVar[str] = "nclbern"
     slug_fields: ClassVar[tuple] = ("p", ("include_true", {False: "excl"}), ("stream", {"numpy": "npstream"}))
 
     p: float = param(ge=0, le=1, doc="probability that a client is clean")
-    include_true: bool = True
-    stream: str = param("python", choices=generators.FEDNCL_STREAMS, doc="per-sample random stream")
+    include_true: bool = param(True,
+                               switch="true (code: random.randint(0, K-1), ~1/C of the labels stay correct) | false "
+                                      "(paper: every label of a noisy client is corrupted)")
+    stream: str = param("python", choices=generators.FEDNCL_STREAMS, doc="per-sample random stream",
+                        switch="'python' (code: per-sample Python random seeded with the noise seed, the official "
+                               "labels) | 'numpy' (earlier project draws continuing the NumPy state)")
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
@@ -306,11 +300,6 @@ class FedNCLGaussian(NoiseSpec):
 
     name: ClassVar[str] = "fedncl_gaussian"
     paper: ClassVar[str] = "Fed-NCL (Tam et al.) Sec. III case 2 (Eq. 5), truncated Gaussian"
-    switches: ClassVar[dict[str, str]] = {
-        "truncation": "'clip' (code: N(mu, sigma) clipped to [0, 1]) | 'truncnorm' (paper: truncated normal)",
-        "include_true": "true (code) | false (paper), as for fedncl_bernoulli",
-        "stream": "'python' (code) | 'numpy', as for fedncl_bernoulli",
-    }
     slug_head: ClassVar[str] = "nclgauss"
     slug_fields: ClassVar[tuple] = (
         "mu", ("sigma", "sd"), ("truncation", {"truncnorm": "truncnorm"}), ("include_true", {False: "excl"}),
@@ -319,9 +308,12 @@ class FedNCLGaussian(NoiseSpec):
 
     mu: float = param(ge=0, le=1, doc="mean per-client noise degree")
     sigma: float = param(ge=0, doc="standard deviation of the per-client noise degree")
-    truncation: str = param("clip", choices=("clip", "truncnorm"))
-    include_true: bool = True
-    stream: str = param("python", choices=generators.FEDNCL_STREAMS, doc="per-sample random stream")
+    truncation: str = param("clip", choices=("clip", "truncnorm"),
+                            switch="'clip' (code: N(mu, sigma) clipped to [0, 1]) | 'truncnorm' (paper: truncated "
+                                   "normal)")
+    include_true: bool = param(True, switch="true (code) | false (paper), as for fedncl_bernoulli")
+    stream: str = param("python", choices=generators.FEDNCL_STREAMS, doc="per-sample random stream",
+                        switch="'python' (code) | 'numpy', as for fedncl_bernoulli")
 
     def check_dataset(self, num_classes: int, num_clients: int | None = None) -> None:
         check_num_classes(num_classes, minimum=1 if self.include_true else 2)
@@ -357,10 +349,6 @@ class FedGRNoise(NoiseSpec):
 
     name: ClassVar[str] = "fedgr"
     paper: ClassVar[str] = "FedGR (ICML'26) Sec. 5 / dev fednllbase.py"
-    switches: ClassVar[dict[str, str]] = {
-        "asym_map": "'auto' (dev code: cyclic c->c+1 on CIFAR-10, next_in_group on CIFAR-100) "
-        "| 'cifar10_classic' (field convention 9->1, 2->0, 4->7, 3<->5)"
-    }
     slug_fields: ClassVar[tuple] = (
         ("noise_type", ""), "phi", ("rho_min", "r"), ("rho_max", ""), ("asym_map", lambda s: s._shown_map()),
     )
@@ -369,7 +357,9 @@ class FedGRNoise(NoiseSpec):
     phi: float = param(ge=0, le=1, doc="fraction of noisy clients")
     rho_min: float = param(ge=0, le=1, doc="lower bound of the per-client noise ratio")
     rho_max: float = param(ge=0, le=1, doc="upper bound of the per-client noise ratio")
-    asym_map: Any = "auto"
+    asym_map: Any = param("auto",
+                          switch="'auto' (dev code: cyclic c->c+1 on CIFAR-10, next_in_group on CIFAR-100) | "
+                                 "'cifar10_classic' (field convention 9->1, 2->0, 4->7, 3<->5)")
 
     def validate(self) -> None:
         if self.rho_min > self.rho_max:

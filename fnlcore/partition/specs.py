@@ -35,8 +35,8 @@ class PartitionSpec(Spec):
 
     ClassVars: ``name`` (config name), ``paper`` (where it comes from),
     ``uses_labels`` (needs 1-D class indices; the others also take (n, C)
-    multi-label matrices and only use n; :meth:`needs_labels` says it per setting), ``switches`` (code≠paper switches:
-    field -> explanation, for the docs), ``slug_head``/``slug_fields`` (the slug).
+    multi-label matrices and only use n; :meth:`needs_labels` says it per setting), ``slug_head``/``slug_fields``
+    (the slug); a code≠paper switch is declared on its field, ``param(..., switch=...)`` (fnlcore.spec).
     """
 
     kind: ClassVar[str] = "partition"
@@ -81,9 +81,6 @@ class IIDPartition(PartitionSpec):
 
     name: ClassVar[str] = "iid"
     paper: ClassVar[str] = "FedCorr iid_sampling (FedNoRo, FedDiv, FedMLP, Fed-NCL cifar_iid/mnist_iid)"
-    switches: ClassVar[dict[str, str]] = {
-        "balance": "'total' (code: equal client totals) | 'per_class' (FedDiv paper text: equal count of every class)",
-    }
 
     slug_fields: ClassVar[tuple] = (
         ("num_clients", "K"), ("client_order", {"draw": "draworder"}), ("balance", {"per_class": "perclass"}),
@@ -94,7 +91,9 @@ class IIDPartition(PartitionSpec):
         "set", choices=("set", "draw"),
         doc="order of a client's samples: 'set' (FedCorr/FedNoRo/FedDiv/FedMLP) or 'draw' (Fed-NCL)",
     )
-    balance: str = param("total", choices=("total", "per_class"), doc="'total' (code) or 'per_class' (FedDiv paper text)")
+    balance: str = param("total", choices=("total", "per_class"), doc="'total' (code) or 'per_class' (FedDiv paper text)",
+                         switch="'total' (code: equal client totals) | 'per_class' (FedDiv paper text: equal count of "
+                                "every class)")
 
     def validate(self) -> None:
         if self.balance == "per_class" and self.client_order != "set":
@@ -144,10 +143,6 @@ class IIDNiidBenchPartition(PartitionSpec):
 
     name: ClassVar[str] = "iid_niidbench"
     paper: ClassVar[str] = "NIID-Bench / FedLab balance_partition + homo_partition (FedGR IID)"
-    switches: ClassVar[dict[str, str]] = {
-        "remainder": "'drop' (FedLab balance_split, called by FedGR's code: the n mod K left-over samples belong "
-        "to no client) | 'array_split' (NIID-Bench partition_data 'homo': the first n mod K clients get one more)",
-    }
 
     slug_head: ClassVar[str] = "iidperm"
     slug_fields: ClassVar[tuple] = (("num_clients", "K"), ("remainder", {"array_split": "arraysplit"}))
@@ -156,6 +151,8 @@ class IIDNiidBenchPartition(PartitionSpec):
     remainder: str = param(
         "drop", choices=IID_REMAINDERS,
         doc="n mod K left-over samples: 'drop' (FedLab, FedGR) or 'array_split' (NIID-Bench)",
+        switch="'drop' (FedLab balance_split, called by FedGR's code: the n mod K left-over samples belong to no "
+               "client) | 'array_split' (NIID-Bench partition_data 'homo': the first n mod K clients get one more)",
     )
 
     def run(self, labels: np.ndarray, seed: int) -> ClientAssignment:
