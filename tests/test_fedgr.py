@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -161,7 +162,7 @@ def test_views_are_deterministic_under_a_seed_and_stay_on_the_device():
         outs = []
         for seed in (3, 3, 4):
             ctx.aug_gen = torch.Generator(device=dev).manual_seed(seed)
-            outs.append(m._views(x, ("weak", "strong")))
+            outs.append(m.pipeline.views(x, ctx.aug_gen, ("weak", "strong")))
         for v in ("weak", "strong"):
             assert outs[0][v].device.type == dev.type and outs[0][v].dtype == torch.float32
             assert torch.equal(outs[0][v], outs[1][v])
@@ -169,14 +170,35 @@ def test_views_are_deterministic_under_a_seed_and_stay_on_the_device():
         assert not torch.equal(outs[0]["weak"], outs[0]["strong"])
 
 
+def _student_views(m, views: dict) -> tuple:
+    """(weak view, the view the student forwards) of ``m._student`` on a stand-in step with ``views``."""
+    seen = []
+
+    def forward_features(v):
+        seen.append(v)
+        return torch.zeros(1, len(v), 10), torch.zeros(1, len(v), 4)
+
+    sb = SimpleNamespace(views=views, idx=torch.zeros(1, 8, dtype=torch.int64), forward_features=forward_features)
+    return m._student(sb)[0], seen[0]
+
+
 def test_augmentation_ablations():
     m, ctx = _method(FedGRParams(warmup_rounds=1, weak_aug=False, strong_aug=False), crop=True)
-    x = ctx.data.train.images[:8]
-    v = m._views(x, ("weak", "strong"))
-    assert torch.equal(v["weak"], m.pipeline.eval(x)) and v["strong"] is v["weak"]
+    x, idx = ctx.data.train.images[:8], ctx.data.clients[0]
+    assert m._step_views("main") == ("eval",)  # the un-augmented image, which the student sees too
+    views = {"eval": m.pipeline.eval(x)}
+    weak, student = _student_views(m, views)
+    assert weak is views["eval"] and student is weak
+    passes = m._pass(m.global_model, idx, ("weak",))["weak"], m._pass(m.global_model, idx, ("eval",))["eval"]
+    assert torch.equal(*passes)  # the pre-training pass's weak view is the un-augmented image too
     m, ctx = _method(FedGRParams(warmup_rounds=1, strong_aug=False), crop=True)
-    v = m._views(x, ("weak", "strong"))
-    assert v["strong"] is v["weak"] and not torch.equal(v["weak"], m.pipeline.eval(x))
+    assert m._step_views("main") == ("weak",)
+    views = m.pipeline.views(x, ctx.aug_gen, ("weak",))
+    assert _student_views(m, views)[1] is views["weak"] and not torch.equal(views["weak"], m.pipeline.eval(x))
+    m, ctx = _method(crop=True)
+    views = m.pipeline.views(x, ctx.aug_gen, ("weak", "strong"))
+    weak, student = _student_views(m, views)
+    assert weak is views["weak"] and student is views["strong"]
 
 
 # -- Federated Sieving, Label Refining and the EMA revision inside the method ---------------------------
@@ -311,7 +333,7 @@ def _replay_weak(m, ctx, k, state):
     """The weak views the pre-training pass draws for client k from aug_gen ``state``: per chunk of
     eval_batch_size, one weak draw per sample (the un-augmented view draws nothing)."""
     ctx.aug_gen.set_state(state)
-    views = [m._views(xb, ("weak",))["weak"] for xb, _ in ctx.data.train.batches(ctx.data.clients[k],
+    views = [m.pipeline.view("weak", xb, ctx.aug_gen) for xb, _ in ctx.data.train.batches(ctx.data.clients[k],
                                                                                  ctx.settings.eval_batch_size)]
     return torch.cat(views)
 
@@ -343,7 +365,7 @@ def test_cached_global_features_come_from_one_weak_draw_per_sample_before_traini
         teacher_weak = _replay_weak(m, ctx, k, ctx.aug_gen.get_state())
         with torch.no_grad():
             t = m.workers["ema"].eval()(teacher_weak).float()
-        assert torch.allclose(job.info.teacher[idx], t, atol=1e-6)
+        assert torch.allclose(m._teacher[idx], t, atol=1e-6)
     assert torch.equal(ctx.aug_gen.get_state(), after)  # and nothing else was drawn
 
 

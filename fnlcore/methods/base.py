@@ -96,8 +96,7 @@ class FLMethod:
         k, b, c = sb.logits.shape
         if self.ctx.data.multi_label:
             y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
-            return partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size,
-                                       sb.mask)
+            return partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask)
         return clients_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), sb.mask)
 
     # stage name -> what the stage does (fnlcore.fl.client.Stage); functions of this class body
@@ -106,10 +105,8 @@ class FLMethod:
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
         if "loss" in cls.__dict__ and "stages" not in cls.__dict__:
-            raise TypeError(
-                f"{cls.__name__} defines loss but no stage table: add "
-                "`stages = {\"main\": Stage(loss=loss)}` to its class body"
-            )
+            raise TypeError(f"{cls.__name__} defines loss but no stage table: add "
+                            "`stages = {\"main\": Stage(loss=loss)}` to its class body")
 
     @classmethod
     def cost_stages(cls, params: MethodParams, settings, num_clients: int) -> list[CostStage]:
@@ -149,11 +146,10 @@ class FLMethod:
 
     def current_stage(self, r: int) -> Stage:
         key = self.stage_key(r)
-        try:
-            return self.stages[key]
-        except KeyError:
+        if key not in self.stages:
             raise KeyError(f"{type(self).__name__}: round {r} is in stage {key!r}, which its stage table "
-                           f"({sorted(self.stages)}) lacks") from None
+                           f"({sorted(self.stages)}) lacks")
+        return self.stages[key]
 
     def select_clients(self, r: int) -> list[int]:
         return sampling.uniform_fraction(self.ctx.rng, self.ctx.data.num_clients, self.ctx.settings.client_fraction)
@@ -237,10 +233,9 @@ def check_label_kind(cls: type[FLMethod], multi_label: bool, where: str = "") ->
         return
     fits = sorted(n for n in METHODS if kind in METHODS[n].label_kinds)
     prefix = f"{where}: " if where else ""
-    raise ConfigError(
-        f"{prefix}method {cls.Params.name!r} trains on {'/'.join(cls.label_kinds)}-label data only, but the "
-        f"dataset is {kind}-label; pick a method for {kind}-label data: {', '.join(fits) or '(none)'}"
-    )
+    raise ConfigError(f"{prefix}method {cls.Params.name!r} trains on {'/'.join(cls.label_kinds)}-label data only, "
+                      f"but the dataset is {kind}-label; pick a method for {kind}-label data: "
+                      f"{', '.join(fits) or '(none)'}")
 
 
 __all__ = ["Batch", "ClientStore", "ClientUpdate", "CostStage", "FLMethod", "LocalJob", "MethodParams", "Phase",
@@ -249,9 +244,8 @@ __all__ = ["Batch", "ClientStore", "ClientUpdate", "CostStage", "FLMethod", "Loc
 
 #: config name -> method class; every module of fnlcore.methods is imported on first use,
 #: so a new method is one file with ``@register`` on its class.
-METHODS: Registry[type[FLMethod]] = Registry(
-    "method", "fnlcore.methods", key=lambda cls: cls.Params.name, spec=lambda cls: cls.Params
-)
+METHODS: Registry[type[FLMethod]] = Registry("method", "fnlcore.methods", key=lambda cls: cls.Params.name,
+                                              spec=lambda cls: cls.Params)
 
 
 def register(cls: type[FLMethod]) -> type[FLMethod]:

@@ -159,13 +159,10 @@ class CBAFed(FLMethod):
             share = p.residual_warmup if r < w else p.residual_after
             self.w_rec = residual_mix(snapshot(self.global_model), self.w_rec, share)
             load(self.global_model, self.w_rec)
-        counts = torch.zeros(self.ctx.data.num_classes, dtype=torch.float64)
-        for u in ups:
-            counts += u.uploads["counts"]
         data = sum(u.uploads["data"] for u in ups)
         if r >= w - 1 and data > 0:
+            counts = sum(u.uploads["counts"] for u in ups)
             self.thresholds = class_thresholds(counts, data, p.base, p.tau_min, p.tau_max).float()
-            for c, t in enumerate(self.thresholds.tolist()):
-                self.round_info[f"cbafed_tau_{c}"] = t
+            self.round_info.update({f"cbafed_tau_{c}": t for c, t in enumerate(self.thresholds.tolist())})
         if r >= w:  # missing-class entries used this round
             self.round_info["cbafed_pseudo_labels"] = float(sum(u.uploads["pseudo"] for u in ups))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import evaluate, FLMethod, LocalJob, MethodParams, param, Phase, register, Stage
+from .api import evaluate, FLMethod, LocalJob, masked_mean, MethodParams, param, Phase, register, Stage
 from .rofl import small_loss_order
 
 
@@ -63,9 +63,7 @@ def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: torch.Tensor,
     """(mean l1 over S2, mean l2 over S1) of K clients, each (K,): each network learns from its peer's m_k
     small-loss samples; l1, l2 (K, B) per-sample losses, m (K,), mask (K, B) real rows or None."""
     s1, s2 = small_loss_masks(l1, m, mask), small_loss_masks(l2, m, mask)
-    zero = torch.zeros((), dtype=l1.dtype, device=l1.device)
-    m = m.to(l1.dtype)
-    return torch.where(s2, l1, zero).sum(1) / m, torch.where(s1, l2, zero).sum(1) / m
+    return masked_mean(l1, s2), masked_mean(l2, s1)  # S_k holds m_k rows
 
 
 @register
@@ -103,7 +101,6 @@ class Coteaching(FLMethod):
         return a + c  # disjoint parameters: each network gets only its own term's gradient
 
     def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
-        """Both networks step together on the same batches (one optimiser each)."""
         rate = keep_rate(r, self.client_tau(k), self.params.t_k, self.params.c)
         return LocalJob(phases=[Phase(train=("net1", "net2"))], info=rate)
 

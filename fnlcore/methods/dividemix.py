@@ -53,8 +53,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .api import ConfigError, evaluate, FLMethod, LocalJob, MethodParams, param, Phase, predict, register, Stage, warm_up_then
-from .parts import fit_two_gaussians
+from .api import evaluate, FLMethod, LocalJob, MethodParams, param, Phase, predict, register, Stage, warm_up_then
+from .parts import check_rounds_left, fit_two_gaussians, minmax_columns
 from ..randaugment import mix_targets, mixup
 
 
@@ -75,11 +75,7 @@ class DivideMixParams(MethodParams):
                           doc="evaluated model: mean softmax of both networks (§10(c)) or net1")
 
     def check_training(self, settings) -> None:
-        if self.warmup_rounds >= settings.rounds:
-            raise ConfigError(
-                f"method 'dividemix': warmup_rounds={self.warmup_rounds} must be < training.rounds={settings.rounds} "
-                "(DivideMix would never run); lower warmup_rounds"
-            )
+        check_rounds_left(self, "warmup_rounds", settings, "(DivideMix would never run); lower warmup_rounds")
 
 
 # -- pure parts ----------------------------------------------------------------------------
@@ -126,12 +122,9 @@ def mixmatch_loss(logits_x: torch.Tensor, targets_x: torch.Tensor, logits_u: tor
 
 def normalise_losses(losses: np.ndarray) -> np.ndarray | None:
     """Min-max to [0, 1]; None when the distribution is degenerate (< 2 samples or all equal)."""
-    if losses.size < 2:
+    if losses.size < 2 or not losses.max() > losses.min():
         return None
-    lo, hi = float(losses.min()), float(losses.max())
-    if not hi > lo:
-        return None
-    return (losses - lo) / (hi - lo)
+    return minmax_columns(losses)
 
 
 def clean_posterior(losses: np.ndarray, max_iter: int, tol: float, reg_covar: float, seed: int) -> np.ndarray:
@@ -163,8 +156,6 @@ class EnsembleModel(torch.nn.Module):
 
 
 # -- the method ----------------------------------------------------------------------------
-
-PEERS = (("net1", "net2"), ("net2", "net1"))  # (trained network, peer whose division it uses), in order
 
 
 @register
@@ -204,13 +195,6 @@ class DivideMix(FLMethod):
         w = clean_posterior(losses.cpu().numpy(), p.gmm_max_iter, p.gmm_tol, p.gmm_reg_covar, seed)
         return torch.as_tensor(w, dtype=torch.float32, device=ctx.device)
 
-    def _log_division(self, idx: torch.Tensor, labelled: torch.Tensor) -> None:
-        data = self.ctx.data
-        lab = idx[labelled.cpu()].to(data.given.device)
-        self._division["labelled"].append(float(labelled.float().mean()))
-        if len(lab):
-            self._division["labelled_clean"].append(float((data.given[lab] == data.y_true[lab]).float().mean()))
-
     # -- local training ------------------------------------------------------------------------
     def warm_up(self, r: int, k: int, nets: dict) -> LocalJob:
         """Each network on its own with the stage's plain CE: net1's local epochs, then net2's."""
@@ -225,18 +209,20 @@ class DivideMix(FLMethod):
         idx = self.ctx.data.clients[k]
         for epoch in range(self.ctx.settings.local_epochs):
             weights = {n: self.divide(nets[n], idx) for n in self.networks}
-            for name, peer in PEERS:
-                w = weights[peer]
-                labelled = w > self.params.p_threshold
-                self._log_division(idx, labelled)
-                yield self._epoch_phase(r, epoch, name, nets[peer], idx, w, labelled)
+            for name, peer in (("net1", "net2"), ("net2", "net1")):  # trained network, peer whose division it uses
+                yield self._epoch_phase(r, epoch, name, nets[peer], idx, weights[peer])
 
-    def _epoch_phase(self, r, epoch, name, peer, idx, w, labelled) -> Phase:
-        """One local epoch of network ``name`` on the peer's division (MixMatch), or the stage's CE on all
-        data when X or U is empty (§10(d))."""
-        ctx = self.ctx
+    def _epoch_phase(self, r, epoch, name, peer, idx, w) -> Phase:
+        """One local epoch of network ``name`` on the peer's division (clean posteriors ``w``; MixMatch), or the
+        stage's CE on all data when X or U is empty (§10(d)). The division's shares are logged."""
+        ctx, data = self.ctx, self.ctx.data
+        labelled = w > self.params.p_threshold
         mask = labelled.cpu()
         lab, unl = idx[mask], idx[~mask]
+        self._division["labelled"].append(float(labelled.float().mean()))
+        if len(lab):
+            at = lab.to(data.given.device)
+            self._division["labelled_clean"].append(float((data.given[at] == data.y_true[at]).float().mean()))
         if len(lab) == 0 or len(unl) == 0:
             return Phase(train=(name,), epochs=1)
         self._clean_w[idx.to(ctx.device)] = w
@@ -257,9 +243,8 @@ class DivideMix(FLMethod):
         ctx, p = self.ctx, self.params
         (xl, il), (xu, _) = labelled, unlabelled
         dev_il = il.to(ctx.device, non_blocking=True)
-        vx = ctx.pipeline.views(xl, ctx.aug_gen, ("weak:1", "weak:2"))
-        vu = ctx.pipeline.views(xu, ctx.aug_gen, ("weak:1", "weak:2"))
-        x1, x2, u1, u2 = vx["weak:1"], vx["weak:2"], vu["weak:1"], vu["weak:2"]
+        x1, x2 = ctx.pipeline.views(xl, ctx.aug_gen, ("weak:1", "weak:2")).values()
+        u1, u2 = ctx.pipeline.views(xu, ctx.aug_gen, ("weak:1", "weak:2")).values()
         with torch.no_grad():
             soft = lambda m, x: F.softmax(m(x).float(), dim=1)  # noqa: E731
             q = co_guess([soft(net, u1), soft(net, u2), soft(peer, u1), soft(peer, u2)], p.temperature)

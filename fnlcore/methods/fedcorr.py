@@ -52,10 +52,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (
-    clients_cross_entropy, ConfigError, CostStage, draw_predict, FLMethod, FNLError, host_side, LocalJob,
-    MethodParams, on, param, parameter_keys, Phase, register, snapshot, StackedBatch, Stage,
-)
+from .api import (clients_cross_entropy, ConfigError, CostStage, draw_predict, FLMethod, FNLError, host_side, LocalJob,
+                  MethodParams, on, param, parameter_keys, Phase, register, snapshot, StackedBatch, Stage)
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, fit_two_gaussians, group_shape, lid_scores,
                     mixup_cross_entropy, mixup_view, proximal_term, sequential_client_groups)
@@ -126,10 +124,8 @@ def confident_relabels(probs: np.ndarray, thres: float) -> tuple[np.ndarray, np.
 
 def relabel_candidates(losses: np.ndarray, probs: np.ndarray, noise_level: float, relabel_ratio: float,
                        thres: float) -> tuple[np.ndarray, np.ndarray]:
-    """Stage-1 correction: of the floor(N * mu * ratio) largest-loss samples, the confident ones.
-
-    Returns (ascending positions within the client, argmax labels of ``probs``).
-    """
+    """Stage-1 correction: of the floor(N * mu * ratio) largest-loss samples, the confident ones -> (ascending
+    positions within the client, argmax labels of ``probs``)."""
     losses = np.asarray(losses)
     largest = np.argsort(-losses, kind="stable")[:int(len(losses) * noise_level * relabel_ratio)]
     conf, _ = confident_relabels(probs, thres)
@@ -171,15 +167,14 @@ class FedCorr(LogitAdjusted, FLMethod):
     def cost_stages(cls, params, settings, num_clients):
         per_group, groups = group_shape(num_clients, params.frac1)
         pre = CostStage("preprocess", params.iterations1 * groups, per_group, 1.4, evaluated=False)
-        (main,) = super().cost_stages(params, settings, num_clients)  # fine-tuning: min(m, candidates)
-        return [pre, main]
+        return [pre, *super().cost_stages(params, settings, num_clients)]  # fine-tuning: min(m, candidates)
 
     def __init__(self, params: FedCorrParams, ctx):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
         k, n = ctx.data.num_clients, len(ctx.data.train)
         try:
-            self.per_group, self.groups_per_iteration = group_shape(k, params.frac1)
+            self.groups_per_iteration = group_shape(k, params.frac1)[1]
         except ValueError as e:
             raise ConfigError(f"method 'fedcorr': frac1: {e}") from None
         self.pre_rounds = params.iterations1 * self.groups_per_iteration
@@ -211,13 +206,12 @@ class FedCorr(LogitAdjusted, FLMethod):
         stage, num = self.stage(r), self.ctx.data.num_clients
         if stage == "preprocess":
             return list(self.groups[self.slot(r).group])
-        m = max(int(self.ctx.settings.client_fraction * num), 1)
+        m, prob = max(int(self.ctx.settings.client_fraction * num), 1), None
         if stage == "finetune":
             prob = np.zeros(num)
             prob[self.candidates] = 1.0 / len(self.candidates)
             m = min(m, len(self.candidates))
-            return [int(c) for c in self.ctx.rng.choice(num, m, replace=False, p=prob)]
-        return [int(c) for c in self.ctx.rng.choice(num, m, replace=False)]
+        return [int(c) for c in self.ctx.rng.choice(num, m, replace=False, p=prob)]
 
     # -- a round ---------------------------------------------------------------------------
     def begin_round(self, r: int) -> None:
@@ -235,15 +229,13 @@ class FedCorr(LogitAdjusted, FLMethod):
 
     # -- a client ----------------------------------------------------------------------------
     def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
-        # the rate schedule runs over training.rounds: pre-processing at the round-0 rate. With mixup the
-        # engine makes the train view ("weak") and mixup's draws, declared so the batched engine draws them ahead
+        # pre-processing at the round-0 rate; with mixup the engine makes the view and the (declared) draws
         p = self.params
         phase = Phase(augment="raw", views=("weak",), draws=MixupDraw(p.mixup_alpha)) if p.mixup else Phase()
         return LocalJob(phases=[phase], lr_round=max(r - self.pre_rounds, 0))
 
     def loss(self, sb: StackedBatch) -> torch.Tensor:
-        """The local loss of K clients -> (K,) (every stage; pre-processing adds its proximal term): mixup CE
-        on the engine's draws, or CE; with ``logit_adjust`` (FedCorr+LA) every CE term logit-adjusted."""
+        """Every stage's local loss (pre-processing adds its proximal term): mixup CE, or CE; logit-adjusted (+LA)."""
         p = self.params
         y = self.labels(sb.idx.reshape(-1)).view(sb.idx.shape)
         if p.mixup:
@@ -256,14 +248,12 @@ class FedCorr(LogitAdjusted, FLMethod):
         return clients_cross_entropy(sb.logits, y, sb.mask)
 
     def preprocess_loss(self, sb: StackedBatch) -> torch.Tensor:
-        """:meth:`loss` plus beta * mu_k * ||w - w_g|| (mu_k the client's estimated noise level), on every batch
-        but the first of each epoch (the code)."""
+        """:meth:`loss` plus beta * mu_k * ||w - w_g|| on every batch but the first of each epoch (the code)."""
         loss = self.loss(sb)
-        # mu_k and the skip decided on the host (the noise levels and the timeline's epoch steps are
-        # host values: no device sync), then one copy of each
+        # mu_k (rounded to the loss's dtype as a Python float is) and the skip decided on the host (the noise
+        # levels and the timeline's epoch steps are host values: no device sync), then one copy of each
         with host_side():
-            clients = sb.clients_host
-            mu = (self.params.beta * torch.as_tensor(self.noise_level)[clients]).to(loss.dtype)  # rounded as a Python float is
+            mu = (self.params.beta * torch.as_tensor(self.noise_level)[sb.clients_host]).to(loss.dtype)
             skip = (mu <= 0) | (sb.epoch_step_host == 0)
             if bool(skip.all()):
                 return loss
@@ -288,12 +278,11 @@ class FedCorr(LogitAdjusted, FLMethod):
 
     # -- server ------------------------------------------------------------------------------
     def aggregate(self, r: int, updates) -> None:
-        kept = self.fedavg(updates)
-        self._check_finite_detection(r, [u for u in kept if "lid" in u.uploads])
-        for u in kept:
-            if "lid" in u.uploads:
-                self.lid_client[u.client] = u.uploads["lid"]
-                self.losses[self.ctx.data.clients[u.client].numpy()] = u.uploads["losses"]
+        detected = [u for u in self.fedavg(updates) if "lid" in u.uploads]
+        self._check_finite_detection(r, detected)
+        for u in detected:
+            self.lid_client[u.client] = u.uploads["lid"]
+            self.losses[self.ctx.data.clients[u.client].numpy()] = u.uploads["losses"]
 
     def _check_finite_detection(self, r: int, uploads) -> None:
         """Stop with the cause where a client's LID or losses are not finite (the GMMs would fail in sklearn)."""
@@ -313,8 +302,7 @@ class FedCorr(LogitAdjusted, FLMethod):
                     "where w = w_g (FedCorr's code too), met when a local model still equals the global model at a "
                     "batch that adds the term (every batch but an epoch's first): updates below float precision "
                     "(a tiny training.lr) or zero gradients (a dead network; lenet5's ReLU on the logits can zero "
-                    "them all). "
-                    "Fix: method.beta: 0 (no proximal term), a larger training.lr, or for a LeNet "
+                    "them all). Fix: method.beta: 0 (no proximal term), a larger training.lr, or for a LeNet "
                     "the model lenet5_linear_head (FedCorr's own LeNet, no ReLU on the logits).")
         if len(prox) < len(bad):
             msg += (f" Client(s) {[k for k in bad if k not in prox]} had no proximal term: their local training "
@@ -327,7 +315,8 @@ class FedCorr(LogitAdjusted, FLMethod):
             self._end_iteration(r, slot.iteration)
             if slot.iteration == p.iterations1 - 1:
                 self._choose_finetune_clients()
-                if p.rounds1 == 0 and self._finetunes():  # no fine-tuning round: its closing relabel is now
+                # no fine-tuning round: its closing relabel is now
+                if p.rounds1 == 0 and p.fine_tuning and not self.finetune_skipped:
                     self._relabel_confident(r, "finetune")
         elif self.stage(r) == "finetune" and r == self.pre_rounds + p.rounds1 - 1:
             self._relabel_confident(r, "finetune")
@@ -336,8 +325,7 @@ class FedCorr(LogitAdjusted, FLMethod):
     def _per_sample(self, model, idx, drawn: list[tuple] | None = None):
         """(softmax probabilities, detection losses) of ``model`` on the client's samples (``drawn``: the
         augmentation reserved ahead, else drawn here)."""
-        logits, probs, losses = client_outputs(self.ctx, model, idx, augment=self.params.detection_augment,
-                                               batch_size=PASS_BATCH, drawn=drawn)
+        logits, probs, losses = client_outputs(self.ctx, model, idx, augment=self.params.detection_augment, drawn=drawn)
         if self.params.detection_loss == "ce":
             losses = F.cross_entropy(logits, self.ctx.data.given[idx.to(self.ctx.device)], reduction="none")
         return probs, losses
@@ -362,9 +350,6 @@ class FedCorr(LogitAdjusted, FLMethod):
         self.round_info.update(noisy_clients=len(self.noisy_set), relabelled=changed)
         self.ctx.log(f"FedCorr iteration {iteration}: noisy clients {self.noisy_set}, "
                      f"estimated levels {np.round(levels[noisy], 3).tolist()}, {changed} labels changed")
-
-    def _finetunes(self) -> bool:
-        return self.params.fine_tuning and not self.finetune_skipped
 
     def _choose_finetune_clients(self) -> None:
         self.candidates = [int(k) for k in np.flatnonzero(self.noise_level <= self.params.clean_set_thres)]

@@ -50,12 +50,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (
-    ClientUpdate, ConfigError, CostStage, draw_predict, FLMethod, LocalJob, MethodParams, param, Phase,
-    register, sampling, StackedBatch, Stage,
-)
+from .api import (ClientUpdate, ConfigError, CostStage, draw_predict, FLMethod, LocalJob, MethodParams, param, Phase,
+                  register, StackedBatch, Stage)
 from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, double_softmax_loss, group_shape,
-                    mixup_cross_entropy, mixup_view, sequential_client_groups)
+                    minmax_columns, mixup_cross_entropy, mixup_view, sequential_client_groups)
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
 
@@ -113,20 +111,13 @@ class FedDivParams(MethodParams):
 def minmax_normalise(x: np.ndarray) -> np.ndarray:
     """(x - min) / (max - min); all zeros when every value is equal (the code would divide by 0)."""
     x = np.asarray(x, dtype=np.float64)
-    if x.size == 0:
-        return x
-    lo, hi = x.min(), x.max()
-    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
-
-
-def _log_joint(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """(n, 2) log(pi_g N(x; mu_g, sigma_g^2))."""
-    pi, mu, var = w
-    return np.log(pi)[None, :] - 0.5 * (np.log(2 * np.pi * var)[None, :] + (x[:, None] - mu[None, :]) ** 2 / var[None, :])
+    return minmax_columns(x) if x.size else x
 
 
 def _log_responsibilities(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    lj = _log_joint(x, w)
+    """((n, 2) log responsibilities, (n,) log-likelihoods) of x under W, from log(pi_g N(x; mu_g, sigma_g^2))."""
+    pi, mu, var = w
+    lj = np.log(pi)[None, :] - 0.5 * (np.log(2 * np.pi * var)[None, :] + (x[:, None] - mu[None, :]) ** 2 / var[None, :])
     norm = np.logaddexp(lj[:, 0], lj[:, 1])
     return lj - norm[:, None], norm
 
@@ -143,15 +134,14 @@ def clean_mask(r_clean: np.ndarray, inclusive: bool = False) -> np.ndarray:
     return (r_clean >= 0.5) if inclusive else (r_clean > 0.5)
 
 
-def m_step(x: np.ndarray, resp: np.ndarray, reg_covar: float = REG_COVAR) -> np.ndarray:
-    """sklearn's M-step for a full-covariance 1-D mixture (10 eps added to the counts, reg_covar to the variances)."""
+def m_step(x: np.ndarray, resp: np.ndarray) -> np.ndarray:
+    """sklearn's M-step for a full-covariance 1-D mixture (10 eps added to the counts, REG_COVAR to the variances)."""
     nk = resp.sum(0) + 10 * np.finfo(np.float64).eps
     mu = resp.T @ x / nk
-    return np.stack([nk / nk.sum(), mu, (resp * (x[:, None] - mu[None, :]) ** 2).sum(0) / nk + reg_covar])
+    return np.stack([nk / nk.sum(), mu, (resp * (x[:, None] - mu[None, :]) ** 2).sum(0) / nk + REG_COVAR])
 
 
-def em_steps(x: np.ndarray, w: np.ndarray, steps: int, reg_covar: float = REG_COVAR,
-             tol: float = 1e-3, max_iter: int = 100) -> np.ndarray:
+def em_steps(x: np.ndarray, w: np.ndarray, steps: int, tol: float = 1e-3, max_iter: int = 100) -> np.ndarray:
     """``steps`` EM iterations from W (= GaussianMixture(warm_start, max_iter=1) fitted ``steps`` times).
 
     ``steps`` = 0: iterate until the mean log-likelihood changes by less than ``tol`` (sklearn's
@@ -164,7 +154,7 @@ def em_steps(x: np.ndarray, w: np.ndarray, steps: int, reg_covar: float = REG_CO
     prev = -np.inf
     for _ in range(steps if steps > 0 else max_iter):
         log_resp, norm = _log_responsibilities(x, w)
-        w = m_step(x, np.exp(log_resp), reg_covar)
+        w = m_step(x, np.exp(log_resp))
         bound = norm.mean()
         if steps == 0 and abs(bound - prev) < tol:
             break
@@ -182,11 +172,8 @@ def aggregate_filters(filters: np.ndarray, sizes: np.ndarray, variance_weights: 
 
 def pcs_select(clean: torch.Tensor, candidates: torch.Tensor, global_pred: torch.Tensor,
                reference: torch.Tensor, use_pcs: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(C', R'): clean samples and relabel candidates whose global argmax equals the reference label.
-
-    The reference is the cached de-biased label of the client's previous participation (code).
-    Without PCS every clean sample and every candidate passes.
-    """
+    """(C', R'): clean samples and relabel candidates whose global argmax equals the reference label (the code's:
+    the cached de-biased label of the client's previous participation); without PCS every one passes."""
     if not use_pcs:
         return clean.clone(), candidates.clone()
     agree = global_pred == reference
@@ -202,14 +189,12 @@ def training_set(clean: torch.Tensor, c_prime: torch.Tensor, r_prime: torch.Tens
     A clean client (delta_hat <= / < clean_set_thres) trains on everything and relabels nothing;
     otherwise R' is relabelled (even when not trained on).
     """
-    if count >= participation_gate:
-        train = c_prime | r_prime if delta_hat > relabel_gate else c_prime.clone()
-    else:
-        train = clean.clone()
     is_clean_client = delta_hat <= clean_set_thres if clean_client_rule == "le" else delta_hat < clean_set_thres
     if is_clean_client:
         return torch.ones_like(clean), torch.zeros_like(clean)
-    return train, r_prime.clone()
+    if count < participation_gate:
+        return clean.clone(), r_prime.clone()
+    return (c_prime | r_prime if delta_hat > relabel_gate else c_prime.clone()), r_prime.clone()
 
 
 def debias_prior_update(logits: torch.Tensor, probs: torch.Tensor, prior: torch.Tensor, xi: float,
@@ -255,7 +240,7 @@ def initial_filter_data(seed: int) -> np.ndarray:
     return minmax_normalise((x - x.mean()) / x.std())
 
 
-def initial_filter(seed: int, reg_covar: float = REG_COVAR) -> np.ndarray:
+def initial_filter(seed: int) -> np.ndarray:
     """W(0) (§2.4), as the code's server.py / gmm.py build it: ``GaussianMixture(n_components=2,
     init_params='random', random_state=args.seed)`` initialised on :func:`initial_filter_data`, i.e.
     responsibilities ``RandomState(seed).uniform(size=(1000, 2))``, rows normalised, and one M-step
@@ -264,7 +249,7 @@ def initial_filter(seed: int, reg_covar: float = REG_COVAR) -> np.ndarray:
     x = initial_filter_data(seed)
     resp = np.random.RandomState(seed).uniform(size=(len(x), 2))
     resp /= resp.sum(1, keepdims=True)
-    return m_step(x, resp, reg_covar)
+    return m_step(x, resp)
 
 
 @dataclass
@@ -301,18 +286,16 @@ class FedDiv(FLMethod):
         super().__init__(params, ctx)
         data = ctx.data
         k, c = data.num_clients, data.num_classes
-        self.frac1 = params.frac1  # None: one client per group, K groups (parts.group_shape)
         try:
-            self.groups_per_iteration = group_shape(k, self.frac1)[1]
+            self.groups_per_iteration = group_shape(k, params.frac1)[1]
         except ValueError as e:
             raise ConfigError(f"method 'feddiv': frac1: {e}") from None
         self.pre = params.warmup_iterations * self.groups_per_iteration
         self.sizes = data.sizes()
-        w0 = initial_filter(ctx.seed)
-        self.global_filter = w0
+        self.global_filter = initial_filter(ctx.seed)
         self.filter_cache = np.zeros((k, 3, 2))
         self.cached = np.zeros(k, dtype=bool)
-        self.local_filters = np.repeat(w0[None], k, axis=0)
+        self.local_filters = np.repeat(self.global_filter[None], k, axis=0)
         self.priors = torch.full((k, c), 1.0 / c, device=ctx.device)
         self.counts = np.zeros(k, dtype=np.int64)
         self.delta_hat = np.full(k, np.nan)
@@ -332,13 +315,13 @@ class FedDiv(FLMethod):
         return r >= self.pre
 
     def select_clients(self, r: int) -> list[int]:
-        if r < self.pre:
-            g = r % self.groups_per_iteration
-            if g == 0:  # a new warm-up iteration: a fresh random pass over the clients
-                self.warmup_groups = sequential_client_groups(self.ctx.rng, self.ctx.data.num_clients, self.frac1)
-                assert len(self.warmup_groups) == self.groups_per_iteration
-            return list(self.warmup_groups[g])
-        return sampling.uniform_fraction(self.ctx.rng, self.ctx.data.num_clients, self.ctx.settings.client_fraction)
+        if r >= self.pre:
+            return super().select_clients(r)
+        ctx, g = self.ctx, r % self.groups_per_iteration
+        if g == 0:  # a new warm-up iteration: a fresh random pass over the clients
+            self.warmup_groups = sequential_client_groups(ctx.rng, ctx.data.num_clients, self.params.frac1)
+            assert len(self.warmup_groups) == self.groups_per_iteration
+        return list(self.warmup_groups[g])
 
     def _lr_round(self, r: int) -> int:
         """training.rounds' learning-rate schedule spans the main rounds; the warm-up uses its first rate."""
@@ -368,7 +351,6 @@ class FedDiv(FLMethod):
         return loss
 
     def warm_up(self, r: int, k: int, nets: dict) -> LocalJob:
-        """All samples with their given labels."""
         return LocalJob(phases=[self._phase()], lr_round=self._lr_round(r), info=ClientPlan(self.ctx.data.given))
 
     def _per_sample_loss(self, logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
@@ -385,7 +367,7 @@ class FedDiv(FLMethod):
         idx = ctx.data.clients[k]
         dev_idx = idx.to(ctx.device)
         # 1-3: global-model losses, split by the filter
-        logits_g, probs_g, _ = client_outputs(ctx, self.global_model, idx, batch_size=PASS_BATCH)
+        logits_g, probs_g, _ = client_outputs(ctx, self.global_model, idx)
         _, clean_np = gmm_posteriors(self._per_sample_loss(logits_g, probs_g, ctx.data.given[dev_idx]),
                                      self._filter_for(k), p.clean_posterior == "inclusive")
         clean = torch.as_tensor(clean_np, device=ctx.device)
@@ -413,7 +395,7 @@ class FedDiv(FLMethod):
         of the model being optimised (a generator: each set sees the previous epoch's training)."""
         ctx, p, bs = self.ctx, self.params, self.ctx.settings.batch_size
         for _ in range(ctx.settings.local_epochs):
-            logits, _, _ = client_outputs(ctx, model, idx, batch_size=PASS_BATCH)
+            logits, _, _ = client_outputs(ctx, model, idx)
             reference = (logits - p.xi * torch.log(self.priors[k])[None, :]).argmax(1)
             plan.train_idx = idx[select(reference)[0].cpu()]
             if len(plan.train_idx) > bs:
@@ -429,8 +411,7 @@ class FedDiv(FLMethod):
         p, ctx, plan = self.params, self.ctx, job.info
         idx = ctx.data.clients[k]
         dev_idx = idx.to(ctx.device)
-        logits_l, probs_l, _ = client_outputs(ctx, nets[self.networks[0]], idx, batch_size=PASS_BATCH,
-                                              drawn=job.reserved)
+        logits_l, probs_l, _ = client_outputs(ctx, nets[self.networks[0]], idx, drawn=job.reserved)
         debiased, prior = debias_prior_update(logits_l, probs_l, self.priors[k], p.xi, p.prior_mask, p.prior_momentum)
         w_k = em_steps(self._per_sample_loss(logits_l, probs_l, plan.labels[dev_idx]), self._filter_for(k), p.em_steps)
         return {"train_loss": float(np.mean(job.losses)) if job.losses else float("nan"), "filter": w_k,

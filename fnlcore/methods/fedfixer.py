@@ -149,14 +149,11 @@ def mix_aggregate(old: State, weighted: Iterable[tuple[State, float]], gamma: fl
         for key, a in acc.items():
             a.add_(s[key].to(torch.float64), alpha=float(wt))
         total += float(wt)
-    denom = total if total != 0 else total + EMPTY_SCALE
-    out: State = {}
-    for key, ref in old.items():
-        if key not in acc:
-            out[key] = first[key] if first is not None else ref.clone()
-            continue
-        out[key] = (gamma * acc.pop(key) / denom + (1.0 - gamma) * ref.to(torch.float64)).to(ref.dtype)
-    return out
+    denom = total or EMPTY_SCALE
+    if first is None:  # no client: integer entries from the old state
+        first = {key: ref.clone() for key, ref in old.items() if key not in acc}
+    return {key: (gamma * acc.pop(key) / denom + (1.0 - gamma) * ref.to(torch.float64)).to(ref.dtype)
+            if key in acc else first[key] for key, ref in old.items()}  # pop: each sum freed once used
 
 
 # -- the method ----------------------------------------------------------------------------
@@ -199,8 +196,7 @@ class FedFixer(FLMethod):
         return v[0] if all(x == v[0] for x in v) else torch.tensor(v).to(self.ctx.device, non_blocking=True)
 
     def prepare(self, r: int, k: int, nets: dict) -> None:
-        p = self.params
-        load(nets["theta"], self.personal.get(k) if p.personalised == "persistent" and k in self.personal
+        load(nets["theta"], self.personal.get(k) if self.params.personalised == "persistent" and k in self.personal
              else self.global_model.state_dict())
         nets["theta"].train()  # θ trains (the loss's twin steps), w is the engine's trained network
 
@@ -257,7 +253,6 @@ class FedFixer(FLMethod):
                                                      begin=begin, end=end, before_step=move, epoch_lr=w_lr))
 
     def aggregate(self, r: int, updates) -> None:
-        """w_g ← γ·Σ n̄_k w_k / Σ n̄_k + (1 − γ)·w_g."""
         fracs = []
 
         def weighted():  # streamed: a client's state is dropped once it is summed

@@ -77,7 +77,7 @@ import torch.nn.functional as F
 
 from .api import (
     clients_cross_entropy, ClientStore, CostStage, FLMethod, forward_bounded, load, LocalJob,
-    masked_mean, MethodParams, param, Phase, register, sampling, StackedBatch, Stage, State,
+    masked_mean, MethodParams, on, param, Phase, register, sampling, StackedBatch, Stage, State,
 )
 from .parts import check_rounds_left, fit_two_gaussians
 from ..randaugment import RandAugmentSpec
@@ -157,10 +157,8 @@ def fixmatch_labels(logits: torch.Tensor, threshold: float) -> torch.Tensor:
 
 def sieve(proxies: np.ndarray, p_threshold: float, max_iter: int, tol: float, reg_covar: float,
           seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Federated Sieving on 1-D proxies: (q = posterior of the smaller-mean component, clean = q ≥ p_threshold).
-
-    Raw (un-normalised) values; a degenerate set (fewer than 2 values, or all equal) gives q = 1.
-    """
+    """Federated Sieving on 1-D proxies, raw (un-normalised): (q = posterior of the smaller-mean component,
+    clean = q ≥ p_threshold); a degenerate set (fewer than 2 values, or all equal) gives q = 1."""
     x = np.asarray(proxies, dtype=np.float64).reshape(-1, 1)
     if len(x) < 2 or not float(x.max()) > float(x.min()):
         q = np.ones(len(x))
@@ -172,11 +170,8 @@ def sieve(proxies: np.ndarray, p_threshold: float, max_iter: int, tol: float, re
 
 def refine_reliable(noisy_flag: torch.Tensor, given: torch.Tensor, pseudo: torch.Tensor, reliable: torch.Tensor,
                     has_reliable: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Label Refining's update of Y* (Eq. 16, dev realisation): clean-flagged → ŷ; noisy-flagged with a
-    pseudo-label (≥ 0) → it; other noisy-flagged samples keep their previous entry (or none).
-
-    Returns (labels, has-entry mask); labels without an entry are left as they were.
-    """
+    """Label Refining's update of Y* (Eq. 16, dev realisation) -> (labels, has-entry mask): clean-flagged → ŷ;
+    noisy-flagged with a pseudo-label (≥ 0) → it; the others keep their previous entry (or none: label as it was)."""
     take_given, take_pseudo = ~noisy_flag, noisy_flag & (pseudo >= 0)
     labels = torch.where(take_given, given, torch.where(take_pseudo, pseudo, reliable))
     return labels, has_reliable | take_given | take_pseudo
@@ -184,12 +179,8 @@ def refine_reliable(noisy_flag: torch.Tensor, given: torch.Tensor, pseudo: torch
 
 def refined_terms(logits: torch.Tensor, given: torch.Tensor, reliable: torch.Tensor, has_reliable: torch.Tensor,
                   q: torch.Tensor, high_noise: torch.Tensor) -> torch.Tensor:
-    """L^SR for t ≥ α of each sample (one without a label counts as a zero); ``high_noise`` (bool, per
-    sample): r_k ≥ β of the sample's client.
-
-    r_k < β: q CE(p, ŷ) + (1 - q) CE(p, Y*) (second term 0 without an entry);
-    r_k ≥ β: CE(p, Y*) (0 without an entry).
-    """
+    """L^SR for t ≥ α of each sample: r_k < β: q CE(p, ŷ) + (1 - q) CE(p, Y*); r_k ≥ β (``high_noise``, bool per
+    sample): CE(p, Y*); a CE(p, Y*) without an entry in Y* counts as a zero."""
     target = torch.where(has_reliable, reliable, torch.zeros_like(reliable))
     ce_rel = F.cross_entropy(logits, target, reduction="none") * has_reliable.to(logits.dtype)
     ce_given = F.cross_entropy(logits, given, reduction="none")
@@ -219,21 +210,16 @@ def revision_decay(r: int, warmup: int, noise_ratio: float, reliable_frac: float
 
 
 @torch.no_grad()
-def ema_blend(ema: torch.nn.Module | State, source: torch.nn.Module | State, decay: float) -> None:
-    """ema ← decay·ema + (1 - decay)·source on every float entry (parameters and buffers), in place;
-    integer entries (BN batch counters) are copied from ``source``."""
-    e = ema.state_dict() if isinstance(ema, torch.nn.Module) else ema
-    s = source.state_dict() if isinstance(source, torch.nn.Module) else source
-    floats_e, floats_s = [], []
-    for key, v in e.items():
-        src = s[key]
-        if v.is_floating_point():
-            floats_e.append(v)
-            floats_s.append(src.to(v.device, v.dtype))
-        else:
-            v.copy_(src)
-    if floats_e:
-        torch._foreach_lerp_(floats_e, floats_s, 1.0 - decay)
+def ema_blend(ema: State, source: State, decay: float) -> None:
+    """ema ← decay·ema + (1 - decay)·source (``torch.lerp``) on every float entry (parameters and buffers),
+    in place; integer entries (BN batch counters) are copied from ``source``."""
+    floats = [key for key, v in ema.items() if v.is_floating_point()]
+    for key, v in ema.items():
+        if not v.is_floating_point():
+            v.copy_(source[key])
+    if floats:
+        src = [source[key].to(ema[key].device, ema[key].dtype) for key in floats]
+        torch._foreach_lerp_([ema[key] for key in floats], src, 1.0 - decay)
 
 
 # -- the method ----------------------------------------------------------------------------
@@ -245,11 +231,6 @@ class _GlobalFeatures(NamedTuple):
     ids: torch.Tensor  # the client's sample ids, sorted, on the device
     feats: torch.Tensor  # (n_k, d) float32, row j for ids[j]
 
-    @classmethod
-    def of(cls, idx: torch.Tensor, feats: torch.Tensor) -> "_GlobalFeatures":
-        ids, order = torch.sort(idx.to(feats.device))
-        return cls(ids, feats[order])
-
     def __getitem__(self, i: torch.Tensor) -> torch.Tensor:
         return self.feats[torch.searchsorted(self.ids, i)]
 
@@ -259,7 +240,6 @@ class _JobInfo:
     """What a local update's loss needs from its preparation."""
 
     high_noise: bool | None  # r_k ≥ β (main stage); None in warm-up
-    teacher: torch.Tensor | None  # revised EMA logits by sample id (Eq. 14); None: online teacher or no B_k
     features: _GlobalFeatures | None  # R_k's cached targets; None: per step, or no R_k
 
 
@@ -303,6 +283,7 @@ class FedGR(FLMethod):
         self.sampler = sampling.CyclicSampler(ctx.data.num_clients, ctx.settings.client_fraction)
         self._teacher: torch.Tensor | None = None  # teacher logits by sample id, rewritten per client (not state)
         self._stats: dict[str, list[float]] = {}
+        self._cache_features = params.lambda_r > 0 and params.global_features == "cached"
         self._high_noise: torch.Tensor | None = None  # the training clients' r_k ≥ β flags (K,) (not state)
 
     # -- schedule ---------------------------------------------------------------------------
@@ -319,40 +300,25 @@ class FedGR(FLMethod):
         self._stats = {"noise_ratio": [], "reliable_frac": [], "ema_reset": []}
 
     # -- client side ------------------------------------------------------------------------
-    def _views(self, x: torch.Tensor, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Weak/strong views of a uint8 batch, honouring the augmentation ablations: without weak
-        augmentation the weak view is the un-augmented image; without strong augmentation the
-        strong view is the batch's weak view."""
-        p, gen = self.params, self.ctx.aug_gen
-        weak = lambda: self.pipeline.view("weak" if p.weak_aug else "eval", x, gen)  # noqa: E731
-        out = {"weak": weak()} if "weak" in names else {}
-        if "strong" in names and p.strong_aug:
-            out["strong"] = self.pipeline.view("strong", x, gen)
-        elif "strong" in names:
-            out["strong"] = out["weak"] if "weak" in out else weak()
-        return out
-
     @torch.no_grad()
     def _pass(self, model: torch.nn.Module, idx: torch.Tensor, views: tuple[str, ...],
               features: bool = False) -> dict[str, torch.Tensor]:
-        """Logits of ``model`` (eval mode) on the named views ('eval', 'weak') of samples ``idx``, in order
-        (chunks of eval_batch_size; per chunk the views in the order named, one weak draw per sample);
-        ``features``: also the backbone features of the same weak views, under 'feat'."""
+        """Logits of ``model`` (eval mode) on the named views of samples ``idx``, in order: chunks of eval_batch_size,
+        per chunk the views in the order named ('eval'; 'weak': one draw per sample, the un-augmented image under
+        'w/o weak aug'); ``features``: also the backbone features of the same weak views, under 'feat'."""
         model.eval()
         outs = {v: [] for v in views + (("feat",) if features else ())}
-        bs = self.ctx.settings.eval_batch_size
-        for xb, _ in self.ctx.data.train.batches(idx, bs):
+        for xb, _ in self.ctx.data.train.batches(idx, self.ctx.settings.eval_batch_size):
             for v in views:
-                x = self.pipeline.eval(xb) if v == "eval" else self._views(xb, ("weak",))["weak"]
+                x = self.pipeline.view(v if self.params.weak_aug else "eval", xb, self.ctx.aug_gen)
                 if features and v == "weak":
                     logits, feat = forward_bounded(model, x, model.forward_features)
                     outs["feat"].append(feat.float())
                 else:
                     logits = forward_bounded(model, x)
                 outs[v].append(logits.float())
-        empty = {"feat": torch.zeros(0, getattr(model, "feature_dim", 0), device=self.ctx.device)}
-        c = self.ctx.data.num_classes
-        return {v: torch.cat(o) if o else empty.get(v, torch.zeros(0, c, device=self.ctx.device))
+        width, dev = {"feat": getattr(model, "feature_dim", 0)}, self.ctx.device  # (0, width): a client without samples
+        return {v: torch.cat(o) if o else torch.zeros(0, width.get(v, self.ctx.data.num_classes), device=dev)
                 for v, o in outs.items()}
 
     def noise_ratio(self, k: int) -> float:
@@ -380,32 +346,31 @@ class FedGR(FLMethod):
         decay = revision_decay(r, p.warmup_rounds, noise_ratio, reliable_frac, p.beta, p.mu, p.gamma_g,
                                p.ema_reset_strict) if k in self.ema else 0.0
         net = self.workers["ema"]
+        load(net, self.ema.get(k) if decay > 0 else self.global_model.state_dict())
         if decay > 0:
-            load(net, self.ema.get(k))
-            ema_blend(net, self.global_model, decay)
-        else:
-            load(net, self.global_model.state_dict())
+            ema_blend(net.state_dict(), self.global_model.state_dict(), decay)
         return decay
 
-    @property
-    def _cache_features(self) -> bool:
-        return self.params.lambda_r > 0 and self.params.global_features == "cached"
-
-    def _observe(self, k: int, views: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Steps 1-2: the received global model's logits on client k's samples ('eval', 'weak' as named;
-        'cached' R_k targets: also 'weak' and the features of that weak view, 'feat'); folds the loss
-        observations into ℓ̄ (federated sieving)."""
+    def _observe(self, k: int, views: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], _GlobalFeatures | None]:
+        """Steps 1-2: the received global model's logits on client k's samples ('eval', 'weak' as named),
+        and R_k's cached targets ('cached': the features of a weak view, drawn here if not named; else
+        None); folds the loss observations into ℓ̄ (federated sieving)."""
         idx = self.ctx.data.clients[k]
-        cache = self._cache_features
-        if cache and "weak" not in views:
+        if self._cache_features and "weak" not in views:
             views = views + ("weak",)
-        out = self._pass(self.global_model, idx, views, features=cache)
+        out = self._pass(self.global_model, idx, views, features=self._cache_features)
         if self.params.sieving == "federated":
-            didx = idx.to(self.ctx.device)
-            obs = F.cross_entropy(out["eval"], self.noisy_labels[didx], reduction="none")
-            self.loss_mean[didx], self.loss_count[didx] = running_mean_update(
-                self.loss_mean[didx], self.loss_count[didx], obs)
-        return out
+            self._fold_losses(idx.to(self.ctx.device), out["eval"])
+        if "feat" not in out:
+            return out, None
+        ids, order = torch.sort(idx.to(self.ctx.device))
+        return out, _GlobalFeatures(ids, out["feat"][order])
+
+    def _fold_losses(self, didx: torch.Tensor, logits: torch.Tensor) -> None:
+        """Eqs. 9-10: CE(logits, ŷ) of samples ``didx`` folded into their running means ℓ̄."""
+        obs = F.cross_entropy(logits, self.noisy_labels[didx], reduction="none")
+        self.loss_mean[didx], self.loss_count[didx] = running_mean_update(
+            self.loss_mean[didx], self.loss_count[didx], obs)
 
     def _revise(self, r: int, k: int) -> float:
         """Step 4's revision of client k's EMA model; returns r_k."""
@@ -418,10 +383,6 @@ class FedGR(FLMethod):
         self._stats["ema_reset"].append(float(decay == 0.0))
         return r_k
 
-    def _features(self, k: int, out: dict[str, torch.Tensor]) -> _GlobalFeatures | None:
-        """R_k's cached targets of client k from its pre-training pass ('cached'), else None."""
-        return _GlobalFeatures.of(self.ctx.data.clients[k], out["feat"]) if "feat" in out else None
-
     def _step_views(self, stage: str) -> tuple[str, ...]:
         """The views a training step draws, in the order the loss uses them: a weak view where a term
         needs one ('eval', which draws nothing, under 'w/o weak aug'), then the strong view; under
@@ -433,11 +394,6 @@ class FedGR(FLMethod):
         online = stage == "main" and p.lambda_b > 0 and p.teacher == "online"
         return ((weak,) if (p.lambda_r > 0 and not self._cache_features) or online else ()) + ("strong",)
 
-    def _weak_strong(self, views: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(weak view or None, the student's view) of a step's declared views (see _step_views)."""
-        weak = views.get("weak" if self.params.weak_aug else "eval")
-        return weak, views["strong"] if self.params.strong_aug else weak
-
     def _job(self, stage: str, nets: dict[str, torch.nn.Module], info: _JobInfo) -> LocalJob:
         """E epochs on the client's samples with the stage's declared views. The revised EMA model left in
         ``nets["ema"]`` is the client's copy the engine keeps while it trains (``sb.copies["ema"]``)."""
@@ -445,22 +401,21 @@ class FedGR(FLMethod):
         return LocalJob(phases=[Phase(augment="raw", views=self._step_views(stage))], info=info)
 
     def prepare_warmup(self, r: int, k: int, nets: dict) -> LocalJob:
-        out = self._observe(k, ("eval",))
+        _, features = self._observe(k, ("eval",))
         self._revise(r, k)
-        return self._job("warmup", nets, _JobInfo(None, None, self._features(k, out)))
+        return self._job("warmup", nets, _JobInfo(None, features))
 
     def prepare_main(self, r: int, k: int, nets: dict) -> LocalJob:
         p, ctx = self.params, self.ctx
-        out = self._observe(k, ("eval", "weak"))
+        out, features = self._observe(k, ("eval", "weak"))
         self.label_refining(r, k, fixmatch_labels(out["weak"], p.confidence))  # step 3
         r_k = self._revise(r, k)
-        teacher = None
         if p.lambda_b > 0 and p.teacher == "revised":  # Eq. 14: the revised EMA model's logits, once per round
             if self._teacher is None:
                 self._teacher = torch.zeros(len(ctx.data.train), ctx.data.num_classes, device=ctx.device)
-            teacher, idx = self._teacher, ctx.data.clients[k]
-            teacher[idx.to(ctx.device)] = self._pass(nets["ema"], idx, ("weak",))["weak"]
-        return self._job("main", nets, _JobInfo(r_k >= p.beta, teacher, self._features(k, out)))
+            idx = ctx.data.clients[k]
+            self._teacher[idx.to(ctx.device)] = self._pass(nets["ema"], idx, ("weak",))["weak"]
+        return self._job("main", nets, _JobInfo(r_k >= p.beta, features))
 
     def _supervised_terms(self, z: torch.Tensor, i: torch.Tensor, high_noise: torch.Tensor) -> torch.Tensor:
         """L^SR of each sample ``i`` of main-stage clients under the switches (``high_noise``: r_k ≥ β of
@@ -476,11 +431,11 @@ class FedGR(FLMethod):
 
     # -- the loss, once over the K clients of a step (K = 1 on the sequential engine) ------------------
     def _student(self, sb: StackedBatch):
-        """(weak view or None, the student's logits (K * B, C) and features (K * B, F) on its view, flat sample
-        ids). Every term reads these same rows (no per-term reshape), which fixes the order their gradients
-        add up in: at K = 1 the golden record's, to the bit."""
-        weak, strong = self._weak_strong(sb.views)
-        logits, feat = sb.forward_features(strong)
+        """(weak view or None, the student's logits (K * B, C) and features (K * B, F) on its view (see _step_views),
+        flat sample ids). Every term reads these same rows (no per-term reshape), which fixes the order their
+        gradients add up in: at K = 1 the golden record's, to the bit."""
+        weak = sb.views.get("weak" if self.params.weak_aug else "eval")
+        logits, feat = sb.forward_features(sb.views["strong"] if self.params.strong_aug else weak)
         return weak, logits.float().flatten(0, 1), feat.flatten(2).flatten(0, 1), sb.idx.reshape(-1)
 
     def _with_representation(self, total: torch.Tensor, sb: StackedBatch, weak: torch.Tensor | None,
@@ -515,36 +470,28 @@ class FedGR(FLMethod):
     def begin(self, r: int, clients: list[int], jobs: list[LocalJob]) -> None:
         """Before K clients train: their r_k ≥ β flags (K,); the global backbone (R_k's target) in eval mode."""
         self.global_model.eval()
-        high = torch.tensor([bool(job.info.high_noise) for job in jobs])
-        self._high_noise = high.to(self.ctx.device, non_blocking=True)
+        self._high_noise = on(torch.tensor([bool(job.info.high_noise) for job in jobs]), self.ctx.device)
 
     def after_step(self, sb: StackedBatch, stepped: torch.Tensor) -> None:
         """Eq. 12 after every optimiser step: each client's EMA model ← γ_l EMA + (1 - γ_l) its trained model."""
         sb.copies["ema"].lerp_(1.0 - self.params.gamma_l, stepped)
 
     def upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
-        """Keep the client's EMA model as its training left it (``nets["ema"]``); upload the loss proxies
-        (or sieve locally under 'w/o FS')."""
+        """Keep the client's trained EMA model; upload the loss proxies, or under 'w/o FS' observe them with the
+        trained model and sieve on the client's own (unless the sieving is frozen)."""
         idx = self.ctx.data.clients[k]
         self.ema.put(k, nets["ema"].state_dict())
         if self.params.sieving == "federated":
             return {"proxy": (idx.clone(), self.loss_mean[idx.to(self.ctx.device)].clone())}
-        self._local_sieve(r, idx, nets["model"])
+        if not (self.params.freeze_sieving and r >= self.params.warmup_rounds):
+            didx = idx.to(self.ctx.device)
+            self._fold_losses(didx, self._pass(nets["model"], idx, ("eval",))["eval"])
+            self._apply_sieve(idx, self.loss_mean[didx])
         return {}
 
     _hooks = dict(upload=upload, begin=begin, after_step=after_step, copies=("ema",))
     stages = {"warmup": Stage(prepare=prepare_warmup, loss=warmup_loss, **_hooks),
               "main": Stage(prepare=prepare_main, loss=main_loss, **_hooks)}
-
-    def _local_sieve(self, r: int, idx: torch.Tensor, model: torch.nn.Module) -> None:
-        """'w/o FS': the client observes with its trained model and sieves on its own."""
-        if self.params.freeze_sieving and r >= self.params.warmup_rounds:
-            return
-        didx = idx.to(self.ctx.device)
-        logits = self._pass(model, idx, ("eval",))["eval"]
-        obs = F.cross_entropy(logits, self.noisy_labels[didx], reduction="none")
-        self.loss_mean[didx], self.loss_count[didx] = running_mean_update(self.loss_mean[didx], self.loss_count[didx], obs)
-        self._apply_sieve(idx, self.loss_mean[didx])
 
     def _apply_sieve(self, idx: torch.Tensor, proxies: torch.Tensor) -> None:
         p = self.params
@@ -564,9 +511,7 @@ class FedGR(FLMethod):
 
     def end_round(self, r: int) -> None:
         super().end_round(r)
-        for key, vals in self._stats.items():
-            if vals:
-                self.round_info[f"{key}_mean"] = float(np.mean(vals))
+        self.round_info.update({f"{key}_mean": float(np.mean(vals)) for key, vals in self._stats.items() if vals})
         data = self.ctx.data
         seen = self.loss_count > 0
         if bool(seen.any()):  # diagnostics against the truth, never used in training

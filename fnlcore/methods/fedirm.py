@@ -181,39 +181,36 @@ class FedIRM(FLMethod):
         p, c = self.params, self.ctx.data.num_classes
         # the client's EMA teacher (its own, or the received global model at its first matching update),
         # kept per client by the engine (client_networks) and moved after every step (relation_after_step)
-        teacher = nets["teacher"]
         start = self.teachers.get(k)
-        load(teacher, start if start is not None else self.global_model.state_dict())
-        teacher.eval()
+        load(nets["teacher"], start if start is not None else self.global_model.state_dict())
+        nets["teacher"].eval()
         target = self.relation_g if self.relation_g is not None else torch.full((c, c), 0.5, device=self.ctx.device)
         w = ramp_weight(r, p.consistency, p.ramp_rounds)
         return self.prepare(r, k, nets, {"rows": _RowMean(c, self.ctx.device), "target": target, "w": w})
 
-    def _supervised(self, sb: StackedBatch):
-        """((K,) L_sup(v1) + L_sup(v2), (K, B, C) v1 logits, v1 annotated positives)."""
+    def _supervised(self, sb: StackedBatch, collect: bool = True):
+        """((K,) L_sup(v1) + L_sup(v2), (K, B, C) v1 logits); ``collect``: each client's relation rows of the
+        step (from its v1 annotated positives) added to its own."""
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(*sb.idx.shape, -1)
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
         loss = annotated_bce(self, sb, z1, y) + annotated_bce(self, sb, z2, y)
-        return loss, z1, (y > 0.5) & self.active[sb.clients].bool()[:, None, :]
-
-    def supervised_loss(self, sb: StackedBatch):
-        return self._supervised(sb)[0]
-
-    def _collected(self, sb: StackedBatch):
-        """:meth:`_supervised`, each client's relation rows of the step added to its own."""
-        loss, z1, pos = self._supervised(sb)
-        rows, has = relation_rows(z1.detach(), pos, sb.mask, self.params.temperature)
-        for job, r_i, h_i in zip(sb.jobs, rows, has):  # a rider has no positives: nothing added
-            job.info["rows"].add(r_i, h_i)
+        if collect:
+            pos = (y > 0.5) & self.active[sb.clients].bool()[:, None, :]
+            rows, has = relation_rows(z1.detach(), pos, sb.mask, self.params.temperature)
+            for job, r_i, h_i in zip(sb.jobs, rows, has):  # a rider has no positives: nothing added
+                job.info["rows"].add(r_i, h_i)
         return loss, z1
 
+    def supervised_loss(self, sb: StackedBatch):
+        return self._supervised(sb, collect=False)[0]
+
     def collect_loss(self, sb: StackedBatch):
-        return self._collected(sb)[0]
+        return self._supervised(sb)[0]
 
     def relation_loss(self, sb: StackedBatch):
         p, chunk, info = self.params, self._chunk, sb.jobs[0].info  # target and w(r) are the round's
         k, bsz = sb.idx.shape
-        loss, z1 = self._collected(sb)
+        loss, z1 = self._supervised(sb)
         p1 = torch.sigmoid(z1.float())
         pt = torch.sigmoid(sb.copies["teacher"](sb.views["weak:2"]).float())
         sq = ((p1 - pt) ** 2).sum(-1)  # (K, B)
@@ -226,7 +223,6 @@ class FedIRM(FLMethod):
         return info["w"] * (cons + relation_kl(source, info["target"])) + loss
 
     def relation_begin(self, r, clients, jobs):
-        """The chunk's EMA step counters (host) and mask counts."""
         zeros = torch.zeros(len(clients), dtype=torch.int64, device=self.ctx.device)
         self._chunk = _Chunk(torch.tensor([self.steps[c] for c in clients], dtype=torch.float64), zeros, zeros.clone())
 
@@ -234,8 +230,7 @@ class FedIRM(FLMethod):
         """Each stepped client's teacher update with its own alpha (:func:`ema_alpha`, on the host),
         its counter advanced."""
         chunk = self._chunk
-        alpha = ema_alpha(chunk.steps, self.params.ema_decay)  # (K,) float64, host
-        sb.copies["teacher"].ema_(alpha, stepped)
+        sb.copies["teacher"].ema_(ema_alpha(chunk.steps, self.params.ema_decay), stepped)  # alpha (K,) float64, host
         chunk.steps += sb.moved_host.to(chunk.steps.dtype)
 
     def relation_end(self, r, clients, jobs):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from .api import FLMethod, MethodParams, param, register, Stage
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 

@@ -48,11 +48,6 @@ def sharpen_square(p: torch.Tensor) -> torch.Tensor:
     return s / s.sum(-1, keepdim=True)
 
 
-def entropy_per_sample(p: torch.Tensor) -> torch.Tensor:
-    """-sum_c p_c log p_c of each row."""
-    return -(p * p.clamp_min(1e-12).log()).sum(-1)
-
-
 def ramp(r: int, gamma: float, t_w: int) -> float:
     return gamma * r / t_w if r < t_w else gamma
 
@@ -60,18 +55,17 @@ def ramp(r: int, gamma: float, t_w: int) -> float:
 def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The FedLSR loss of K clients: logits z (K, B, C) of the two views, labels y (K, B), lam (K,)
     (each client's batch draw), mask (K, B) real rows or None -> (K,)."""
-    c = z1.shape[-1]
     scale = 1.0 / p.distill_temperature
-    q1 = F.softmax(z1 * scale, dim=-1).clamp(1e-6, 1.0)
-    q2 = F.softmax(z2 * scale, dim=-1).clamp(1e-6, 1.0)
+    q1, q2 = (F.softmax(z * scale, dim=-1).clamp(1e-6, 1.0) for z in (z1, z2))
     lam = lam.to(z1.dtype)[..., None, None]
     ps = sharpen_square(lam * F.softmax(z1, dim=-1) + (1.0 - lam) * F.softmax(z2, dim=-1))
     logits = ps if p.cls_on_probs else ps.clamp_min(1e-12).log()
-    per = (F.cross_entropy if p.cls_on_probs else F.nll_loss)(logits.reshape(-1, c), y.reshape(-1), reduction="none")
+    per = (F.cross_entropy if p.cls_on_probs else F.nll_loss)(logits.flatten(0, -2), y.reshape(-1), reduction="none")
     loss = masked_mean(per.view(y.shape), mask) + gamma_t * js_elementwise(q1, q2, mask)
     if p.lambda_e > 0:
         target = F.softmax(q1, dim=-1) if p.entropy_on == "tempered_probs" else F.softmax(z1, dim=-1)
-        loss = loss + p.lambda_e * masked_mean(entropy_per_sample(target), mask)
+        entropy = -(target * target.clamp_min(1e-12).log()).sum(-1)
+        loss = loss + p.lambda_e * masked_mean(entropy, mask)
     return loss
 
 
@@ -86,7 +80,6 @@ class FedLSR(FLMethod):
         return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=lam_beta11)])
 
     def loss(self, sb: StackedBatch):
-        """The one loss form over K clients; the sequential engine runs it at K = 1."""
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
         y = self.labels(sb.idx.reshape(-1)).view(sb.idx.shape)
         lam = on(sb.draws[0], z1.device)  # the batch's lam, (K,) (the sequential engine's stays on the host)

@@ -47,7 +47,6 @@ def sharpen_binary(p: torch.Tensor) -> torch.Tensor:
 
 
 def ramp(r: int, gamma: float, t_w: int) -> float:
-    """beta_t = gamma min(r / t_w, 1)."""
     return gamma * min(r / t_w, 1.0)
 
 
@@ -67,8 +66,7 @@ def fedlsr_ml_loss(z1, z2, y, pos_weight, lam, beta_t: float, batch_size: int, p
         per = torch.where(mask[..., None], per, torch.zeros((), dtype=per.dtype, device=per.device))
     cls = per.sum((-2, -1)) / (batch_size * z1.shape[-1])
     scale = 1.0 / p.distill_temperature
-    q1 = torch.sigmoid(z1 * scale).clamp(1e-6, 1.0)
-    q2 = torch.sigmoid(z2 * scale).clamp(1e-6, 1.0)
+    q1, q2 = (torch.sigmoid(z * scale).clamp(1e-6, 1.0) for z in (z1, z2))
     return cls + beta_t * js_elementwise(q1, q2, mask)
 
 
@@ -79,11 +77,9 @@ class FedLSRML(FLMethod):
     label_kinds = ("multi",)
 
     def loss(self, sb: StackedBatch):
-        """The one loss form over K clients; the sequential engine runs it at K = 1."""
         p = self.params
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
-        k, b, c = z1.shape
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(z1.shape)
         lam = on(sb.draws[0], z1.device)  # the batch's lam, (K,) (the sequential engine's stays on the host)
         return fedlsr_ml_loss(z1, z2, y, self.pos_weights()[sb.clients], lam, ramp(sb.r, p.gamma, p.t_w),
                               self.ctx.settings.batch_size, p, sb.mask)

@@ -37,8 +37,7 @@ Switches (code≠paper, fedmlp.md §0 and §9.1; the released code is an ablatio
   [CODE≠PAPER] (fedmlp.md §2.5) the code's commented-out ST lines use tau_n = d^G_c alone
   (``int(tao[cls] * len(...))``), not lambda_n d^G_c; the paper's equation is ambiguous between
   the two and the spec recommends lambda_n d^G_c (implemented); d^G_c alone is not offered;
-- ``pos_needs_neg`` true (code as it runs: no pseudo-negatives of a class in a round drops its
-  pseudo-positives, fedmlp.md §2.5 [CODE]) | false (paper: S_0 and S_1 independent);
+- ``pos_needs_neg`` true (code as it runs, see §2.5 above) | false (paper: S_0 and S_1 independent);
 - ``cr`` 'both' (paper Sec. 2.4 / the commented stage-2 line) | 'warmup' (HEAD code: stage-2
   consistency term commented out, L = sum s l_LA / sum s) | 'none'.
 Table 3 ablation rows (fedmlp.md §8, cumulative): FedAvg = method ``fedavg``; +MLD = ``wpc: false,
@@ -127,16 +126,16 @@ def _real(entries: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return entries.sum((1, 2))
 
 
-def wpc_loss(logits, y, shift, active, batch_size: int, mask) -> torch.Tensor:
+def wpc_loss(logits, y, shift, active, batch_size: int | torch.Tensor, mask) -> torch.Tensor:
     """L_WPC = sum_i sum_{c in A_k} l_LA / (B |A_k|) (fedmlp.md §2.2); ``shift`` and ``active`` (K, C),
-    ``active`` 0/1."""
+    ``active`` 0/1; ``batch_size`` B, or (K,) one per client."""
     per = la_bce(logits, y, shift[:, None, :]) * active[:, None, :]
     return _real(per, mask) / (batch_size * active.sum(1).clamp_min(1))
 
 
-def missing_distillation(p, p_global, missing, batch_size: int, mask) -> torch.Tensor:
+def missing_distillation(p, p_global, missing, batch_size: int | torch.Tensor, mask) -> torch.Tensor:
     """D = sum_i sum_{c in M_k} (p - p^G)^2 / (B |M_k|) (fedmlp.md §2.3); ``missing`` (K, C); 0 for a
-    client that misses nothing."""
+    client that misses nothing (no 0 / 0)."""
     m = missing.sum(1)
     total = _real(((p - p_global) ** 2) * missing[:, None, :], mask)
     return torch.where(m > 0, total / (batch_size * m).clamp_min(1), torch.zeros_like(total))
@@ -190,15 +189,21 @@ def confidence(features: torch.Tensor, proto0: torch.Tensor, proto1: torch.Tenso
 
 
 def select_pseudo_labels(s: torch.Tensor, degree: float, lambda0: float, lambda1: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions labelled 0, positions labelled 1) among the residual samples with confidences ``s``.
-
+    """(positions labelled 0, positions labelled 1) among the residual samples with confidences ``s``:
     n_0 = floor(lambda0 d |S_0|) largest s (S_0 = {s >= 0}), n_1 = floor(lambda1 d |S_1|) smallest
-    (S_1 = {s < 0}); ties by a stable sort in residual order (fedmlp.md §2.5).
-    """
+    (S_1 = {s < 0}); ties by a stable sort in residual order (fedmlp.md §2.5)."""
     n_s0 = int((s >= 0).sum())
     n0 = math.floor(lambda0 * degree * n_s0)
     n1 = math.floor(lambda1 * degree * (len(s) - n_s0))
     return torch.argsort(s, descending=True, stable=True)[:n0], torch.argsort(s, stable=True)[:n1]
+
+
+def pseudo_label_counts(pseudo: torch.Tensor, y_true: torch.Tensor) -> tuple[int, int, float]:
+    """(pseudo-positives, pseudo-negatives, share of the pseudo-labels equal to ``y_true``: an oracle, logged only)."""
+    labelled = pseudo != UNLABELLED
+    n = int(labelled.sum())
+    agree = int((labelled & (pseudo.float() == y_true.float())).sum())
+    return int((pseudo == 1).sum()), int((pseudo == 0).sum()), agree / n if n else float("nan")
 
 
 # -- the method ----------------------------------------------------------------------------------
@@ -215,10 +220,9 @@ class FedMLP(FLMethod):
     def __init__(self, params: FedMLPParams, ctx):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
-        data = ctx.data
-        n, c = len(data.train), data.num_classes
-        self.active = client_active_classes(data)  # (K, C) 0/1
-        self.pseudo = torch.full((n, c), UNLABELLED, dtype=torch.int8, device=ctx.device)
+        self.active = client_active_classes(ctx.data)  # (K, C) 0/1
+        self.pseudo = torch.full((len(ctx.data.train), ctx.data.num_classes), UNLABELLED, dtype=torch.int8,
+                                 device=ctx.device)
         self.protos_g: torch.Tensor | None = None  # (C, 2, D) global dual prototypes
         self.degree_g: torch.Tensor | None = None  # (C,) global learning degrees
         self._round_start = (0, 0)  # pseudo-positives / -negatives when the round began
@@ -228,25 +232,19 @@ class FedMLP(FLMethod):
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "stage2"
 
-    def _pseudo_counts(self) -> tuple[int, int]:
-        return int((self.pseudo == 1).sum()), int((self.pseudo == 0).sum())
-
     def begin_round(self, r: int) -> None:
         super().begin_round(r)
-        self._round_start = self._pseudo_counts()
+        self._round_start = pseudo_label_counts(self.pseudo, self.ctx.data.y_true)[:2]
         self._dropped = 0
 
     # -- client -----------------------------------------------------------------------------
-    def _priors(self, k: int, idx: torch.Tensor) -> torch.Tensor:
-        """pi_c: n_c^+ / N_k on annotated classes, |P^k_{c,1}| / N_k on missing ones (fedmlp.md §2.1)."""
-        i = idx.to(self.ctx.device)
-        a = self.active[k]
-        pos = (self.ctx.data.given[i].float() * a).sum(0)
-        return (pos + (self.pseudo[i] == 1).float().sum(0) * (1.0 - a)) / max(len(idx), 1)  # + pseudo-positives
-
     def _shift(self, k: int) -> torch.Tensor:
-        """Client k's LA shift for this local update (job.info), from its priors after detection."""
-        return la_shift(self._priors(k, self.ctx.data.clients[k]), self.params.tau)
+        """Client k's LA shift for this local update (job.info), from its priors after detection (fedmlp.md §2.1)."""
+        idx = self.ctx.data.clients[k]
+        i, a = idx.to(self.ctx.device), self.active[k]
+        pos = (self.ctx.data.given[i].float() * a).sum(0)
+        prior = (pos + (self.pseudo[i] == 1).float().sum(0) * (1.0 - a)) / max(len(idx), 1)  # + pseudo-positives
+        return la_shift(prior, self.params.tau)
 
     def _teacher_probs(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -268,9 +266,7 @@ class FedMLP(FLMethod):
     def loss_warmup(self, sb: StackedBatch) -> torch.Tensor:
         p, bs = self.params, self.ctx.settings.batch_size
         active = self.active[sb.clients]
-        missing = 1.0 - active
-        k, b = sb.idx.shape
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, -1)
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(*sb.idx.shape, -1)
         total = 0.0
         for v in (sb.views["weak:1"], sb.views["weak:2"]):
             z = sb.forward(v)
@@ -279,7 +275,7 @@ class FedMLP(FLMethod):
             total = total + 0.5 * sup
             if p.cr in ("both", "warmup"):
                 teacher = sb.per_client(self._teacher_probs(v))
-                total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), teacher, missing, bs, sb.mask)
+                total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), teacher, 1.0 - active, bs, sb.mask)
         return total
 
     def loss_stage2(self, sb: StackedBatch) -> torch.Tensor:
@@ -301,23 +297,20 @@ class FedMLP(FLMethod):
         return stage2_loss(per, mse, active | labelled, sb.mask)
 
     def upload(self, r: int, k: int, job: LocalJob, nets) -> dict:
-        """From the last warm-up round on: the trained model's dual prototypes of the annotated classes
-        and learning degrees of the missing ones (fedmlp.md §2.4)."""
+        """From the last warm-up round on: dual prototypes and learning degrees (fedmlp.md §2.4)."""
         p = self.params
         if not p.mld or r < p.warmup_rounds - 1:
             return {}
         idx = self.ctx.data.clients[k]
         logits, feats = self._features(nets["model"], idx, job.reserved)
-        return {
-            "prototypes": class_prototypes(feats, self.multi_label_targets(idx), self.active[k]),
-            "degrees": learning_degree(torch.sigmoid(logits), p.low, p.high),
-        }
+        return {"prototypes": class_prototypes(feats, self.multi_label_targets(idx), self.active[k]),
+                "degrees": learning_degree(torch.sigmoid(logits), p.low, p.high)}
 
     def reserve(self, r: int, k: int, job: LocalJob):
         """The upload's augmentation draws, made where the sequential upload makes them (batched engine)."""
         if not self.params.mld or r < self.params.warmup_rounds - 1:
             return None
-        return draw_predict(self.ctx, len(self.ctx.data.clients[k]), self.ctx.settings.eval_batch_size)
+        return draw_predict(self.ctx, len(self.ctx.data.clients[k]))  # in _features' batches of eval_batch_size
 
     _hooks = dict(upload=upload, reserve=reserve, begin=begin_chunk)
     stages = {"warmup": Stage(prepare=prepare_warmup, loss=loss_warmup, **_hooks),
@@ -348,10 +341,8 @@ class FedMLP(FLMethod):
         rows = idx.to(self.ctx.device)
         for c in missing:
             proto = self.protos_g[c]
-            if torch.isnan(proto).any():  # nobody labels c (fedmlp.md §9.7)
-                continue
             residual = (self.pseudo[rows, c] == UNLABELLED).nonzero().flatten()
-            if not len(residual):
+            if torch.isnan(proto).any() or not len(residual):  # NaN: nobody labels c (fedmlp.md §9.7)
                 continue
             s = confidence(feats[residual], proto[0], proto[1])
             d = float(self.degree_g[c]) if p.st else 1.0
@@ -378,16 +369,10 @@ class FedMLP(FLMethod):
             self.round_info.update({f"mld_degree_{c}": float(v) for c, v in enumerate(self.degree_g.tolist())})
         if r < self.params.warmup_rounds:
             return
-        labelled = self.pseudo != UNLABELLED
-        agree = labelled & (self.pseudo.float() == self.ctx.data.y_true.float())
-        n = int(labelled.sum())
-        pos, neg = self._pseudo_counts()
-        self.round_info.update(
-            mld_pseudo_pos=pos, mld_pseudo_neg=neg,
-            mld_agreement=float(agree.sum()) / n if n else float("nan"),  # oracle, logged only
-            mld_new_pos=pos - self._round_start[0], mld_new_neg=neg - self._round_start[1],
-            mld_dropped_pos=self._dropped,
-        )
+        pos, neg, agreement = pseudo_label_counts(self.pseudo, self.ctx.data.y_true)
+        self.round_info.update(mld_pseudo_pos=pos, mld_pseudo_neg=neg, mld_agreement=agreement,
+                               mld_new_pos=pos - self._round_start[0], mld_new_neg=neg - self._round_start[1],
+                               mld_dropped_pos=self._dropped)
 
     # -- outputs ----------------------------------------------------------------------------
     def client_results(self):
@@ -395,13 +380,8 @@ class FedMLP(FLMethod):
         rows = []
         for k, idx in enumerate(data.clients):
             i = idx.to(self.ctx.device)
-            ps = self.pseudo[i]
-            lab = ps != UNLABELLED
-            agree = int((lab & (ps.float() == data.y_true[i].float())).sum())
-            rows.append({
-                "client": k, "n": len(idx),
-                "active_classes": ",".join(str(c) for c in self.active[k].nonzero().flatten().tolist()),
-                "pseudo_pos": int((ps == 1).sum()), "pseudo_neg": int((ps == 0).sum()),
-                "pseudo_agreement": agree / int(lab.sum()) if int(lab.sum()) else float("nan"),
-            })
+            pos, neg, agreement = pseudo_label_counts(self.pseudo[i], data.y_true[i])
+            rows.append({"client": k, "n": len(idx),
+                         "active_classes": ",".join(str(c) for c in self.active[k].nonzero().flatten().tolist()),
+                         "pseudo_pos": pos, "pseudo_neg": neg, "pseudo_agreement": agreement})
         return pd.DataFrame(rows)

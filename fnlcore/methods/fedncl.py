@@ -96,9 +96,8 @@ def entry_distances(global_state: State, client_states: list[State], keys: list[
     return out
 
 
-def reliability_scores(
-    dist: torch.Tensor, losses: np.ndarray, sizes: np.ndarray, use_divergence: bool = True, use_loss: bool = True
-) -> np.ndarray:
+def reliability_scores(dist: torch.Tensor, losses: np.ndarray, sizes: np.ndarray, use_divergence: bool = True,
+                       use_loss: bool = True) -> np.ndarray:
     """q_c = e_c * h_c / |D_c| with e_c = sum_l d_l^c; ablations drop e (use_divergence) or h (use_loss)."""
     q = np.ones(dist.shape[1])
     if use_divergence:
@@ -117,17 +116,13 @@ def detect_noisy(q: np.ndarray, beta: float, two_sided: bool = True) -> np.ndarr
     q = np.asarray(q, dtype=np.float64)
     if q.size < 2:
         return np.zeros(q.size, dtype=bool)
-    dev = q - q.mean()
-    if two_sided:
-        dev = np.abs(dev)
+    dev = np.abs(q - q.mean()) if two_sided else q - q.mean()
     return (dev > beta * q.std(ddof=1)) & (q != 0)
 
 
 def penalty_factor(r: int, correction_round: int, start_penalty: float, tau: float) -> float:
     """m for flagged clients: clip(r / start, start, tau) for r <= T_corr (10 at the paper's scale), tau after."""
-    if r > correction_round:
-        return float(tau)
-    return float(np.clip(r / start_penalty, start_penalty, tau))
+    return float(tau) if r > correction_round else float(np.clip(r / start_penalty, start_penalty, tau))
 
 
 def layer_weights(dist: torch.Tensor, noisy: np.ndarray, m: float, sizes: np.ndarray | None = None) -> torch.Tensor:
@@ -215,12 +210,8 @@ class FedNCL(FLMethod):
         m = penalty_factor(r, p.correction_round, p.start_penalty, p.tau) if (p.use_penalty and noisy.any()) else 1.0
         w = layer_weights(dist, noisy, m, sizes if p.size_factor else None)
         load(self.global_model, layerwise_average(states, keys, w))
-        self._record(r, [u.client for u in ups], noisy, m)
-
-    def _record(self, r: int, clients: list[int], noisy: np.ndarray, m: float) -> None:
-        p = self.params
         self.last_noisy[:] = False
-        self.last_noisy[[c for c, f in zip(clients, noisy) if f]] = True
+        self.last_noisy[[u.client for u, f in zip(ups, noisy) if f]] = True
         if r < p.correction_round:
             self.counts += self.last_noisy
             self.in_correction |= correction_members(self.counts, p.alpha, p.correction_round)

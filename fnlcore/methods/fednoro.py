@@ -32,10 +32,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, predict, register, Stage,
-                  warm_up_then, weighted_average)
+from .api import (FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, register, Stage, warm_up_then,
+                  weighted_average)
+from .fednoro_detection import client_indicators, FedNoRoDetectionParams, gmm_noisy
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import check_rounds_left, class_loss_matrix, fit_two_gaussians, client_rates, gaussian_ramp_up, minmax_columns
+from .parts import check_rounds_left, class_loss_matrix, client_rates, gaussian_ramp_up, minmax_columns
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,6 @@ class FedNoRoParams(MethodParams):
         check_rounds_left(self, "warmup_rounds", settings)
 
 
-def gmm_noisy_clients(features: np.ndarray, random_state: int) -> frozenset[int]:
-    """One 2-component GMM fit (sklearn defaults); noisy = the component with the larger sum of means."""
-    gmm = fit_two_gaussians(features, random_state)
-    noisy_comp = int(np.argmax(gmm.means_.sum(axis=1)))
-    return frozenset(int(i) for i in np.flatnonzero(gmm.predict(features) == noisy_comp))
-
-
 def vote(sets: list[frozenset[int]]) -> frozenset[int]:
     """The most frequent exact set; ties go to the tied set that first appears (smallest seed).
 
@@ -85,7 +79,7 @@ def vote(sets: list[frozenset[int]]) -> frozenset[int]:
 
 def detect_noisy_clients(matrix: np.ndarray, votes: int) -> frozenset[int]:
     feats = minmax_columns(matrix)
-    return vote([gmm_noisy_clients(feats, s) for s in range(votes)])
+    return vote([frozenset(np.flatnonzero(gmm_noisy(feats, s)).tolist()) for s in range(votes)])
 
 
 def daagg_weights(sizes: np.ndarray, distances: np.ndarray) -> np.ndarray:
@@ -131,8 +125,9 @@ class FedNoRo(LogitAdjusted, FLMethod):
         self.refresh_priors()
         if self.stage(r) == "stage2":
             self.round_info["kd_lambda"] = gaussian_ramp_up(r, *self.ramp, self.params.lambda_max)
-            # which clients distil, once a round (the noisy set is fixed after warm-up)
-            self._distil = torch.as_tensor([self.distils(k) for k in range(self.ctx.data.num_clients)],
+            # which clients distil from the global model (noisy ones; a clean one keeps LA-CE), once a round:
+            # the noisy set is fixed after warm-up
+            self._distil = torch.as_tensor([k in self.noisy for k in range(self.ctx.data.num_clients)],
                                            device=self.ctx.device)
 
     # -- local objectives (each the one loss form over K clients; the sequential engine runs it at K = 1) --
@@ -140,10 +135,6 @@ class FedNoRo(LogitAdjusted, FLMethod):
         """Stage 1, and a clean client in stage 2: logit-adjusted CE."""
         return la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
                                 self.params.tau, sb.mask)
-
-    def distils(self, k: int) -> bool:
-        """Stage 2: a noisy client distils from the round's global model; a clean one keeps LA-CE."""
-        return self.params.use_kd and k in self.noisy
 
     def stage2_loss(self, sb):
         """A distilling client: lambda(r) KL(softmax(f_G / T) || p_LA) + (1 - lambda(r)) NLL(p_LA) (fednoro.md
@@ -169,13 +160,12 @@ class FedNoRo(LogitAdjusted, FLMethod):
             return self.fedavg(updates)
         ups = list(updates)  # DaAgg needs every client's model at once
         clean = [u for u in ups if u.client not in self.noisy]
-        noisy = [u for u in ups if u.client in self.noisy]
         sizes = np.array([u.num_samples for u in ups], dtype=np.float64)
-        if not noisy or not clean:  # fednoro.md §4.4: plain FedAvg
+        if len(clean) in (0, len(ups)):  # no clean or no noisy client: plain FedAvg (fednoro.md §4.4)
             weights = sizes / sizes.sum()
-        else:
-            dist = self._distance
-            d = np.array([0.0 if u.client not in self.noisy else min(dist(u.state, c.state) for c in clean) for u in ups])
+        else:  # d: a noisy client's distance to the nearest clean one, 0 for a clean client
+            d = np.array([min(self._distance(u.state, c.state) for c in clean) if u.client in self.noisy else 0.0
+                          for u in ups])
             weights = daagg_weights(sizes, d)
         self.round_info["daagg_min_weight"] = float(weights.min())
         load(self.global_model, weighted_average([u.state for u in ups], weights))
@@ -188,17 +178,11 @@ class FedNoRo(LogitAdjusted, FLMethod):
     def end_round(self, r):
         if r != self.params.warmup_rounds - 1:
             return
-        data = self.ctx.data
-        assigned = torch.cat(data.clients)
-        logits = predict(self.ctx, self.global_model, data.train, assigned, augment=self.params.detection_augment)
-        given = data.given[assigned.to(self.ctx.device)]
-        per_sample = F.cross_entropy(logits, given, reduction="none").double().cpu().numpy()
-        losses = np.zeros(len(data.train))
-        losses[assigned.numpy()] = per_sample
-        labels = data.given.cpu().numpy()
-        self.loss_matrix = class_loss_matrix(losses, labels, [c.numpy() for c in data.clients], data.num_classes)
+        # the per-class loss matrix is Table 3's per-class loss indicator (CE of raw logits, given labels)
+        indicator = FedNoRoDetectionParams(per_class=True, detection_augment=self.params.detection_augment)
+        self.loss_matrix = client_indicators(self.ctx, self.global_model, indicator)
         self.noisy = detect_noisy_clients(self.loss_matrix, self.params.detection_votes)
-        if len(self.noisy) == data.num_clients:  # fednoro.md §4.4: no clean client left
+        if len(self.noisy) == self.ctx.data.num_clients:  # fednoro.md §4.4: no clean client left
             self.ctx.log("FedNoRo: every client detected as noisy; treating all as clean")
             self.noisy = frozenset()
         self.ctx.log(f"FedNoRo: detected noisy clients {sorted(self.noisy)}")

@@ -51,14 +51,20 @@ def detection_scores(detected: np.ndarray, truth: np.ndarray) -> tuple[float, fl
     return recall, hit / detected.sum() if detected.sum() else 0.0, float(np.array_equal(detected, truth))
 
 
+def gmm_noisy(features: np.ndarray, random_state: int, noisy_high: bool = True) -> np.ndarray:
+    """(K,) bool: the clients one 2-component GMM fit (sklearn defaults) puts in the noisy component, the
+    one whose means sum larger (``noisy_high``) or smaller."""
+    gmm = fit_two_gaussians(features, random_state)
+    sums = gmm.means_.sum(axis=1)
+    return gmm.predict(features) == int(np.argmax(sums) if noisy_high else np.argmin(sums))
+
+
 def gmm_detection_rates(features: np.ndarray, truth: np.ndarray, seeds: int, noisy_high: bool = True) -> tuple[float, float, float]:
     """Mean (recall, precision, matching ratio) over ``seeds`` single GMM fits (random_state 0..seeds-1)."""
     total = np.zeros(3)
     cache: dict[bytes, tuple[float, float, float]] = {}
     for s in range(seeds):
-        gmm = fit_two_gaussians(features, s)
-        sums = gmm.means_.sum(axis=1)
-        detected = gmm.predict(features) == int(np.argmax(sums) if noisy_high else np.argmin(sums))
+        detected = gmm_noisy(features, s, noisy_high)
         key = detected.tobytes()
         if key not in cache:
             cache[key] = detection_scores(detected, truth)
@@ -96,19 +102,17 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
             return
         p = self.params
         self.features = client_indicators(self.ctx, self.global_model, p)
-        truth = self.true_noisy()
         feats = minmax_columns(self.features) if p.norm else self.features
+        truth = self.ctx.data.wrong_label_clients()
         self.rates = gmm_detection_rates(feats, truth, p.gmm_seeds, noisy_high=p.indicator != "conf")
         self.round_info.update(det_recall=self.rates[0], det_precision=self.rates[1], det_mr=self.rates[2])
-
-    def true_noisy(self) -> np.ndarray:
-        return self.ctx.data.wrong_label_clients()
 
     def client_results(self):
         if self.features is None:
             return None
         cols = {f"indicator_{j}": self.features[:, j] for j in range(self.features.shape[1])}
-        return pd.DataFrame({"client": np.arange(len(self.features)), "true_noisy": self.true_noisy(), **cols})
+        truth = self.ctx.data.wrong_label_clients()
+        return pd.DataFrame({"client": np.arange(len(self.features)), "true_noisy": truth, **cols})
 
 
 def client_indicators(ctx, model, p: FedNoRoDetectionParams) -> np.ndarray:
@@ -117,7 +121,6 @@ def client_indicators(ctx, model, p: FedNoRoDetectionParams) -> np.ndarray:
     assigned = torch.cat(data.clients)
     logits = predict(ctx, model, data.train, assigned, augment=p.detection_augment)
     given = data.given[assigned.to(ctx.device)]
-    n = len(data.train)
     if p.indicator == "lid":
         probs = F.softmax(logits, dim=1)
         return np.array([[float(np.mean(np.asarray(lid_scores(part, p.lid_k))))]
@@ -126,7 +129,7 @@ def client_indicators(ctx, model, p: FedNoRoDetectionParams) -> np.ndarray:
         per_sample = F.softmax(logits, dim=1).gather(1, given[:, None]).squeeze(1)
     else:
         per_sample = F.cross_entropy(logits, given, reduction="none")
-    values = np.zeros(n)
+    values = np.zeros(len(data.train))
     values[assigned.numpy()] = per_sample.double().cpu().numpy()
     if p.per_class:
         return class_loss_matrix(values, data.given.cpu().numpy(), [c.numpy() for c in data.clients], data.num_classes)

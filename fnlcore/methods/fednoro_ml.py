@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from .api import FLMethod, MethodParams, param, register, Stage
-from .logit_adjust import la_bce, la_shift
+from .fedmlp import missing_distillation, wpc_loss
+from .logit_adjust import la_shift
 from .multilabel import client_active_classes
 from .parts import gaussian_ramp_up
 
@@ -42,18 +43,11 @@ class FedNoRoMLParams(MethodParams):
 def fednoro_ml_loss(z, z_teacher, y, shift, active, w: float, temperature: float,
                     mask: torch.Tensor | None) -> torch.Tensor:
     """The loss of K clients -> (K,): z, z_teacher, y (K, B, C), shift and active (K, C), mask (K, B) real rows
-    (None: all). A client with no missing class has no MSE term (its mean would be 0 / 0)."""
+    (None: all). FedMLP's two terms over b, the actual batch size: a client with no missing class has no MSE term."""
     z, z_teacher = z.float(), z_teacher.float()
-    k, b, _ = z.shape
-    rows = torch.ones(k, b, 1, device=z.device) if mask is None else mask[:, :, None].to(z.dtype)
-    n = rows.sum((1, 2))
-    active = active[:, None, :]
-    missing = 1.0 - active
-    sup = (la_bce(z, y, shift[:, None, :]) * active * rows).sum((1, 2))
-    sup = sup / (n * active.sum((1, 2)).clamp_min(1))
-    mse = (((torch.sigmoid(z) - torch.sigmoid(z_teacher / temperature)) ** 2) * missing * rows).sum((1, 2))
-    mse = mse / (n * missing.sum((1, 2))).clamp_min(1)  # clamped: no 0/0 where nothing is missing
-    return torch.where(missing.sum((1, 2)) == 0, (1.0 - w) * sup, w * mse + (1.0 - w) * sup)
+    b = z.shape[1] if mask is None else mask.to(z.dtype).sum(1)
+    mse = missing_distillation(torch.sigmoid(z), torch.sigmoid(z_teacher / temperature), 1.0 - active, b, mask)
+    return w * mse + (1.0 - w) * wpc_loss(z, y, shift, active, b, mask)
 
 
 @register
@@ -79,8 +73,7 @@ class FedNoRoML(FLMethod):
         with torch.no_grad():
             zt = sb.per_client(self.global_model.eval()(sb.x)).float()
         w = gaussian_ramp_up(sb.r, p.ramp_begin, p.ramp_end, p.lambda_max)  # ramp_end > ramp_begin (validate)
-        k, b, c = sb.logits.shape
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(k, b, c)
+        y = self.multi_label_targets(sb.idx.reshape(-1)).view(sb.logits.shape)
         return fednoro_ml_loss(sb.logits, zt, y, self.shift[sb.clients], self.active[sb.clients], w, p.kd_temperature,
                                sb.mask)
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import (
-    clients_cross_entropy, FLMethod, host_side, MethodParams, on, param, parameter_keys, register, snapshot,
-    Stage,
-)
+from .api import (clients_cross_entropy, FLMethod, host_side, MethodParams, on, param, parameter_keys, register,
+                  snapshot, Stage)
 from .parts import proximal_term
 
 
@@ -44,7 +42,6 @@ class FedProx(FLMethod):
         self._keys = parameter_keys(self.global_model)
 
     def loss(self, sb):
-        """Each client's mean CE plus its proximal term to the round's global model -> (K,)."""
         loss = clients_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), sb.mask)
         p = self.params
         if p.mu <= 0:

@@ -31,8 +31,7 @@ class GCE(FLMethod):
     round_cost = 1.0  # FedAvg's round with another per-sample loss
 
     def loss(self, sb):  # the one loss form: each client's mean over its real rows -> (K,)
-        k, b, c = sb.logits.shape
-        per = gce_per_sample(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), self.params.q)
-        return masked_mean(per.view(k, b), sb.mask)
+        per = gce_per_sample(sb.logits.flatten(0, 1), self.labels(sb.idx.reshape(-1)), self.params.q)
+        return masked_mean(per.view_as(sb.idx), sb.mask)
 
     stages = {"main": Stage(loss=loss)}

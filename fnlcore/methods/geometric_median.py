@@ -37,6 +37,7 @@ import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State
 from .krum import float_keys, noisy_client_flags, weighted_sum
+from .parts import client_chunks
 
 # Client values taken at a time in the distance pass (a float64 chunk of every client's values).
 CHUNK_VALUES = 2**22
@@ -53,42 +54,32 @@ class GeometricMedianParams(MethodParams):
 
 def _distances(z: State, states: list[State], keys: list[str]) -> torch.Tensor:
     """(n,) float64 Euclidean distances ||z - states_i|| over ``keys``."""
-    n = len(states)
-    sq = torch.zeros(n, dtype=torch.float64, device=z[keys[0]].device if keys else "cpu")
-    step = max(1, CHUNK_VALUES // n)
+    sq = torch.zeros(len(states), dtype=torch.float64, device=z[keys[0]].device if keys else "cpu")
     for k in keys:
         zk = z[k].reshape(-1)
-        flat = [s[k].reshape(-1) for s in states]
-        for a in range(0, zk.numel(), step):
-            x = torch.stack([f[a:a + step] for f in flat]).to(torch.float64)
-            sq += (x - zk[a:a + step]).square_().sum(dim=1)
+        for at, x in client_chunks(states, k, CHUNK_VALUES, torch.float64):
+            sq += (x - zk[at]).square_().sum(dim=1)
     return sq.sqrt()
 
 
-def weiszfeld(states: list[State], weights, max_iter: int = 2, nu: float = 1e-5, ftol: float = 1e-6,
-              keys: list[str] | None = None) -> tuple[State, torch.Tensor, int]:
-    """RFA's smoothed Weiszfeld over ``keys`` (default: every floating entry) of the states.
-
-    Returns (z as float64 entries, the last weights used (alpha after 0 iterations), iterations run).
-    """
-    keys = float_keys(states[0]) if keys is None else keys
+def weiszfeld(states: list[State], weights, max_iter: int = 2, nu: float = 1e-5,
+              ftol: float = 1e-6) -> tuple[State, torch.Tensor, int]:
+    """RFA's smoothed Weiszfeld over every floating entry of the states: (z as float64 entries, the last
+    weights used (alpha after 0 iterations), iterations run)."""
+    keys = float_keys(states[0])
     alpha = torch.as_tensor([float(w) for w in weights], dtype=torch.float64)
     if len(alpha) != len(states) or (alpha < 0).any() or alpha.sum() <= 0:
         raise ValueError(f"weights must be {len(states)} non-negative numbers with a positive sum, got {alpha.tolist()}")
     alpha = alpha / alpha.sum()
-    z = weighted_sum(states, keys, alpha.tolist())
-    dist = _distances(z, states, keys).cpu()
-    obj = float((alpha * dist).sum())
-    beta, done = alpha, 0
-    for done in range(1, max_iter + 1):
-        beta = alpha / dist.clamp(min=nu)
-        beta = beta / beta.sum()
+    beta, obj = alpha, None
+    for done in range(max_iter + 1):  # done: the Weiszfeld iterations that gave beta
         z = weighted_sum(states, keys, beta.tolist())
         dist = _distances(z, states, keys).cpu()
         prev, obj = obj, float((alpha * dist).sum())
-        if abs(prev - obj) < ftol * obj:
-            break
-    return z, beta, done
+        if done == max_iter or (prev is not None and abs(prev - obj) < ftol * obj):
+            return z, beta, done
+        beta = alpha / dist.clamp(min=nu)
+        beta = beta / beta.sum()
 
 
 def geometric_median(states: list[State], weights, max_iter: int = 2, nu: float = 1e-5,

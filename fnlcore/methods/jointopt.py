@@ -117,12 +117,10 @@ class JointOpt(FLMethod):
     def loss(self, sb: StackedBatch):
         """The one loss form over K clients (the sequential engine runs it at K = 1); each client's
         real rows record their predictions."""
-        k, b, c = sb.logits.shape
-        probs = F.softmax(sb.logits.detach().float(), dim=-1)
-        if sb.mask is None:
-            record_predictions(self.history, self.counts, sb.idx.reshape(-1), probs.reshape(k * b, c))
-        else:  # real rows only; the clients hold disjoint samples
-            record_predictions(self.history, self.counts, sb.idx[sb.mask], probs[sb.mask])
+        idx, probs = sb.idx, F.softmax(sb.logits.detach().float(), dim=-1)
+        if sb.mask is not None:  # real rows only; the clients hold disjoint samples
+            idx, probs = idx[sb.mask], probs[sb.mask]
+        record_predictions(self.history, self.counts, idx.reshape(-1), probs.flatten(0, -2))
         return jointopt_loss(sb.logits, self.soft[sb.idx], self.params.alpha, self.params.beta, sb.mask)
 
     def _update_labels(self, k: int) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import ConfigError, FLMethod, load, MethodParams, param, register, sampling, State
+from .parts import client_chunks
 
 # Coordinates taken at a time: the stacked chunk (clients x chunk, float64) and one row's
 # differences; 2^22 values keep that under ~70 MB however large an entry is.
@@ -51,17 +52,14 @@ def float_keys(state: State) -> list[str]:
     return [k for k, v in state.items() if v.is_floating_point()]
 
 
-def pairwise_sq_distances(states: list[State], keys: list[str] | None = None) -> torch.Tensor:
-    """(n, n) float64 squared Euclidean distances between the states over the entries ``keys``."""
+def pairwise_sq_distances(states: list[State]) -> torch.Tensor:
+    """(n, n) float64 squared Euclidean distances between the states over their floating entries."""
     n = len(states)
-    keys = float_keys(states[0]) if keys is None else keys
+    keys = float_keys(states[0])
     dev = states[0][keys[0]].device if keys else torch.device("cpu")
     d = torch.zeros((n, n), dtype=torch.float64, device=dev)
-    step = max(1, CHUNK_VALUES // max(n, 1))
     for k in keys:
-        flat = [s[k].reshape(-1) for s in states]
-        for a in range(0, flat[0].numel(), step):
-            x = torch.stack([f[a:a + step] for f in flat]).to(torch.float64)
+        for _, x in client_chunks(states, k, CHUNK_VALUES, torch.float64):
             for i in range(n):
                 d[i] += (x - x[i]).square_().sum(dim=1)
     return d

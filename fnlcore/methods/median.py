@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State
+from .parts import client_chunks
 
 # Client values of an entry taken at a time: the stack and its sort hold a few copies of them.
 CHUNK_VALUES = 2**22
@@ -51,15 +52,13 @@ def median_of(stacked: torch.Tensor, even: str = "mean") -> torch.Tensor:
 def coordinate_median(states: list[State], even: str = "mean") -> State:
     """Every floating entry: the coordinate-wise median of the states; integer entries from states[0]."""
     out: State = {}
-    step = max(1, CHUNK_VALUES // len(states))
     for k, ref in states[0].items():
         if not ref.is_floating_point():
             out[k] = ref.clone()
             continue
-        flat = [s[k].reshape(-1) for s in states]
         med = torch.empty(ref.numel(), dtype=ref.dtype, device=ref.device)
-        for a in range(0, med.numel(), step):
-            med[a:a + step] = median_of(torch.stack([f[a:a + step] for f in flat]), even)
+        for at, x in client_chunks(states, k, CHUNK_VALUES):
+            med[at] = median_of(x, even)
         out[k] = med.view(ref.shape)
     return out
 

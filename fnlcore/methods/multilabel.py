@@ -47,10 +47,8 @@ def annotated_bce(method, sb, z: torch.Tensor, y: torch.Tensor | None = None) ->
                        classes=method.active[sb.clients])
 
 
-def partial_bce(
-    logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor | None, batch_size: int,
-    mask: torch.Tensor | None = None, classes: torch.Tensor | None = None,
-) -> torch.Tensor:
+def partial_bce(logits: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor | None, batch_size: int,
+                mask: torch.Tensor | None = None, classes: torch.Tensor | None = None) -> torch.Tensor:
     """FedMLP's FedAvg / FedAvg-PL loss of K clients (fedmlp.md §6, baselines.md §14) -> (K,).
 
     Σ_i Σ_{c} BCEwithlogits_pw(z_ic, y_ic) / (B * C), or with ``classes`` (0/1 masks of each client's
@@ -66,6 +64,5 @@ def partial_bce(
     per = per.sum(-1)
     if mask is not None:
         per = torch.where(mask, per, torch.zeros_like(per))
-    if classes is None:
-        return per.sum(-1) / (batch_size * logits.shape[-1])
-    return per.sum(-1) / (batch_size * classes.sum(-1).clamp_min(1))
+    n = logits.shape[-1] if classes is None else classes.sum(-1).clamp_min(1)
+    return per.sum(-1) / (batch_size * n)

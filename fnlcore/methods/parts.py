@@ -8,6 +8,7 @@ for what it computes, so a method file reads as its algorithm.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -87,15 +88,24 @@ def sequential_client_groups(rng: np.random.RandomState, num_clients: int, fract
     prob = np.full(num_clients, 1.0 / num_clients)
     groups = []
     for _ in range(n_groups):
-        if prob.sum() <= 0:
-            break
         chosen = rng.choice(num_clients, per_group, p=prob)
         groups.append([int(k) for k in chosen])
         prob[chosen] = 0.0
         total = prob.sum()
-        if total > 0:
-            prob = prob / total
+        if total <= 0:
+            break
+        prob = prob / total
     return groups
+
+
+def client_chunks(states: list, key: str, chunk_values: int, dtype: torch.dtype | None = None):
+    """Entry ``key`` of n states a chunk of coordinates at a time (``chunk_values`` values, at least one
+    coordinate): (the chunk's slice of the flattened entry, the (n, chunk) stack of its values in ``dtype``)."""
+    flat = [s[key].reshape(-1) for s in states]
+    step = max(1, chunk_values // len(states))
+    for a in range(0, flat[0].numel(), step):
+        x = torch.stack([f[a:a + step] for f in flat])
+        yield slice(a, a + step), x if dtype is None else x.to(dtype)
 
 
 PASS_BATCH = 100  # FedCorr's and FedDiv's codes run their detection passes (client_outputs) in batches of 100
@@ -208,6 +218,7 @@ def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
 # -- mixup with declared draws (FedCorr, FedDiv): the batched engine draws them ahead ------------------
 
 
+@dataclass(frozen=True, slots=True)
 class MixupDraw:
     """A mixup batch's random draws, as :func:`~fnlcore.randaugment.mixup` makes them: lambda ~
     Beta(alpha, alpha) from two Gammas (a 0-dim tensor: per batch), then the partner permutation (n,).
@@ -215,21 +226,11 @@ class MixupDraw:
     A ``Phase.draws`` declaration (after the views), so the batched engine draws every client's
     batches ahead in the sequential order; equal for equal alpha (a batched chunk's clients agree)."""
 
-    __slots__ = ("alpha",)
-
-    def __init__(self, alpha: float):
-        self.alpha = float(alpha)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, MixupDraw) and other.alpha == self.alpha
-
-    def __hash__(self) -> int:
-        return hash(("mixup", self.alpha))
+    alpha: float
 
     def __call__(self, n: int, gen: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
         device = draw_device(gen, device)  # the generator's (the host in a run)
-        conc = torch.full((2,), self.alpha, device=device)
-        g = torch._standard_gamma(conc, generator=gen) if gen is not None else torch._standard_gamma(conc)
+        g = torch._standard_gamma(torch.full((2,), float(self.alpha), device=device), generator=gen)
         return g[0] / (g[0] + g[1]), torch.randperm(n, generator=gen, device=device)
 
 

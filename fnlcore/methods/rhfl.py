@@ -42,22 +42,17 @@ def symmetric_ce(logits: torch.Tensor, y: torch.Tensor, alpha: float, beta: floa
     return loss.mean() if reduction == "mean" else loss
 
 
-def ccr_weights(prev: np.ndarray, cur: np.ndarray) -> np.ndarray:
-    """Client-confidence re-weighting: softmax(1/(K-1) + beta_c q / sum q) with beta_c applied by the caller.
+def ccr_aggregation_weights(prev: np.ndarray, cur: np.ndarray, beta_c: float) -> np.ndarray:
+    """Client-confidence re-weighting: softmax(1/(K-1) + beta_c q / sum q), q / sum q zeros when |sum q| < 1e-8.
 
     ``prev``/``cur``: previous and current mean losses (NaN prev = no previous loss -> q = 0).
-    Returns the normalised quality shares q / sum q (zeros when |sum q| < 1e-8).
     """
+    if len(cur) == 0:
+        return np.zeros(0)
     q = np.where(np.isnan(prev), 0.0, (prev - cur) / cur)
     total = q.sum()
-    return np.zeros_like(q) if abs(total) < 1e-8 else q / total
-
-
-def ccr_aggregation_weights(prev: np.ndarray, cur: np.ndarray, beta_c: float) -> np.ndarray:
-    k = len(cur)
-    if k == 0:
-        return np.zeros(0)
-    a = 1.0 / max(k - 1, 1) + beta_c * ccr_weights(prev, cur)
+    share = np.zeros_like(q) if abs(total) < 1e-8 else q / total
+    a = 1.0 / max(len(cur) - 1, 1) + beta_c * share
     e = np.exp(a - a.max())
     return e / e.sum()
 
@@ -74,19 +69,17 @@ class RHFL(FLMethod):
         super().__init__(params, ctx)
         self.prev_loss = np.full(ctx.data.num_clients, np.nan)  # L_k of the client's last participation
 
-    def upload(self, r, k, job, nets):
-        """L_k^t: the mean SCE of the trained model on the client's data (eval mode, no augmentation)."""
+    def upload(self, r, k, job, nets):  # L_k^t
         idx = self.ctx.data.clients[k]
         logits = predict(self.ctx, nets["model"], self.ctx.data.train, idx)
         y = self.ctx.data.given[idx.to(self.ctx.device)]
         return {"mean_loss": float(symmetric_ce(logits, y, self.params.alpha, self.params.beta_s))}
 
     def loss(self, sb):
-        k, b, c = sb.logits.shape
-        z, y, p = sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), self.params
+        z, y, p = sb.logits.flatten(0, 1), self.labels(sb.idx.reshape(-1)), self.params
         per = (F.cross_entropy(z, y, reduction="none") if p.local_loss == "ce"
                else symmetric_ce(z, y, p.alpha, p.beta_s, "none"))
-        return masked_mean(per.view(k, b), sb.mask)
+        return masked_mean(per.view_as(sb.idx), sb.mask)
 
     stages = {"main": Stage(upload=upload, loss=loss)}
 

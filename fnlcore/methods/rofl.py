@@ -41,7 +41,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .api import ClientUpdate, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register, Stage
+from .api import (
+    ClientUpdate, FLMethod, forward_bounded, LocalJob, masked_mean, MethodParams, param, Phase, register, Stage,
+)
 from .parts import check_rounds_left
 
 DENOMINATOR_GUARD = 1e-8  # |Σ_k s_kc| below this is replaced by 1 (spec A4(d))
@@ -96,11 +98,9 @@ def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) 
 
 
 def aggregate_centroids(global_old: torch.Tensor, client_centroids: torch.Tensor) -> torch.Tensor:
-    """f_G[c] = Σ_k s_kc f_k[c] / Σ_k s_kc, s_kc = cos(f_G_old[c], f_k[c]); (K, C, d) clients.
-
-    The cosines to a random f_G (round 0) are ≈ 0 with mixed signs: a denominator below
-    1e-8 in magnitude is replaced by 1 (spec A4(d)'s guard) instead of dividing by ~0.
-    """
+    """f_G[c] = Σ_k s_kc f_k[c] / Σ_k s_kc, s_kc = cos(f_G_old[c], f_k[c]); (K, C, d) clients. The cosines to a
+    random f_G (round 0) are ≈ 0 with mixed signs: a denominator below 1e-8 in magnitude is replaced by 1 (spec
+    A4(d)'s guard) instead of dividing by ~0."""
     s = F.cosine_similarity(global_old.unsqueeze(0), client_centroids, dim=2)  # (K, C)
     num = (s.unsqueeze(2) * client_centroids).sum(0)
     den = s.sum(0)
@@ -152,14 +152,12 @@ def rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor
     phi = f if cen_grad else f.detach()
     mask = (nearest_centroid(phi.detach(), centroids) == y) & kept
     targets = torch.where(mask, y, pseudo.gather(1, order)) if use_pseudo else y
-    zero = torch.zeros((), dtype=z.dtype, device=z.device)
-    denom = keep.clamp_min(1).to(z.dtype)
     ce = F.cross_entropy(z.reshape(k * b, c), targets.reshape(-1), reduction="none").view(k, b)
-    l_c = torch.where(kept, ce, zero).sum(1) / denom
+    l_c = masked_mean(ce, kept)  # over the keep_k kept rows
     dist = (mask.unsqueeze(2) * (phi - centroids.gather(1, y[:, :, None].expand(k, b, phi.shape[2]))).pow(2)).sum(2)
     l_cen = torch.where(kept, dist, torch.zeros((), dtype=dist.dtype, device=dist.device)).sum(1)
     log_p = F.log_softmax(z, dim=2)
-    l_e = torch.where(kept, -(log_p.exp() * log_p).sum(2), zero).sum(1) / denom  # mean entropy
+    l_e = masked_mean(-(log_p.exp() * log_p).sum(2), kept)  # mean entropy
     return BatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, order, kept, targets, mask)
 
 
@@ -184,12 +182,9 @@ def update_centroids(centroids: torch.Tensor, features: torch.Tensor, labels: to
 def logits_and_features(ctx, model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eval-mode logits and penultimate features of training samples ``idx`` (no augmentation)."""
     model.eval()
-    zs, fs = [], []
-    for xb, _ in ctx.data.train.batches(idx, ctx.settings.eval_batch_size):
-        z, f = forward_bounded(model, ctx.pipeline.eval(xb), model.forward_features)
-        zs.append(z.float())
-        fs.append(f.float())
-    return torch.cat(zs), torch.cat(fs)
+    batches = ctx.data.train.batches(idx, ctx.settings.eval_batch_size)
+    outs = [forward_bounded(model, ctx.pipeline.eval(xb), model.forward_features) for xb, _ in batches]
+    return torch.cat([z.float() for z, _ in outs]), torch.cat([f.float() for _, f in outs])
 
 
 @register
@@ -237,16 +232,14 @@ class RoFL(FLMethod):
 
     # the one loss form over a chunk of K clients (the sequential engine: K = 1), with its hooks
     def begin_chunk(self, r, clients, jobs):
-        """The chunk's centroids stacked (K, C, d), updated after every step."""
         self._chunk_centroids = torch.stack([job.info["centroids"] for job in jobs])
 
     def loss(self, sb):
         p = self.params
         k, b = sb.idx.shape
-        i = sb.idx.reshape(-1)
-        labels = self.ctx.data.given[i].view(k, b)
+        labels = self.ctx.data.given[sb.idx]
         logits, feats = sb.forward_features(sb.views["weak"])
-        out = rofl_loss(logits, feats, labels, self._pseudo[i].view(k, b), self._chunk_centroids,
+        out = rofl_loss(logits, feats, labels, self._pseudo[sb.idx], self._chunk_centroids,
                         self._forget, self._lambda_cen, p.lambda_e, sb.r >= p.t_pl, p.cen_grad, sb.mask)
         f = feats.detach().float().gather(1, out.order[:, :, None].expand(k, b, feats.shape[2]))
         y = labels.gather(1, out.order)
@@ -272,10 +265,8 @@ class RoFL(FLMethod):
 
     def aggregate(self, r: int, updates) -> None:
         stacked = torch.stack([u.uploads["centroids"] for u in self.fedavg(updates)])
-        if r == 0 and self.params.fg_init == "round0_mean":
-            self.f_g = stacked.mean(0)
-        else:
-            self.f_g = aggregate_centroids(self.f_g, stacked)
+        round0_mean = r == 0 and self.params.fg_init == "round0_mean"
+        self.f_g = stacked.mean(0) if round0_mean else aggregate_centroids(self.f_g, stacked)
 
     def end_round(self, r: int) -> None:
         selected, masked, changed = self._counts.tolist()

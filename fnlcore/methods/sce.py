@@ -45,10 +45,9 @@ class SCE(FLMethod):
     round_cost = 1.0  # FedAvg's round with another per-sample loss
 
     def loss(self, sb):  # each client's mean per-sample loss over its real rows
-        k, b, c = sb.logits.shape
         p = self.params
-        per = sce_per_sample(sb.logits.reshape(k * b, c), self.labels(sb.idx.reshape(-1)), p.alpha, p.beta,
+        per = sce_per_sample(sb.logits.flatten(0, 1), self.labels(sb.idx.reshape(-1)), p.alpha, p.beta,
                              LOG_ZERO[p.log_zero])
-        return masked_mean(per.view(k, b), sb.mask)
+        return masked_mean(per.view_as(sb.idx), sb.mask)
 
     stages = {"main": Stage(loss=loss)}

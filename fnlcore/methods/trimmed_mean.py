@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import ConfigError, FLMethod, load, MethodParams, param, register, State
+from .parts import client_chunks
 
 
 @dataclass(frozen=True)
@@ -58,17 +59,13 @@ def trimmed_mean(states: list[State], keep: int, rule: str = "code_scalar") -> S
     code rule's one scalar is the mean of the whole entry's kept deviations, assembled in place
     first, so the result equals the whole entry's in one chunk bit for bit."""
     out: State = {}
-    step = max(1, CHUNK_VALUES // len(states))
     for k, ref in states[0].items():
-        flat = [s[k].reshape(-1) for s in states]
-        size = flat[0].numel()
-        med = torch.empty(size, dtype=torch.float32)
-        kept = torch.empty((keep, size), dtype=torch.float32)
-        for a in range(0, size, step):
-            chunk = torch.stack([f[a:a + step].to(torch.float32) for f in flat])
-            med[a:a + step] = m = chunk.median(dim=0).values
+        med = torch.empty(ref.numel(), dtype=torch.float32)
+        kept = torch.empty((keep, ref.numel()), dtype=torch.float32)
+        for at, chunk in client_chunks(states, k, CHUNK_VALUES, torch.float32):
+            med[at] = m = chunk.median(dim=0).values
             dev = chunk - m
-            kept[:, a:a + step] = torch.take_along_dim(dev, torch.argsort(dev.abs(), dim=0, stable=True)[:keep], dim=0)
+            kept[:, at] = torch.take_along_dim(dev, torch.argsort(dev.abs(), dim=0, stable=True)[:keep], dim=0)
         shift = kept.view(keep, *ref.shape).mean() if rule == "code_scalar" else kept.mean(dim=0)
         out[k] = (med + shift).view(ref.shape).to(ref.dtype)
     return out
