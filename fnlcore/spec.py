@@ -188,6 +188,9 @@ class Spec:
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
+        if "switches" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: declare each switch on its field, param(..., switch=...), "
+                            "and differences no field selects in switch_notes; not a switches dict")
         if cls.registry is not None and cls.__dict__.get("name"):
             cls.registry.register(cls)
 

@@ -52,7 +52,7 @@ class MethodParams(Spec):
 
     Declare fields with :func:`fnlcore.registry.param` (bounds, choices, ``rounds=True``);
     ``name`` is the config name and the slug's head, ``slug_fields`` the fields shown
-    readably in the slug (the others hash), ``switches`` the code≠paper switches. The
+    readably in the slug (the others hash); a code≠paper switch is ``param(..., switch=...)``. The
     method class (not this dataclass) joins METHODS, through :func:`register`.
     """
 

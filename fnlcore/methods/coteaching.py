@@ -34,15 +34,13 @@ from .rofl import small_loss_order
 class CoteachingParams(MethodParams):
     name = "coteaching"
     slug_fields = ("tau",)
-    switches = {
-        "tau_scope": "'all' (spec §9(a): one tau for every client) | 'noisy_only' (fedgr.md A11: tau = 0 on clean clients, oracle)",
-        "evaluate": "'net1' (spec §9(b)) | 'net2'",
-    }
     tau: float = param(ge=0, le=1, doc="final drop rate, E[rho_k] of the noise (0.75 Sym, 0.3 Asym/Mixed, 0.39 Clothing1M)")
     t_k: int = param(25, ge=1, rounds=True, doc="rounds over which the drop rate ramps up to tau")
     c: float = param(1.0, gt=0, doc="ramp exponent")
-    tau_scope: str = param("all", choices=("all", "noisy_only"))
-    evaluate: str = param("net1", choices=("net1", "net2"))
+    tau_scope: str = param("all", choices=("all", "noisy_only"),
+                           switch="'all' (spec §9(a): one tau for every client) | 'noisy_only' (fedgr.md A11: tau = 0 "
+                                  "on clean clients, oracle)")
+    evaluate: str = param("net1", choices=("net1", "net2"), switch="'net1' (spec §9(b)) | 'net2'")
     log_networks: bool = param(True, slug=False, doc="log the other network's test metrics too; not in the slug")
 
 

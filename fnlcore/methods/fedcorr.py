@@ -63,10 +63,6 @@ from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, fit_two
 class FedCorrParams(MethodParams):
     name = "fedcorr"
     slug_fields = (("iterations1", "wu"), ("rounds1", "ft"), ("logit_adjust", {True: "la"}))
-    switches = {
-        "detection_loss": "'double_softmax' (code: CE of softmax probabilities for loss GMM and relabel ranking) | 'ce'",
-        "detection_augment": "true (code: per-sample passes on augmented training images) | false",
-    }
     iterations1: int = param(5, ge=1, passes=True, doc="T_wu: pre-processing iterations (each a pass over all clients), before training.rounds")
     frac1: float | None = param(None, gt=0, le=1, doc="clients per pre-processing group as a fraction of K (None: 1/K, one client)")
     rounds1: int = param(500, ge=0, rounds=True, doc="T_ft: the first rounds1 of training.rounds fine-tune on clean clients")
@@ -81,8 +77,10 @@ class FedCorrParams(MethodParams):
     fine_tuning: bool = True
     logit_adjust: bool = param(False, doc="FedCorr+LA: logit-adjusted local CE (FedNoRo Tables 1-2)")
     la_tau: float = param(1.0, ge=0, doc="logit-adjustment strength (logit_adjust only)")
-    detection_loss: str = param("double_softmax", choices=("double_softmax", "ce"))
-    detection_augment: bool = True
+    detection_loss: str = param("double_softmax", choices=("double_softmax", "ce"),
+                                switch="'double_softmax' (code: CE of softmax probabilities for loss GMM and relabel "
+                                       "ranking) | 'ce'")
+    detection_augment: bool = param(True, switch="true (code: per-sample passes on augmented training images) | false")
 
     def check_training(self, settings) -> None:
         if self.rounds1 > settings.rounds:

@@ -62,45 +62,43 @@ REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filte
 class FedDivParams(MethodParams):
     name = "feddiv"
     slug_fields = (("warmup_iterations", "wu"), ("filter", {"degraded": "degraded", "local": "localfilter"}), ("reg_coef", {1.0: "reg"}))
-    switches = {
-        "loss_form": "'double_softmax' (code: CE of softmax outputs) | 'logits' (paper)",
-        "normalize_losses": "true (code: per-client min-max of the losses) | false (paper)",
-        "clean_posterior": "'strict' (code: r_clean > 0.5) | 'inclusive' (paper Eq. 7: >= 0.5)",
-        "clean_client_rule": "'le' (code: delta_hat <= clean_set_thres -> all data) | 'lt' (paper Eq. 11)",
-        "participation_gate": "5 (code: PCS/relabel from the 5th participation) | 0 (paper)",
-        "relabel_gate": "0.2 (code: relabelled samples trained only if delta_hat > 0.2) | 0 (paper)",
-        "persistent_relabels": "true (code: relabels kept in the working labels) | false (paper)",
-        "prior_mask": "0.85 (code: prior from samples with de-biased confidence > 0.85) | 0 (paper Eq. 12)",
-        "xi": "0.2 (code default, CLI could not change it) | 0.5 (paper)",
-        "prior_momentum": "0.5 (code default, CLI could not change it) | 0.2 (paper)",
-        "variance_weights": "'squared' (code: gamma^2 for variances) | 'linear' (paper Eq. 5)",
-        "em_steps": "3 (code: 3 EM steps per local filter) | 0 (paper: EM until converged)",
-        "pcs_reference": "'cached' (code: cached de-biased labels, once per round) | 'local_epoch' (paper)",
-        "bn_extra_forward": "true (code: unused forward on the un-mixed batch updates BN stats) | false",
-    }
     warmup_iterations: int = param(5, ge=0, passes=True, doc="T_wu: passes over all clients before training.rounds")
     frac1: float | None = param(None, gt=0, le=1, doc="warm-up group fraction; default 1/K (one client per group)")
     zeta: float = param(0.75, ge=0, le=1, doc="relabel confidence of the global model")
-    xi: float = param(0.2, ge=0, doc="de-bias factor (paper 0.5)")
-    prior_momentum: float = param(0.5, ge=0, le=1, doc="momentum m of the class prior (paper 0.2)")
-    prior_mask: float = param(0.85, ge=0, lt=1, doc="de-biased confidence above which samples update the prior")
+    xi: float = param(0.2, ge=0, doc="de-bias factor (paper 0.5)",
+                      switch="0.2 (code default, CLI could not change it) | 0.5 (paper)")
+    prior_momentum: float = param(0.5, ge=0, le=1, doc="momentum m of the class prior (paper 0.2)",
+                                  switch="0.5 (code default, CLI could not change it) | 0.2 (paper)")
+    prior_mask: float = param(0.85, ge=0, lt=1, doc="de-biased confidence above which samples update the prior",
+                              switch="0.85 (code: prior from samples with de-biased confidence > 0.85) | 0 (paper Eq. "
+                                     "12)")
     reg_coef: float = param(0.0, ge=0, doc="L_reg weight as the code's flag: eta = reg_coef**2 (non-IID 1, IID 0)")
-    em_steps: int = param(3, ge=0, doc="EM steps per local filter; 0 = until converged (paper)")
+    em_steps: int = param(3, ge=0, doc="EM steps per local filter; 0 = until converged (paper)",
+                          switch="3 (code: 3 EM steps per local filter) | 0 (paper: EM until converged)")
     clean_set_thres: float = param(0.1, ge=0, le=1, doc="a client with delta_hat <= this trains on all its data")
-    relabel_gate: float = param(0.2, ge=0, le=1, doc="relabelled samples are trained only if delta_hat > this")
-    participation_gate: int = param(5, ge=0, doc="PCS and relabelled samples only from this participation count on")
+    relabel_gate: float = param(0.2, ge=0, le=1, doc="relabelled samples are trained only if delta_hat > this",
+                                switch="0.2 (code: relabelled samples trained only if delta_hat > 0.2) | 0 (paper)")
+    participation_gate: int = param(5, ge=0, doc="PCS and relabelled samples only from this participation count on",
+                                    switch="5 (code: PCS/relabel from the 5th participation) | 0 (paper)")
     filter: str = param("federated", choices=("federated", "degraded", "local"), doc="Table 6 filter variants")
     relabel: bool = True
     pcs: bool = True
-    pcs_reference: str = param("cached", choices=("cached", "local_epoch"))
-    variance_weights: str = param("squared", choices=("squared", "linear"))
-    loss_form: str = param("double_softmax", choices=("double_softmax", "logits"))
-    normalize_losses: bool = True
-    clean_posterior: str = param("strict", choices=("strict", "inclusive"))
-    clean_client_rule: str = param("le", choices=("le", "lt"))
-    persistent_relabels: bool = True
+    pcs_reference: str = param("cached", choices=("cached", "local_epoch"),
+                               switch="'cached' (code: cached de-biased labels, once per round) | 'local_epoch' "
+                                      "(paper)")
+    variance_weights: str = param("squared", choices=("squared", "linear"),
+                                  switch="'squared' (code: gamma^2 for variances) | 'linear' (paper Eq. 5)")
+    loss_form: str = param("double_softmax", choices=("double_softmax", "logits"),
+                           switch="'double_softmax' (code: CE of softmax outputs) | 'logits' (paper)")
+    normalize_losses: bool = param(True, switch="true (code: per-client min-max of the losses) | false (paper)")
+    clean_posterior: str = param("strict", choices=("strict", "inclusive"),
+                                 switch="'strict' (code: r_clean > 0.5) | 'inclusive' (paper Eq. 7: >= 0.5)")
+    clean_client_rule: str = param("le", choices=("le", "lt"),
+                                   switch="'le' (code: delta_hat <= clean_set_thres -> all data) | 'lt' (paper Eq. 11)")
+    persistent_relabels: bool = param(True, switch="true (code: relabels kept in the working labels) | false (paper)")
     mixup_alpha: float = param(1.0, gt=0)
-    bn_extra_forward: bool = True
+    bn_extra_forward: bool = param(True,
+                                   switch="true (code: unused forward on the un-mixed batch updates BN stats) | false")
 
 
 # -- pure parts ------------------------------------------------------------------------------

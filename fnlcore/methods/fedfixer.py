@@ -59,23 +59,20 @@ LOG_EPS = 1e-8
 class FedFixerParams(MethodParams):
     name = "fedfixer"
     slug_fields = (("beta_max", "bmax"),)
-    switches = {
-        "personalised": "'reinit' (code default: θ from the global model every round) | 'persistent' "
-                        "(θ_k kept per client, the code's 'without regularisation term' ablation with lam = 0)",
-        "cr_loss": "true | false (code ablation 'without CR': plain CE)",
-        "alternate": "true (cross selection) | false (code ablation 'without alternative update')",
-        "beta_max": "2 (CIFAR-10) | 20 (CIFAR-100) | 1.0 (Clothing1M, value the code executes; option help says 2.8)",
-    }
-    beta_max: float = param(2.0, ge=0, doc="β_max of the CR loss (CIFAR-10 2, CIFAR-100 20, Clothing1M 1.0)")
+    beta_max: float = param(2.0, ge=0, doc="β_max of the CR loss (CIFAR-10 2, CIFAR-100 20, Clothing1M 1.0)",
+                            switch="2 (CIFAR-10) | 20 (CIFAR-100) | 1.0 (Clothing1M, value the code executes; option "
+                                   "help says 2.8)")
     begin_sel: int = param(10, ge=0, rounds=True, doc="rounds r ≤ begin_sel train on every sample; also sets the β ramp")
     lam: float = param(15.0, ge=0, doc="λ: coupling of θ and w (regulariser and the move of w)")
     inner_steps: int = param(5, ge=1, doc="K: personalised steps per minibatch")
     mu_wd: float = param(0.001, ge=0, doc="μ: weight decay inside the personalised update")
     gamma: float = param(1.0, ge=0, le=1, doc="γ: server mixing of the aggregate with the old global model")
     plr: float | None = param(None, gt=0, doc="personalised learning rate (None = the run's lr)")
-    personalised: str = param("reinit", choices=("reinit", "persistent"))
-    cr_loss: bool = True
-    alternate: bool = True
+    personalised: str = param("reinit", choices=("reinit", "persistent"),
+                              switch="'reinit' (code default: θ from the global model every round) | 'persistent' (θ_k "
+                                     "kept per client, the code's 'without regularisation term' ablation with lam = 0)")
+    cr_loss: bool = param(True, switch="true | false (code ablation 'without CR': plain CE)")
+    alternate: bool = param(True, switch="true (cross selection) | false (code ablation 'without alternative update')")
 
 
 # -- pure parts ----------------------------------------------------------------------------

@@ -27,14 +27,12 @@ from .multilabel import annotated_bce, client_active_classes
 @dataclass(frozen=True)
 class FedFixMatchParams(MethodParams):
     name = "fedfixmatch"
-    switches = {
-        "unsup_pos_weight": "'none' (baselines.md §16 recommendation: unweighted L_u) | 'client_index' (code: "
-                            "pos_weight N_k/n_k^+ on class index = client id)",
-    }
     lambda_u: float = param(1.0, ge=0, doc="weight of the unsupervised loss")
     upper: float = param(0.8, ge=0.5, le=1, doc="a missing-class probability above this is confident")
     lower: float = param(0.2, ge=0, le=0.5, doc="a missing-class probability below this is confident")
-    unsup_pos_weight: str = param("none", choices=("none", "client_index"))
+    unsup_pos_weight: str = param("none", choices=("none", "client_index"),
+                                  switch="'none' (baselines.md §16 recommendation: unweighted L_u) | 'client_index' "
+                                         "(code: pos_weight N_k/n_k^+ on class index = client id)")
 
 
 def confident_pseudo_labels(p_weak: torch.Tensor, missing: torch.Tensor, upper: float, lower: float):

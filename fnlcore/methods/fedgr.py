@@ -46,7 +46,7 @@ Strong view: the run's weak augmentation with reflect padding, then RandAugment 
 'fixmatch_uniform' kind with n = 3 ops and a Cutout (fedgr.md §4); the method sets it on its
 own copy of the run's pipeline.
 
-Ablations and design variants (Tables 4 and 5) are switches, listed in ``switches``.
+Ablations and design variants (Tables 4 and 5) are switches, each declared on its field (``switch=``).
 
 Decided where the spec is silent:
 - a sample never sieved yet (a client first selected after warm-up, possible only with
@@ -87,53 +87,48 @@ from ..randaugment import RandAugmentSpec
 class FedGRParams(MethodParams):
     name = "fedgr"
     slug_fields = ("warmup_rounds", ("lambda_r", "lamR"))
-    switches = {
-        "sieving": "'federated' (FS: global-model loss proxies, one GMM on the server) | 'local' "
-                   "(Table 4 'w/o FS': local-model losses, one GMM per client)",
-        "label_refining": "true | false (Table 4 'w/o LR': train on clean-flagged samples only, CE(ŷ)·1[clean])",
-        "lambda_r": "0 = Table 4 'w/o R_k'",
-        "lambda_b": "0 = Table 4 'w/o B_k'",
-        "weak_aug": "true | false (Table 5 'w/o weak aug': weak views are the un-augmented images)",
-        "strong_aug": "true | false (Table 5 'w/o strong aug': the student sees the weak view)",
-        "teacher": "'revised' (Eq. 14: revised EMA logits cached once per round) | 'online' "
-                   "(Table 5 'Online EMA distill': the current EMA model on the batch's weak view)",
-        "warmup_sampling": "'cyclic' (without replacement across warm-up rounds) | 'uniform' "
-                           "(Table 5: random sampling in warm-up too)",
-        "high_noise_labels": "'reliable' (dev code: r_k ≥ β trains on Y*_k, clean-flagged samples keep ŷ) | "
-                             "'pseudo_only' (paper Eq. 11: this round's confident pseudo-labels only)",
-        "global_features": "'per_step' (dev code: R_k's target f(x^w; w_g) on each batch's fresh weak view) | "
-                           "'cached' (paper Alg. 2 line 4, Table 18: once per sample before local training, "
-                           "on the pseudo-labelling weak view)",
-        "ema_reset_strict": "false (paper Eq. 15: reset when r_k ≥ β) | true (dev code: r_k > β)",
-        "tau_r": "0.5 (paper Table 17) | 0.1 (dev code's representation temperature)",
-        "freeze_sieving": "false (dev default: FS every round) | true (FS only in warm-up)",
-    }
     warmup_rounds: int = param(100, ge=0, rounds=True,
                                doc="α: warm-up (label-noise sniffing) rounds (CIFAR 100, Clothing1M 50)")
-    lambda_b: float = param(1.0, ge=0, doc="λ_B: weight of the revised-EMA distillation (from round α)")
-    lambda_r: float = param(0.2, ge=0, doc="λ_R: weight of the representation regulariser (0.1 for CIFAR-10)")
+    lambda_b: float = param(1.0, ge=0, doc="λ_B: weight of the revised-EMA distillation (from round α)",
+                            switch="0 = Table 4 'w/o B_k'")
+    lambda_r: float = param(0.2, ge=0, doc="λ_R: weight of the representation regulariser (0.1 for CIFAR-10)",
+                            switch="0 = Table 4 'w/o R_k'")
     confidence: float = param(0.9, ge=0, lt=1, doc="ε: FixMatch confidence threshold (strictly exceeded)")
     beta: float = param(0.8, ge=0, le=1, doc="β: client noise-ratio threshold")
     mu: float = param(0.5, ge=0, le=1, doc="μ: reliable-label proportion threshold of the EMA reset")
     gamma_g: float = param(0.9, ge=0, le=1, doc="γ_g: decay of the global revision of the local EMA")
     gamma_l: float = param(0.99, ge=0, le=1, doc="γ_l: decay of the per-step local EMA update")
     tau_b: float = param(0.5, gt=0, doc="τ of the distillation B_k")
-    tau_r: float = param(0.5, gt=0, doc="τ of the representation regulariser R_k")
+    tau_r: float = param(0.5, gt=0, doc="τ of the representation regulariser R_k",
+                         switch="0.5 (paper Table 17) | 0.1 (dev code's representation temperature)")
     p_threshold: float = param(0.5, gt=0, lt=1, doc="a sample is clean iff its clean posterior q ≥ this")
     gmm_max_iter: int = param(50, ge=1, doc="EM iterations of the sieving GMM")
     gmm_tol: float = param(1e-2, gt=0, doc="EM tolerance of the sieving GMM")
     gmm_reg_covar: float = param(5e-4, gt=0, doc="variance floor of the sieving GMM")
     randaugment_n: int = param(3, ge=1, doc="ops per strong view (RandAugment, uniform magnitudes)")
-    sieving: str = param("federated", choices=("federated", "local"))
-    label_refining: bool = True
-    weak_aug: bool = True
-    strong_aug: bool = True
-    teacher: str = param("revised", choices=("revised", "online"))
-    warmup_sampling: str = param("cyclic", choices=("cyclic", "uniform"))
-    high_noise_labels: str = param("reliable", choices=("reliable", "pseudo_only"))
-    global_features: str = param("per_step", choices=("per_step", "cached"))
-    ema_reset_strict: bool = False
-    freeze_sieving: bool = False
+    sieving: str = param("federated", choices=("federated", "local"),
+                         switch="'federated' (FS: global-model loss proxies, one GMM on the server) | 'local' (Table 4 "
+                                "'w/o FS': local-model losses, one GMM per client)")
+    label_refining: bool = param(True,
+                                 switch="true | false (Table 4 'w/o LR': train on clean-flagged samples only, "
+                                        "CE(ŷ)·1[clean])")
+    weak_aug: bool = param(True, switch="true | false (Table 5 'w/o weak aug': weak views are the un-augmented images)")
+    strong_aug: bool = param(True, switch="true | false (Table 5 'w/o strong aug': the student sees the weak view)")
+    teacher: str = param("revised", choices=("revised", "online"),
+                         switch="'revised' (Eq. 14: revised EMA logits cached once per round) | 'online' (Table 5 "
+                                "'Online EMA distill': the current EMA model on the batch's weak view)")
+    warmup_sampling: str = param("cyclic", choices=("cyclic", "uniform"),
+                                 switch="'cyclic' (without replacement across warm-up rounds) | 'uniform' (Table 5: "
+                                        "random sampling in warm-up too)")
+    high_noise_labels: str = param("reliable", choices=("reliable", "pseudo_only"),
+                                   switch="'reliable' (dev code: r_k ≥ β trains on Y*_k, clean-flagged samples keep ŷ) "
+                                          "| 'pseudo_only' (paper Eq. 11: this round's confident pseudo-labels only)")
+    global_features: str = param("per_step", choices=("per_step", "cached"),
+                                 switch="'per_step' (dev code: R_k's target f(x^w; w_g) on each batch's fresh weak "
+                                        "view) | 'cached' (paper Alg. 2 line 4, Table 18: once per sample before local "
+                                        "training, on the pseudo-labelling weak view)")
+    ema_reset_strict: bool = param(False, switch="false (paper Eq. 15: reset when r_k ≥ β) | true (dev code: r_k > β)")
+    freeze_sieving: bool = param(False, switch="false (dev default: FS every round) | true (FS only in warm-up)")
 
     def check_training(self, settings) -> None:
         check_rounds_left(self, "warmup_rounds", settings,

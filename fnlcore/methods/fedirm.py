@@ -24,7 +24,7 @@ FedAvg-PL's BCE-with-logits (pos_weight N_k / n_c^+) over A_k, sum / (B |A_k|), 
 Server aggregation: FedAvg.
 
 [CODE≠PAPER / AMBIG] The code hard-codes 8 x 8 relation matrices (ChestXray14's 8 classes); here the
-matrices are C x C (needed for ICH's 5 classes; baselines.md A15, fedmlp.md §9.9) — see ``switches``.
+matrices are C x C (needed for ICH's 5 classes; baselines.md A15, fedmlp.md §9.9) — see ``switch_notes``.
 
 Decisions where the spec is silent: the teacher's forward runs in eval mode; a client's row of a class
 it annotates but saw no positive of is left out of the server average (it would be the 0.5 of
@@ -48,7 +48,7 @@ from .parts import check_rounds_left
 class FedIRMParams(MethodParams):
     name = "fedirm"
     slug_fields = ("sup_rounds",)
-    switches = {
+    switch_notes = {
         "matrix": "C x C relation matrices (baselines.md A15; needed for ICH's 5 classes) — the code's hard-coded 8 x 8 "
                   "fits only ChestXray14's 8 classes and is not offered",
     }

@@ -30,16 +30,16 @@ from .parts import js_elementwise, lam_beta11
 class FedLSRParams(MethodParams):
     name = "fedlsr"
     slug_fields = ("t_w",)
-    switches = {
-        "cls_on_probs": "true (code: CE on the sharpened probabilities as logits) | false (paper: -log p_s[y])",
-        "entropy_on": "'tempered_probs' (code: entropy of softmax(q1)) | 'logits' (entropy of softmax(z1))",
-    }
     gamma: float = param(0.4, ge=0, doc="JS weight after the ramp")
     t_w: int = param(20, ge=1, rounds=True, doc="ramp length in rounds (FedNoRo: 20 ICH, 60 ISIC = 0.2 x rounds)")
     distill_temperature: float = param(1 / 3, gt=0, doc="T_d (logits divided by it)")
     lambda_e: float = param(0.6, ge=0, doc="entropy weight (0 = no entropy term)")
-    cls_on_probs: bool = True
-    entropy_on: str = param("tempered_probs", choices=("tempered_probs", "logits"))
+    cls_on_probs: bool = param(True,
+                               switch="true (code: CE on the sharpened probabilities as logits) | false (paper: -log "
+                                      "p_s[y])")
+    entropy_on: str = param("tempered_probs", choices=("tempered_probs", "logits"),
+                            switch="'tempered_probs' (code: entropy of softmax(q1)) | 'logits' (entropy of "
+                                   "softmax(z1))")
 
 
 def sharpen_square(p: torch.Tensor) -> torch.Tensor:

@@ -30,14 +30,12 @@ from .parts import js_elementwise
 class FedLSRMLParams(MethodParams):
     name = "fedlsr_ml"
     slug_fields = ("t_w",)
-    switches = {
-        "cls_on_probs": "true (FedMLP's code: BCE-with-logits applied to the sharpened probabilities) "
-        "| false (BCE on the sharpened probabilities)",
-    }
     gamma: float = param(0.4, ge=0, doc="JS weight after the ramp")
     t_w: int = param(40, ge=1, rounds=True, doc="ramp length in rounds (FedMLP's code default 40 of 500)")
     distill_temperature: float = param(1 / 3, gt=0, doc="T_d: the JS term compares sigma(z / T_d)")
-    cls_on_probs: bool = True
+    cls_on_probs: bool = param(True,
+                               switch="true (FedMLP's code: BCE-with-logits applied to the sharpened probabilities) | "
+                                      "false (BCE on the sharpened probabilities)")
 
 
 def sharpen_binary(p: torch.Tensor) -> torch.Tensor:

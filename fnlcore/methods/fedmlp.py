@@ -87,26 +87,27 @@ UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
 class FedMLPParams(MethodParams):
     name = "fedmlp"
     slug_fields = ("warmup_rounds",)
-    switches = {
-        "tau": "1.0 (paper Eq. 3: multi-label logit adjustment) | 0 (HEAD code: LA commented out, plain BCE)",
-        "st": "true (paper: self-adaptive tau_n = lambda_n d^G_c; [CODE≠PAPER] the code's commented-out ST line uses "
-              "tau_n = d^G_c alone, fedmlp.md §2.5, not offered) | false (HEAD code: tau_n = lambda_n)",
-        "cr": "'both' (paper: warm-up distillation + stage-2 MSE on uncertain entries) | 'warmup' (HEAD code) | 'none'",
-        "pos_needs_neg": "true (code as it runs, utils/local_training.py L1076/L1099 at 2ad28b8: a class with no "
-                         "pseudo-negatives in a round gets no pseudo-positives; fedmlp.md §2.5) | false (paper: "
-                         "S_0 and S_1 selected independently)",
-    }
     warmup_rounds: int = param(50, ge=0, rounds=True, doc="stage-1 rounds T_w (rounds_FedMLP_stage1)")
-    tau: float = param(1.0, ge=0, doc="logit-adjustment strength (0: none)")
+    tau: float = param(1.0, ge=0, doc="logit-adjustment strength (0: none)",
+                       switch="1.0 (paper Eq. 3: multi-label logit adjustment) | 0 (HEAD code: LA commented out, plain "
+                              "BCE)")
     low: float = param(0.3, ge=0, le=1, doc="L: a missing-class probability below L counts as learned")
     high: float = param(0.7, ge=0, le=1, doc="U: a missing-class probability above U counts as learned")
     lambda0: float = param(0.005, ge=0, le=1, doc="clean_threshold: share of S_0 pseudo-labelled 0 per round (x d^G)")
     lambda1: float = param(0.01, ge=0, le=1, doc="noise_threshold: share of S_1 pseudo-labelled 1 per round (x d^G)")
     mld: bool = param(True, doc="missing-label detection with the dual prototypes (Table 3 MLD)")
     wpc: bool = param(True, doc="weighted partial-class loss; false: FedAvg's BCE(pos_weight) over all classes")
-    cr: str = param("both", choices=("both", "warmup", "none"), doc="consistency regularisation on missing/uncertain entries")
-    st: bool = param(True, doc="self-adaptive threshold (Table 3 ST)")
-    pos_needs_neg: bool = param(True, doc="the code's selection: no pseudo-negatives of a class in a round drops its pseudo-positives")
+    cr: str = param("both", choices=("both", "warmup", "none"), doc="consistency regularisation on missing/uncertain entries",
+                    switch="'both' (paper: warm-up distillation + stage-2 MSE on uncertain entries) | 'warmup' (HEAD "
+                           "code) | 'none'")
+    st: bool = param(True, doc="self-adaptive threshold (Table 3 ST)",
+                     switch="true (paper: self-adaptive tau_n = lambda_n d^G_c; [CODE≠PAPER] the code's commented-out "
+                            "ST line uses tau_n = d^G_c alone, fedmlp.md §2.5, not offered) | false (HEAD code: tau_n ="
+                            " lambda_n)")
+    pos_needs_neg: bool = param(True, doc="the code's selection: no pseudo-negatives of a class in a round drops its pseudo-positives",
+                                switch="true (code as it runs, utils/local_training.py L1076/L1099 at 2ad28b8: a class "
+                                       "with no pseudo-negatives in a round gets no pseudo-positives; fedmlp.md §2.5) |"
+                                       " false (paper: S_0 and S_1 selected independently)")
 
     def validate(self) -> None:
         if self.low > self.high:

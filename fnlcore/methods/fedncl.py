@@ -58,20 +58,19 @@ from .parts import check_rounds_left, client_rates
 class FedNCLParams(MethodParams):
     name = "fedncl"
     slug_fields = ("beta", "alpha")
-    switches = {
-        "detection": "'two_sided' (code: |q - mean(q)| > beta std(q)) | 'one_sided' (paper Eq. 10)",
-        "size_factor": "false (code: layer weights 1/d without N^c) | true (paper Eq. 13: N^c / d)",
-        "beta": "1 (code default std_num, with the two-sided rule) | 0.6 (paper, with detection: one_sided)",
-        "alpha": "0.5 (code default pl_ratio) | 0.6 (paper; recommended by fedncl.md §1.5)",
-    }
-    beta: float = param(1.0, ge=0, doc="detection threshold in standard deviations of q")
-    alpha: float = param(0.5, ge=0, le=1, doc="a client joins the correction set after > alpha*T_corr detections")
+    beta: float = param(1.0, ge=0, doc="detection threshold in standard deviations of q",
+                        switch="1 (code default std_num, with the two-sided rule) | 0.6 (paper, with detection: "
+                               "one_sided)")
+    alpha: float = param(0.5, ge=0, le=1, doc="a client joins the correction set after > alpha*T_corr detections",
+                         switch="0.5 (code default pl_ratio) | 0.6 (paper; recommended by fedncl.md §1.5)")
     eta: float = param(0.9, ge=0, le=1, doc="confidence (max softmax) needed to relabel a sample")
     correction_round: int = param(60, ge=0, rounds=True, doc="T_corr: counting for t < T_corr, correction for t > T_corr")
     tau: float = param(50.0, ge=1, doc="penalty on flagged clients after T_corr")
     start_penalty: float = param(10.0, gt=0, doc="penalty up to T_corr: clip(t/start, start, tau)")
-    detection: str = param("two_sided", choices=("two_sided", "one_sided"))
-    size_factor: bool = False
+    detection: str = param("two_sided", choices=("two_sided", "one_sided"),
+                           switch="'two_sided' (code: |q - mean(q)| > beta std(q)) | 'one_sided' (paper Eq. 10)")
+    size_factor: bool = param(False,
+                              switch="false (code: layer weights 1/d without N^c) | true (paper Eq. 13: N^c / d)")
     use_label_correction: bool = True
     use_penalty: bool = True
     use_divergence: bool = True

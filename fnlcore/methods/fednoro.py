@@ -43,20 +43,18 @@ from .parts import check_rounds_left, class_loss_matrix, client_rates, gaussian_
 class FedNoRoParams(MethodParams):
     name = "fednoro"
     slug_fields = ("warmup_rounds",)
-    switches = {
-        "detection_votes": "9 (code: 9 GMM fits, majority vote over exact sets) | 1 (paper: one GMM)",
-        "detection_augment": "true (code: detection losses on augmented training images) | false",
-        "distance": "'per_tensor_sum' (code: sum of per-tensor L2 norms incl. BN buffers) | 'global_l2' (paper)",
-    }
     warmup_rounds: int = param(10, ge=1, rounds=True, doc="stage-1 rounds (FedAvg + logit adjustment)")
     tau: float = param(1.0, ge=0, doc="logit adjustment strength")
     kd_temperature: float = param(0.8, gt=0)
     lambda_max: float = param(0.8, ge=0, le=1)
     ramp_begin: int | None = param(None, ge=0, rounds=True, doc="default: warmup_rounds (fednoro.md A4)")
     ramp_end: int | None = param(None, ge=0, rounds=True, doc="default: rounds // 2 - 1 (49 for ICH's 100 rounds)")
-    detection_votes: int = param(9, ge=1)
-    detection_augment: bool = True
-    distance: str = param("per_tensor_sum", choices=("per_tensor_sum", "global_l2"))
+    detection_votes: int = param(9, ge=1,
+                                 switch="9 (code: 9 GMM fits, majority vote over exact sets) | 1 (paper: one GMM)")
+    detection_augment: bool = param(True, switch="true (code: detection losses on augmented training images) | false")
+    distance: str = param("per_tensor_sum", choices=("per_tensor_sum", "global_l2"),
+                          switch="'per_tensor_sum' (code: sum of per-tensor L2 norms incl. BN buffers) | 'global_l2' "
+                                 "(paper)")
     use_noisy_clients: bool = True
     use_kd: bool = True
     use_daagg: bool = True

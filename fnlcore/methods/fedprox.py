@@ -21,13 +21,13 @@ from .parts import proximal_term
 class FedProxParams(MethodParams):
     name = "fedprox"
     slug_fields = ("mu",)
-    switches = {
-        "form": "'squared_half' (paper: mu/2 ||w - w_g||^2) | 'fedcorr_unsquared' (FedCorr code: mu ||w - w_g||, behind FedDiv's copied numbers)",
-        "skip_first_batch": "false | true (Fed-NCL and FedCorr code skip the term on batch 0 of every epoch)",
-    }
     mu: float = param(0.01, ge=0, doc="proximal weight")
-    form: str = param("squared_half", choices=("squared_half", "fedcorr_unsquared"))
-    skip_first_batch: bool = False
+    form: str = param("squared_half", choices=("squared_half", "fedcorr_unsquared"),
+                      switch="'squared_half' (paper: mu/2 ||w - w_g||^2) | 'fedcorr_unsquared' (FedCorr code: mu ||w - "
+                             "w_g||, behind FedDiv's copied numbers)")
+    skip_first_batch: bool = param(False,
+                                   switch="false | true (Fed-NCL and FedCorr code skip the term on batch 0 of every "
+                                          "epoch)")
 
 
 @register

@@ -32,12 +32,10 @@ CHUNK_VALUES = 2**22
 class MedianParams(MethodParams):
     name = "median"
     slug_fields = (("even", {"lower": "lower"}),)
-    switches = {
-        "even": "'mean' (the median of Yin et al.'s text: mean of the two middle values for an even count) "
-        "| 'lower' (torch.median's lower middle value, as trimmed_mean / Fed-NCL's code)",
-    }
     even: str = param("mean", choices=("mean", "lower"), doc="an even count of clients: mean of the two middle "
-                                                             "values, or the lower one")
+                                                             "values, or the lower one",
+                      switch="'mean' (the median of Yin et al.'s text: mean of the two middle values for an even count)"
+                             " | 'lower' (torch.median's lower middle value, as trimmed_mean / Fed-NCL's code)")
 
 
 def median_of(stacked: torch.Tensor, even: str = "mean") -> torch.Tensor:

@@ -28,11 +28,12 @@ from .sce import LOG_ZERO, sce_per_sample
 class RHFLParams(MethodParams):
     name = "rhfl"
     slug_fields = ("beta_c",)
-    switches = {"local_loss": "'sce' (RHFL's noise-tolerant loss; FedNoRo says only 'combined with FedAvg') | 'ce'"}
     alpha: float = param(0.1, ge=0, doc="SCE weight of CE")
     beta_s: float = param(1.0, ge=0, doc="SCE weight of reverse CE")
     beta_c: float = param(0.5, ge=0, doc="CCR strength")
-    local_loss: str = param("sce", choices=("sce", "ce"))
+    local_loss: str = param("sce", choices=("sce", "ce"),
+                            switch="'sce' (RHFL's noise-tolerant loss; FedNoRo says only 'combined with FedAvg') | "
+                                   "'ce'")
 
 
 def symmetric_ce(logits: torch.Tensor, y: torch.Tensor, alpha: float, beta: float, reduction: str = "mean") -> torch.Tensor:

@@ -53,20 +53,17 @@ DENOMINATOR_GUARD = 1e-8  # |Σ_k s_kc| below this is replaced by 1 (spec A4(d))
 class RoFLParams(MethodParams):
     name = "rofl"
     slug_fields = ("t_pl",)
-    switches = {
-        "cen_grad": "false (code: features detached, L_cen adds no gradient) | true (paper)",
-        "weighting": "'uniform' (code: plain mean of client models) | 'size' (n_k weights)",
-        "fg_init": "'random' (code: round-0 centroids weighted by cosine to a random f_G, tiny denominators -> 1)"
-                   " | 'round0_mean' (plain mean of round-0 client centroids)",
-    }
     t_pl: int = param(100, ge=0, rounds=True, doc="round from which global pseudo-labels are used (FedNoRo: 10; code: 100)")
     forget_rate: float = param(0.2, ge=0, lt=1, doc="final fraction of large-loss samples dropped per batch")
     forget_ramp_rounds: int = param(10, ge=0, rounds=True, doc="rounds over which the forget rate grows linearly from 0")
     lambda_cen: float = param(1.0, ge=0, doc="centroid loss weight (ramped up until t_pl)")
     lambda_e: float = param(0.8, ge=0, doc="entropy minimisation weight")
-    cen_grad: bool = False
-    weighting: str = param("uniform", choices=("uniform", "size"))
-    fg_init: str = param("random", choices=("random", "round0_mean"))
+    cen_grad: bool = param(False, switch="false (code: features detached, L_cen adds no gradient) | true (paper)")
+    weighting: str = param("uniform", choices=("uniform", "size"),
+                           switch="'uniform' (code: plain mean of client models) | 'size' (n_k weights)")
+    fg_init: str = param("random", choices=("random", "round0_mean"),
+                         switch="'random' (code: round-0 centroids weighted by cosine to a random f_G, tiny "
+                                "denominators -> 1) | 'round0_mean' (plain mean of round-0 client centroids)")
 
     def check_training(self, settings) -> None:
         check_rounds_left(self, "t_pl", settings, "(pseudo-labels would never be used); lower t_pl")

@@ -44,11 +44,10 @@ from .multilabel import annotated_bce, client_active_classes
 class RSCFedParams(MethodParams):
     name = "rscfed"
     slug_fields = ("group_size",)
-    switches = {
-        "group_size": "6 (code, ChestXray14's 8 clients) | 4 (baselines.md A13: ICH has only 5 clients, 6 is impossible)",
-    }
     num_groups: int = param(10, ge=1, doc="M: random sub-groups per round")
-    group_size: int = param(6, ge=1, doc="K_s: clients per sub-group (use 4 for ICH's 5 clients)")
+    group_size: int = param(6, ge=1, doc="K_s: clients per sub-group (use 4 for ICH's 5 clients)",
+                            switch="6 (code, ChestXray14's 8 clients) | 4 (baselines.md A13: ICH has only 5 clients, 6 "
+                                   "is impossible)")
     beta: float = param(0.01, ge=0, doc="distance scale of the sub-consensus weights")
     ema_decay: float = param(0.999, ge=0, le=1, doc="decay of the client's EMA teacher, every step")
 

@@ -24,10 +24,10 @@ LOG_ZERO = {"code": math.log(1e-4), "paper": -4.0}
 class SCEParams(MethodParams):
     name = "sce"
     slug_fields = ("alpha", "beta")
-    switches = {"log_zero": "'code' (A = log 1e-4, the official clamp) | 'paper' (A = -4, the text)"}
     alpha: float = param(0.1, ge=0, doc="weight of CE")
     beta: float = param(1.0, ge=0, doc="weight of the reverse CE")
-    log_zero: str = param("code", choices=tuple(LOG_ZERO))
+    log_zero: str = param("code", choices=tuple(LOG_ZERO),
+                          switch="'code' (A = log 1e-4, the official clamp) | 'paper' (A = -4, the text)")
 
 
 def sce_per_sample(logits: torch.Tensor, y: torch.Tensor, alpha: float, beta: float, log_zero: float) -> torch.Tensor:

@@ -30,13 +30,11 @@ from .parts import client_chunks
 class TrimmedMeanParams(MethodParams):
     name = "trimmed_mean"
     slug_fields = ("clean_fraction",)
-    switches = {
-        "rule": "'code_scalar' (code: median + one mean deviation scalar per entry) "
-        "| 'per_coordinate' (mean of the keep values closest to the coordinate median)",
-    }
     clean_fraction: float = param(0.5, gt=0, le=1, doc="p of the Bernoulli noise (0.5 for Gaussian): keep = int(K p frac) - 1")
     keep: int | None = param(None, ge=1, doc="clients kept per coordinate; default from clean_fraction")
-    rule: str = param("code_scalar", choices=("code_scalar", "per_coordinate"))
+    rule: str = param("code_scalar", choices=("code_scalar", "per_coordinate"),
+                      switch="'code_scalar' (code: median + one mean deviation scalar per entry) | 'per_coordinate' "
+                             "(mean of the keep values closest to the coordinate median)")
 
 
 def keep_count(num_clients: int, clean_fraction: float, client_fraction: float) -> int:
