@@ -21,7 +21,6 @@ from fnlcore.methods.base import ClientUpdate
 from fnlcore.methods.fedgr import (
     FedGRParams,
     distill_kl_rows,
-    ema_blend,
     fixmatch_labels,
     refine_reliable,
     refined_terms,
@@ -133,12 +132,16 @@ def test_revision_decay_rule():
     assert revision_decay(5, 5, 0.9, 0.4, strict=True, **args) == 0.0
 
 
-def test_ema_blend_and_per_step_tracker():
-    ema = {"w": B([1.0, 3.0]), "n": B(5)}
-    ema_blend(ema, {"w": B([3.0, 5.0]), "n": B(7)}, 0.5)
-    assert ema["w"].tolist() == [2.0, 4.0] and int(ema["n"]) == 7
-    ema_blend(ema, {"w": B([3.0, 5.0]), "n": B(7)}, 0.9)
-    np.testing.assert_allclose(ema["w"].tolist(), [2.1, 4.1], rtol=1e-6)
+def test_ema_revision_and_per_step_tracker():
+    ema, glob = torch.nn.BatchNorm1d(2), torch.nn.BatchNorm1d(2)
+    with torch.no_grad():
+        ema.weight.copy_(B([1.0, 3.0]))
+        glob.weight.copy_(B([3.0, 5.0]))
+        glob.num_batches_tracked.fill_(7)
+    OneCopy(ema, glob).lerp_(1.0 - 0.5, None)  # revise_ema's blend: lerp by 1 - γ_g, integer counters copied
+    assert ema.weight.tolist() == [2.0, 4.0] and int(ema.num_batches_tracked) == 7
+    OneCopy(ema, glob).lerp_(1.0 - 0.9, None)
+    np.testing.assert_allclose(ema.weight.tolist(), [2.1, 4.1], rtol=1e-6)
     teacher, student = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
     torch.nn.init.zeros_(teacher.weight), torch.nn.init.zeros_(teacher.bias)
     torch.nn.init.ones_(student.weight), torch.nn.init.ones_(student.bias)

@@ -360,7 +360,7 @@ def _hand_la(y: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
 def test_warmup_loss_composes_wpc_and_distillation_by_hand():
     ctx = make_ctx(multi_label=True, missing=2)  # no augmentation on digits: both views are equal
     m = _fedmlp(ctx)
-    m._teacher_probs = lambda x: torch.full((len(x), 4), 0.25)
+    m.global_logits = lambda sb, view=None: torch.full((*sb.idx.shape, 4), math.log(1 / 3))  # sigmoid: 0.25
     client = ctx.data.clients[0]
     idx = client[:2]
     loss = m.loss_warmup(_batch(m, "warmup", _Zero(), idx))
@@ -374,7 +374,7 @@ def test_warmup_loss_composes_wpc_and_distillation_by_hand():
 def test_stage2_loss_full_method_by_hand():
     ctx = make_ctx(multi_label=True, missing=2)
     m = _fedmlp(ctx)
-    m._teacher_probs = lambda x: torch.full((len(x), 4), 0.25)
+    m.global_logits = lambda sb, view=None: torch.full((*sb.idx.shape, 4), math.log(1 / 3))  # sigmoid: 0.25
     client = ctx.data.clients[0]
     idx = client[:2]
     m.pseudo[idx[0], 2] = 1  # one pseudo-positive of missing class 2 on the client: pi_2 = 1/100

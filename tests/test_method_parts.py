@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from fnlcore.methods.parts import MixupDraw, double_softmax_loss, mixup_cross_entropy, mixup_view, sequential_client_groups
+from fnlcore.errors import ConfigError
+from fnlcore.methods import METHODS, method_from_dict
+from fnlcore.methods.parts import (
+    MixupDraw, add_proximal, client_table, double_softmax_loss, mixup_cross_entropy, mixup_view, proximal_term,
+    sequential_client_groups, true_noise_rates,
+)
+
+from .engine_helpers import make_ctx
 
 
 def test_double_softmax_loss_is_ce_of_probabilities():
@@ -66,3 +74,40 @@ def test_default_fraction_is_one_client_per_group_for_every_k(k):
     assert group_shape(k, None) == (1, k)
     groups = sequential_client_groups(np.random.RandomState(0), k, None)
     assert sorted(g[0] for g in groups) == list(range(k))
+
+
+@pytest.mark.parametrize("name, passes", [("fedcorr", "iterations1"), ("feddiv", "warmup_iterations")])
+def test_group_passes_come_first_unevaluated_at_the_first_learning_rate(name, passes):
+    ctx = make_ctx()  # 4 clients, 4 training rounds
+    spec = {"name": name, passes: 2, "frac1": 0.5, **({"rounds1": 1} if name == "fedcorr" else {})}
+    m = METHODS[name](method_from_dict(spec), ctx)  # 2 groups of 2 a pass
+    assert (m.groups_per_iteration, m.pre_rounds, m.num_rounds()) == (2, 4, 8)
+    assert [m.should_evaluate(r) for r in (3, 4)] == [False, True] and [m.lr_round(r) for r in (0, 3, 5)] == [0, 0, 1]
+    first = METHODS[name].cost_stages(m.params, ctx.settings, 4)[0]
+    assert (first.rounds, first.clients, first.evaluated) == (4, 2, False)
+    with pytest.raises(ConfigError, match=rf"^method '{name}': frac1: fraction 0.1 gives 0 clients per group for K=4"):
+        METHODS[name](method_from_dict({**spec, "frac1": 0.1}), ctx)
+
+
+def test_true_noise_rates_and_the_client_table():
+    clients = [torch.tensor([0, 1]), torch.tensor([2, 3, 4, 5]), torch.tensor([], dtype=torch.int64)]
+    given, y_true = torch.tensor([0, 1, 1, 1, 0, 0]), torch.tensor([0, 0, 1, 1, 1, 1])
+    data = SimpleNamespace(clients=clients, given=given, y_true=y_true)
+    assert true_noise_rates(data) == [0.5, 0.5, 0.0]
+    assert true_noise_rates(data, data.y_true, empty=math.nan)[:2] == [0.0, 0.0]
+    assert math.isnan(true_noise_rates(data, empty=math.nan)[2])
+    table = client_table(data, [0.5, 0.25, 0.0], flagged=np.array([True, False, False]))
+    assert list(table.columns) == ["client", "n", "noise_rate", "flagged"]
+    assert table.values.tolist() == [[0, 2, 0.5, True], [1, 4, 0.25, False], [2, 0, 0.0, False]]
+
+
+def test_add_proximal_skips_clients_and_returns_the_loss_when_all_skip():
+    ref = {"w": torch.zeros(3)}
+    sb = SimpleNamespace(parameters=lambda: {"w": torch.tensor([[1.0, 2.0, 2.0], [0.0, 3.0, 4.0]])})
+    loss = torch.tensor([1.0, 2.0])
+    assert add_proximal(loss, sb, ref, ["w"], 0.5, "fedcorr_unsquared", torch.tensor([True, True])) is loss
+    full = add_proximal(loss, sb, ref, ["w"], 0.5, "fedcorr_unsquared", None)
+    assert torch.equal(full, loss + proximal_term(sb.parameters(), ref, ["w"], 0.5, "fedcorr_unsquared"))
+    assert full.tolist() == [2.5, 4.5]
+    mu = torch.tensor([0.5, 2.0])
+    assert add_proximal(loss, sb, ref, ["w"], mu, "squared_half", torch.tensor([False, True])).tolist() == [3.25, 2.0]

@@ -15,8 +15,7 @@ from fnlcore.methods.logit_adjust import la_cross_entropy, log_priors
 from fnlcore.methods.fednoro import (
     class_loss_matrix, daagg_weights, detect_noisy_clients, minmax_columns, vote,
 )
-from fnlcore.methods.fedprox import proximal_term
-from fnlcore.methods.parts import gaussian_ramp_up
+from fnlcore.methods.parts import gaussian_ramp_up, proximal_term
 
 from .engine_helpers import make_ctx
 

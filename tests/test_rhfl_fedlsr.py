@@ -13,7 +13,8 @@ from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
 from fnlcore.methods.fedlsr import FedLSRParams, fedlsr_loss, ramp, sharpen_square
 from fnlcore.methods.parts import js_elementwise
-from fnlcore.methods.rhfl import ccr_aggregation_weights, symmetric_ce
+from fnlcore.methods.rhfl import ccr_aggregation_weights
+from fnlcore.methods.sce import LOG_ZERO, sce_per_sample
 
 from .engine_helpers import make_ctx
 
@@ -34,10 +35,10 @@ def test_symmetric_ce_reverse_term():
     big = 50.0
     sure = torch.tensor([[big, -big]])  # p_y = 1
     half = torch.tensor([[0.0, 0.0]])  # p_y = 0.5
-    y = torch.tensor([0])
-    assert symmetric_ce(sure, y, alpha=0.0, beta=1.0).item() == pytest.approx(0.0, abs=1e-5)
-    assert symmetric_ce(half, y, alpha=0.0, beta=1.0).item() == pytest.approx(4.6052, abs=1e-4)
-    assert symmetric_ce(half, y, alpha=1.0, beta=0.0).item() == pytest.approx(math.log(2))
+    y, log_zero = torch.tensor([0]), LOG_ZERO["code"]  # RHFL's clamps: the official code's log 0
+    assert sce_per_sample(sure, y, 0.0, 1.0, log_zero).item() == pytest.approx(0.0, abs=1e-5)
+    assert sce_per_sample(half, y, 0.0, 1.0, log_zero).item() == pytest.approx(4.6052, abs=1e-4)
+    assert sce_per_sample(half, y, 1.0, 0.0, log_zero).item() == pytest.approx(math.log(2))
 
 
 def test_fedlsr_hand_cases():

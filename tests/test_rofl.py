@@ -12,8 +12,9 @@ from fnlcore.errors import ConfigError
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
+from fnlcore.methods.fedlsr import ramp
 from fnlcore.methods.rofl import (
-    aggregate_centroids, centroid_weight_at, class_means, forget_rate_at, keep_counts, nearest_centroid, rofl_loss,
+    aggregate_centroids, class_means, forget_rate_at, keep_counts, nearest_centroid, rofl_loss,
     small_loss_order, update_centroids,
 )
 
@@ -71,8 +72,8 @@ def test_schedules():
     assert rates[0] == 0.0 and rates[1] == pytest.approx(0.2 / 9) and rates[9] == pytest.approx(0.2)
     assert rates[10] == rates[11] == 0.2
     assert forget_rate_at(0, 0.2, 0) == 0.2
-    assert [centroid_weight_at(t, 1.0, 10) for t in (0, 5, 10, 20)] == [0.0, 0.5, 1.0, 1.0]
-    assert centroid_weight_at(0, 1.0, 0) == 1.0
+    assert [ramp(t, 1.0, 10) for t in (0, 5, 10, 20)] == [0.0, 0.5, 1.0, 1.0]
+    assert ramp(0, 1.0, 0) == 1.0
 
 
 def _small_loss_indices(losses, forget_rate):

@@ -363,3 +363,8 @@ def masked_mean(per_sample: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
         return per_sample.mean(-1)
     zero = torch.zeros((), dtype=per_sample.dtype, device=per_sample.device)
     return torch.where(mask, per_sample, zero).sum(-1) / mask.sum(-1).clamp_min(1).to(per_sample.dtype)
+
+
+def clients_mean(sb: StackedBatch, per_sample: torch.Tensor) -> torch.Tensor:
+    """(K * B,) per-sample values of a step, client after client -> (K,) each client's mean over its real rows."""
+    return masked_mean(per_sample.view(sb.idx.shape), sb.mask)

@@ -15,19 +15,20 @@ from __future__ import annotations
 from ..augment import draw_device, on
 from ..errors import ConfigError, FNLError
 from ..fl import sampling
-from ..fl.batched import StackedBatch, clients_cross_entropy, masked_mean
-from ..fl.copies import assign_clients_
+from ..fl.batched import StackedBatch, clients_cross_entropy, clients_mean, masked_mean
+from ..fl.copies import OneCopy, assign_clients_
 from ..fl.local import draw_predict, evaluate, forward_bounded, predict
 from ..fl.persist import ClientStore
-from ..fl.state import RunningAverage, State, load, parameter_keys, per_tensor_distance, snapshot, weighted_average
+from ..fl.state import State, load, parameter_keys, per_tensor_distance, snapshot, weighted_average
 from ..registry import param
 from ..syncs import host_side
-from .base import Batch, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
 from .costs import CostStage, warm_up_then
 
 __all__ = [
-    "assign_clients_", "Batch", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
-    "MethodParams", "Phase", "RunningAverage", "Stage", "StackedBatch", "State", "clients_cross_entropy",
-    "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param", "parameter_keys", "per_tensor_distance",
-    "predict", "register", "sampling", "snapshot", "warm_up_then", "weighted_average",
+    "assign_clients_", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
+    "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "clients_cross_entropy", "clients_mean",
+    "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param",
+    "parameter_keys", "per_tensor_distance", "predict", "register", "sampling", "snapshot", "warm_up_then",
+    "weighted_average",
 ]

@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State, weighted_average
-from .parts import client_rates
+from .parts import client_table, true_noise_rates
 
 MAD_CONSTANT = 1.4826  # makes the median absolute deviation a consistent estimator of a normal's sigma
 SCALE_EPS = 1e-7
@@ -202,12 +201,8 @@ class ARFL(FLMethod):
         self.round_info.update(arfl_min_weight=float(w.min()), arfl_max_weight=float(w.max()))
 
     def client_results(self):
-        data = self.ctx.data
-        nan = float("nan")
-        rates = [nan] * data.num_clients if data.multi_label else client_rates(
-            data.clients, (data.given != data.y_true).cpu().numpy(), nan)
+        data, nan = self.ctx.data, float("nan")
+        rates = [nan] * data.num_clients if data.multi_label else true_noise_rates(data, empty=nan)
         sel = [int(s) for s in self.times_selected]
-        return pd.DataFrame([{
-            "client": k, "n": len(idx), "noise_rate": rates[k], "times_selected": sel[k],
-            "mean_arfl_weight": float(self.weight_sum[k] / sel[k]) if sel[k] else nan,
-        } for k, idx in enumerate(data.clients)])
+        return client_table(data, rates, times_selected=sel,
+                            mean_arfl_weight=[float(w / s) if s else nan for w, s in zip(self.weight_sum, sel)])

@@ -43,7 +43,7 @@ from ..fl.persist import ClientStore, load_method_state, method_state, persisten
 from ..fl.state import RunningAverage, load
 from ..spec import Spec
 from .costs import CostStage
-from .multilabel import client_pos_weights, partial_bce
+from .multilabel import client_active_classes, client_pos_weights, partial_bce
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,7 @@ class FLMethod:
         self.params = params
         self.ctx = ctx
         self._pos_weight: torch.Tensor | None = None
+        self.active = client_active_classes(ctx.data)  # (K, C) 0/1: the classes each client annotates (FedMLP's A_k)
         # each global network, then its working copy (one reusable model per name for every local update)
         self.globals: dict[str, torch.nn.Module] = {}
         self.workers: dict[str, torch.nn.Module] = {}
@@ -167,6 +168,12 @@ class FLMethod:
         i = idx.to(self.ctx.device, non_blocking=True)
         y = data.given[i].float()
         return y if data.active is None else y * data.active[i]
+
+    def global_logits(self, sb: StackedBatch, view: torch.Tensor | None = None) -> torch.Tensor:
+        """(K, B, C) logits of the round's global model, frozen (eval mode, no gradient), on the step's input
+        or ``view``: the teacher of FedNoRo's, FedNoRo-ML's and FedMLP's distillation."""
+        with torch.no_grad():
+            return sb.per_client(self.global_model.eval()(sb.x if view is None else view))
 
     def pos_weights(self) -> torch.Tensor:
         """(K, C) BCE positive weights N_k / n_c^+ per client (fedmlp.md §6), see :func:`client_pos_weights`."""

@@ -31,9 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import (FLMethod, load, LocalJob, MethodParams, param, register, snapshot, StackedBatch, Stage,
-                  weighted_average)
-from .multilabel import annotated_bce, client_active_classes
+from .api import FLMethod, load, MethodParams, param, register, snapshot, StackedBatch, Stage, weighted_average
+from .multilabel import annotated_bce
 from .parts import check_rounds_left
 
 
@@ -102,17 +101,12 @@ class CBAFed(FLMethod):
     def __init__(self, params: CBAFedParams, ctx):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
-        self.active = client_active_classes(ctx.data)
         self.thresholds: torch.Tensor | None = None  # (C,)
         self.w_rec: dict | None = None
         self._tally: tuple[torch.Tensor, torch.Tensor] | None = None  # a chunk's (K,) rows, (K, C) pseudo-labels
 
     def stage(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "pseudo"
-
-    def prepare(self, r, k, nets):
-        # label entries used: the batch sizes on the annotated classes, pseudo-labels on the missing ones
-        return LocalJob(info={"active": 0, "pseudo": torch.zeros(self.ctx.data.num_classes, device=self.ctx.device)})
 
     def upload(self, r, k, job, nets):
         pseudo = job.info["pseudo"].double().cpu()
@@ -121,7 +115,8 @@ class CBAFed(FLMethod):
 
     # the one loss form over a chunk of K clients (the sequential engine: K = 1), with its hooks
     def begin_chunk(self, r, clients, jobs):
-        # the chunk's label entries used, written into each job's info at its end
+        # the chunk's label entries used (the batch sizes on the annotated classes, pseudo-labels on the
+        # missing ones), written into each job's info at its end
         k, c, dev = len(clients), self.ctx.data.num_classes, self.ctx.device
         self._tally = (torch.zeros(k, dtype=torch.int64, device=dev), torch.zeros(k, c, device=dev))
 
@@ -143,10 +138,9 @@ class CBAFed(FLMethod):
     def end_chunk(self, r, clients, jobs):
         rows, pseudo = self._tally
         for job, n, counts in zip(jobs, rows.tolist(), pseudo):
-            job.info["active"] += n
-            job.info["pseudo"] += counts
+            job.info = {"active": n, "pseudo": counts}
 
-    _hooks = dict(prepare=prepare, upload=upload, begin=begin_chunk, end=end_chunk)
+    _hooks = dict(upload=upload, begin=begin_chunk, end=end_chunk)
     stages = {"warmup": Stage(loss=_supervised, **_hooks), "pseudo": Stage(loss=pseudo_loss, **_hooks)}
 
     def aggregate(self, r, updates):

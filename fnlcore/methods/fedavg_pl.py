@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .api import FLMethod, MethodParams, register, Stage
-from .multilabel import annotated_bce, client_active_classes
+from .multilabel import annotated_bce
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,6 @@ class FedAvgPL(FLMethod):
     Params = FedAvgPLParams
     paper = "FedMLP (MICCAI'24) baseline: FedAvg with a partial loss on annotated classes"
     label_kinds = ("multi",)
-
-    def __init__(self, params: FedAvgPLParams, ctx):
-        super().__init__(params, ctx)
-        self.active = client_active_classes(ctx.data)
 
     def loss(self, sb):
         return annotated_bce(self, sb, sb.logits)

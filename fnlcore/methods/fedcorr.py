@@ -48,15 +48,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (clients_cross_entropy, ConfigError, CostStage, draw_predict, FLMethod, FNLError, host_side, LocalJob,
-                  MethodParams, on, param, parameter_keys, Phase, register, snapshot, StackedBatch, Stage)
+from .api import (clients_cross_entropy, ConfigError, FLMethod, FNLError, LocalJob, MethodParams, param, parameter_keys,
+                  Phase, register, snapshot, StackedBatch, Stage)
 from .logit_adjust import LogitAdjusted, la_cross_entropy
-from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, fit_two_gaussians, group_shape, lid_scores,
-                    mixup_cross_entropy, mixup_view, proximal_term, sequential_client_groups)
+from .parts import (GroupPasses, MixupDraw, add_proximal, client_outputs, client_table, fit_two_gaussians, lid_scores,
+                    mixup_cross_entropy, mixup_view, reserve_pass, sequential_client_groups, true_noise_rates)
 
 
 @dataclass(frozen=True)
@@ -151,7 +150,7 @@ def stage_schedule(r: int, iterations1: int, groups_per_iteration: int, rounds1:
 
 
 @register
-class FedCorr(LogitAdjusted, FLMethod):
+class FedCorr(LogitAdjusted, GroupPasses, FLMethod):
     Params = FedCorrParams
     paper = "FedCorr (CVPR'22); baseline in FedNoRo (IJCAI'23, also +LA) and FedDiv"
     reported_stages = ("finetune", "usual")
@@ -160,22 +159,15 @@ class FedCorr(LogitAdjusted, FLMethod):
     round_cost = 1.31
     persistent = ("groups", "lid_acc", "lid_client", "losses", "noise_level", "noisy_set", "candidates",
                   "finetune_skipped")
-
-    @classmethod
-    def cost_stages(cls, params, settings, num_clients):
-        per_group, groups = group_shape(num_clients, params.frac1)
-        pre = CostStage("preprocess", params.iterations1 * groups, per_group, 1.4, evaluated=False)
-        return [pre, *super().cost_stages(params, settings, num_clients)]  # fine-tuning: min(m, candidates)
+    passes_param = "iterations1"
+    pass_stage = ("preprocess", 1.4)  # cost_stages (then fine-tuning, whose rounds train min(m, candidates))
 
     def __init__(self, params: FedCorrParams, ctx):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
+        self.init_passes()
         k, n = ctx.data.num_clients, len(ctx.data.train)
-        try:
-            self.groups_per_iteration = group_shape(k, params.frac1)[1]
-        except ValueError as e:
-            raise ConfigError(f"method 'fedcorr': frac1: {e}") from None
-        self.pre_rounds = params.iterations1 * self.groups_per_iteration
+        self._true_noise = true_noise_rates(ctx.data)  # before any relabel
         self.groups: list[list[int]] = []  # this iteration's draw
         self.lid_acc = np.zeros(k)  # accumulated over iterations
         self.lid_client = np.zeros(k)  # this iteration's mean LID per client
@@ -186,9 +178,6 @@ class FedCorr(LogitAdjusted, FLMethod):
         self.finetune_skipped = False
 
     # -- schedule ------------------------------------------------------------------------
-    def num_rounds(self) -> int:
-        return self.pre_rounds + self.ctx.settings.rounds
-
     def slot(self, r: int) -> Slot:
         p = self.params
         return stage_schedule(r, p.iterations1, self.groups_per_iteration, p.rounds1, p.fine_tuning)
@@ -196,9 +185,6 @@ class FedCorr(LogitAdjusted, FLMethod):
     def stage(self, r: int) -> str:
         s = self.slot(r).stage
         return "usual" if s == "finetune" and self.finetune_skipped else s
-
-    def should_evaluate(self, r: int) -> bool:
-        return r >= self.pre_rounds
 
     def select_clients(self, r: int) -> list[int]:
         stage, num = self.stage(r), self.ctx.data.num_clients
@@ -230,7 +216,7 @@ class FedCorr(LogitAdjusted, FLMethod):
         # pre-processing at the round-0 rate; with mixup the engine makes the view and the (declared) draws
         p = self.params
         phase = Phase(augment="raw", views=("weak",), draws=MixupDraw(p.mixup_alpha)) if p.mixup else Phase()
-        return LocalJob(phases=[phase], lr_round=max(r - self.pre_rounds, 0))
+        return LocalJob(phases=[phase], lr_round=self.lr_round(r))
 
     def loss(self, sb: StackedBatch) -> torch.Tensor:
         """Every stage's local loss (pre-processing adds its proximal term): mixup CE, or CE; logit-adjusted (+LA)."""
@@ -248,21 +234,14 @@ class FedCorr(LogitAdjusted, FLMethod):
     def preprocess_loss(self, sb: StackedBatch) -> torch.Tensor:
         """:meth:`loss` plus beta * mu_k * ||w - w_g|| on every batch but the first of each epoch (the code)."""
         loss = self.loss(sb)
-        # mu_k (rounded to the loss's dtype as a Python float is) and the skip decided on the host (the noise
-        # levels and the timeline's epoch steps are host values: no device sync), then one copy of each
-        with host_side():
-            mu = (self.params.beta * torch.as_tensor(self.noise_level)[sb.clients_host]).to(loss.dtype)
-            skip = (mu <= 0) | (sb.epoch_step_host == 0)
-            if bool(skip.all()):
-                return loss
-        mu, skip = on(mu, loss.device), on(skip, loss.device)
-        return loss + proximal_term(sb.parameters(), self._ref, self._keys, mu, "fedcorr_unsquared", skip)
+        # mu_k on the host (the noise levels are host values), rounded to the loss's dtype as a Python float is
+        mu = (self.params.beta * torch.as_tensor(self.noise_level)[sb.clients_host]).to(loss.dtype)
+        skip = (mu <= 0) | (sb.epoch_step_host == 0)
+        return add_proximal(loss, sb, self._ref, self._keys, mu, "fedcorr_unsquared", skip)
 
     def detection_reserve(self, r: int, k: int, job: LocalJob) -> list[tuple] | None:
-        """The augmentation of :meth:`detection_upload`'s pass, drawn where the sequential upload draws it."""
-        if not self.params.detection_augment:
-            return None
-        return draw_predict(self.ctx, len(self.ctx.data.clients[k]), PASS_BATCH)
+        """:meth:`detection_upload`'s :func:`~.parts.reserve_pass` (its pass draws with ``detection_augment``)."""
+        return reserve_pass(self, r, k, job) if self.params.detection_augment else None
 
     def detection_upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         """The local model's mean LID and per-sample losses on the client's data (for end_round's GMMs)."""
@@ -313,10 +292,8 @@ class FedCorr(LogitAdjusted, FLMethod):
             self._end_iteration(r, slot.iteration)
             if slot.iteration == p.iterations1 - 1:
                 self._choose_finetune_clients()
-                # no fine-tuning round: its closing relabel is now
-                if p.rounds1 == 0 and p.fine_tuning and not self.finetune_skipped:
-                    self._relabel_confident(r, "finetune")
-        elif self.stage(r) == "finetune" and r == self.pre_rounds + p.rounds1 - 1:
+        # fine-tuning's closing relabel (with no fine-tuning round: at the end of pre-processing)
+        if p.fine_tuning and not self.finetune_skipped and r == self.pre_rounds + p.rounds1 - 1:
             self._relabel_confident(r, "finetune")
 
     # -- stage-1 and stage-2 server steps ----------------------------------------------------
@@ -371,15 +348,9 @@ class FedCorr(LogitAdjusted, FLMethod):
     def client_results(self):
         if self.noisy_set is None:
             return None
-        data = self.ctx.data
-        original = data.given.cpu().numpy().copy()
-        log = data.relabels.frame().drop_duplicates("sample", keep="first")
-        original[log["sample"].to_numpy()] = log["from_label"].to_numpy()  # labels before any correction
-        y_true, given = data.y_true.cpu().numpy(), data.given.cpu().numpy()
-        noisy = set(self.noisy_set)
-        rates, now = client_rates(data.clients, original != y_true), client_rates(data.clients, given != y_true)
-        return pd.DataFrame([{
-            "client": k, "n": len(idx), "noise_rate": rates[k], "true_noisy": rates[k] > 0, "noise_rate_after": now[k],
-            "lid_acc": float(self.lid_acc[k]), "estimated_noise_level": float(self.noise_level[k]),
-            "detected_noisy": k in noisy, "finetune_candidate": self.candidates is not None and k in self.candidates,
-        } for k, idx in enumerate(data.clients)])
+        data, rates = self.ctx.data, self._true_noise
+        clients = range(data.num_clients)
+        return client_table(data, rates, true_noisy=[r > 0 for r in rates], noise_rate_after=true_noise_rates(data),
+                            lid_acc=self.lid_acc, estimated_noise_level=self.noise_level,
+                            detected_noisy=[k in self.noisy_set for k in clients],
+                            finetune_candidate=[self.candidates is not None and k in self.candidates for k in clients])

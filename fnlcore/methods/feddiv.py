@@ -46,14 +46,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (ClientUpdate, ConfigError, CostStage, draw_predict, FLMethod, LocalJob, MethodParams, param, Phase,
-                  register, StackedBatch, Stage)
-from .parts import (PASS_BATCH, MixupDraw, client_outputs, client_rates, double_softmax_loss, group_shape,
-                    minmax_columns, mixup_cross_entropy, mixup_view, sequential_client_groups)
+from .api import ClientUpdate, FLMethod, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
+from .parts import (GroupPasses, MixupDraw, client_outputs, client_table, double_softmax_loss, minmax_columns,
+                    mixup_cross_entropy, mixup_view, reserve_pass, sequential_client_groups, true_noise_rates)
 
 REG_COVAR = 1e-6  # sklearn GaussianMixture's default, as the code's local filters use
 
@@ -264,7 +262,7 @@ class ClientPlan:
 
 
 @register
-class FedDiv(FLMethod):
+class FedDiv(GroupPasses, FLMethod):
     Params = FedDivParams
     paper = "FedDiv (AAAI'24)"
     reported_stages = ("main",)
@@ -273,22 +271,14 @@ class FedDiv(FLMethod):
     round_cost = 1.33
     persistent = ("global_filter", "filter_cache", "cached", "local_filters", "priors", "counts", "delta_hat",
                   "debiased", "warmup_groups")
-
-    @classmethod
-    def cost_stages(cls, params, settings, num_clients):
-        per_group, groups = group_shape(num_clients, params.frac1)
-        warmup = CostStage("warmup", params.warmup_iterations * groups, per_group, 1.5, evaluated=False)
-        return [warmup, *super().cost_stages(params, settings, num_clients)]
+    passes_param = "warmup_iterations"
+    pass_stage = ("warmup", 1.5)  # cost_stages
 
     def __init__(self, params: FedDivParams, ctx):
         super().__init__(params, ctx)
+        self.init_passes()
         data = ctx.data
         k, c = data.num_clients, data.num_classes
-        try:
-            self.groups_per_iteration = group_shape(k, params.frac1)[1]
-        except ValueError as e:
-            raise ConfigError(f"method 'feddiv': frac1: {e}") from None
-        self.pre = params.warmup_iterations * self.groups_per_iteration
         self.sizes = data.sizes()
         self.global_filter = initial_filter(ctx.seed)
         self.filter_cache = np.zeros((k, 3, 2))
@@ -299,31 +289,20 @@ class FedDiv(FLMethod):
         self.delta_hat = np.full(k, np.nan)
         self.debiased = torch.zeros(len(data.train), dtype=torch.int64, device=ctx.device)
         self.warmup_groups: list[list[int]] = []
-        # before any relabel: the true noise
-        self._true_noise = np.array(client_rates(data.clients, (data.given != data.y_true).cpu().numpy()))
+        self._true_noise = true_noise_rates(data)  # before any relabel
 
     # -- schedule ------------------------------------------------------------------------
-    def num_rounds(self) -> int:
-        return self.pre + self.ctx.settings.rounds
-
     def stage(self, r: int) -> str:
-        return "warmup" if r < self.pre else "main"
-
-    def should_evaluate(self, r: int) -> bool:
-        return r >= self.pre
+        return "warmup" if r < self.pre_rounds else "main"
 
     def select_clients(self, r: int) -> list[int]:
-        if r >= self.pre:
+        if r >= self.pre_rounds:
             return super().select_clients(r)
         ctx, g = self.ctx, r % self.groups_per_iteration
         if g == 0:  # a new warm-up iteration: a fresh random pass over the clients
             self.warmup_groups = sequential_client_groups(ctx.rng, ctx.data.num_clients, self.params.frac1)
             assert len(self.warmup_groups) == self.groups_per_iteration
         return list(self.warmup_groups[g])
-
-    def _lr_round(self, r: int) -> int:
-        """training.rounds' learning-rate schedule spans the main rounds; the warm-up uses its first rate."""
-        return max(r - self.pre, 0)
 
     # -- a client ------------------------------------------------------------------------
     def _phase(self, **kw) -> Phase:
@@ -349,7 +328,7 @@ class FedDiv(FLMethod):
         return loss
 
     def warm_up(self, r: int, k: int, nets: dict) -> LocalJob:
-        return LocalJob(phases=[self._phase()], lr_round=self._lr_round(r), info=ClientPlan(self.ctx.data.given))
+        return LocalJob(phases=[self._phase()], lr_round=self.lr_round(r), info=ClientPlan(self.ctx.data.given))
 
     def _per_sample_loss(self, logits: torch.Tensor, probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
         loss = (double_softmax_loss(probs, labels) if self.params.loss_form == "double_softmax"
@@ -386,7 +365,7 @@ class FedDiv(FLMethod):
             relabel = select(pred_g)[1] & candidates  # Eq. 8: every candidate of a noisy client
             plan = ClientPlan(self._apply_relabels(r, k, idx, relabel, pred_g), delta, relabel)
             phases = self._epoch_pcs(k, idx, select, plan, nets[self.networks[0]])
-        return LocalJob(phases=phases, lr_round=self._lr_round(r), info=plan)
+        return LocalJob(phases=phases, lr_round=self.lr_round(r), info=plan)
 
     def _epoch_pcs(self, k, idx, select, plan: ClientPlan, model):
         """Paper Alg. 1 lines 15-18: before each local epoch, PCS against the de-biased prediction
@@ -398,10 +377,6 @@ class FedDiv(FLMethod):
             plan.train_idx = idx[select(reference)[0].cpu()]
             if len(plan.train_idx) > bs:
                 yield self._phase(streams={"data": (plan.train_idx, bs)}, epochs=1)
-
-    def main_reserve(self, r: int, k: int, job: LocalJob) -> list[tuple]:
-        """The augmentation of :meth:`main_upload`'s pass, drawn where the sequential upload draws it."""
-        return draw_predict(self.ctx, len(self.ctx.data.clients[k]), PASS_BATCH)
 
     def main_upload(self, r: int, k: int, job: LocalJob, nets: dict) -> dict:
         """Steps 9, 11, 12: the local model's de-biased labels and prior, and its filter (EM from W(t)
@@ -423,10 +398,10 @@ class FedDiv(FLMethod):
         return "main_epoch_pcs" if key == "main" and self.params.pcs_reference == "local_epoch" else key
 
     # main rounds batch: the prepare's detection pass draws at its place (the engine draws each client's
-    # training right after its prepare), the upload's is reserved (main_reserve) right after the training
+    # training right after its prepare), the upload's is reserved (reserve_pass) right after the training
     # draws, and a client whose gated set is at most one batch trains nothing (no phase: a rider)
     stages = {"warmup": Stage(prepare=warm_up, loss=loss),
-              "main": Stage(prepare=prepare_main, upload=main_upload, loss=loss, reserve=main_reserve),
+              "main": Stage(prepare=prepare_main, upload=main_upload, loss=loss, reserve=reserve_pass),
               "main_epoch_pcs": Stage(prepare=prepare_main, upload=main_upload, loss=loss, batches=False)}
 
     def _apply_relabels(self, r: int, k: int, idx: torch.Tensor, relabel: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
@@ -448,7 +423,7 @@ class FedDiv(FLMethod):
 
     def begin_round(self, r: int) -> None:
         super().begin_round(r)
-        if r >= self.pre and self.params.filter == "degraded":
+        if r >= self.pre_rounds and self.params.filter == "degraded":
             self.cached[:] = False  # the degraded filter sees only this round's clients
 
     def aggregate(self, r: int, updates) -> None:
@@ -478,8 +453,5 @@ class FedDiv(FLMethod):
     # -- outputs -------------------------------------------------------------------------
     def client_results(self):
         data = self.ctx.data
-        now = client_rates(data.clients, (data.given != data.y_true).cpu().numpy())
-        return pd.DataFrame([{
-            "client": k, "n": len(idx), "noise_rate": float(self._true_noise[k]), "noise_rate_now": now[k],
-            "delta_hat": float(self.delta_hat[k]), "participations": int(self.counts[k]),
-        } for k, idx in enumerate(data.clients)])
+        return client_table(data, self._true_noise, noise_rate_now=true_noise_rates(data), delta_hat=self.delta_hat,
+                            participations=self.counts)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
-from .multilabel import annotated_bce, client_active_classes
+from .multilabel import annotated_bce
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,6 @@ class FedFixMatch(FLMethod):
 
     def __init__(self, params: FedFixMatchParams, ctx):
         super().__init__(params, ctx)
-        self.active = client_active_classes(ctx.data)
         self._tally: torch.Tensor | None = None  # a chunk's (K, 2) confident and seen counts
         self._upw: torch.Tensor | None = None  # a chunk's (K, C) unsupervised pos weights (None: none)
 
@@ -74,8 +73,7 @@ class FedFixMatch(FLMethod):
 
     def prepare(self, r, k, nets):
         # raw batches: a weak and a strong view, declared so the batched engine can draw them ahead
-        info = {"upw": self._unsup_pos_weight(k), "confident": 0, "seen": 0}
-        return LocalJob([Phase(augment="raw", views=("weak", "strong"))], info=info)
+        return LocalJob([Phase(augment="raw", views=("weak", "strong"))], info={"upw": self._unsup_pos_weight(k)})
 
     # the one loss form over a chunk of K clients (the sequential engine: K = 1), with its hooks
     def begin_chunk(self, r, clients, jobs):
@@ -103,8 +101,7 @@ class FedFixMatch(FLMethod):
 
     def end_chunk(self, r, clients, jobs):
         for job, (confident, seen) in zip(jobs, self._tally.tolist()):
-            job.info["confident"] += confident
-            job.info["seen"] += seen
+            job.info.update(confident=confident, seen=seen)
 
     def upload(self, r, k, job, nets):
         return {"confident": float(job.info["confident"]), "seen": float(job.info["seen"])}

@@ -76,8 +76,8 @@ import torch
 import torch.nn.functional as F
 
 from .api import (
-    clients_cross_entropy, ClientStore, CostStage, FLMethod, forward_bounded, load, LocalJob,
-    masked_mean, MethodParams, on, param, Phase, register, sampling, StackedBatch, Stage, State,
+    clients_cross_entropy, clients_mean, ClientStore, CostStage, FLMethod, forward_bounded, load, LocalJob,
+    MethodParams, on, OneCopy, param, Phase, register, sampling, StackedBatch, Stage,
 )
 from .parts import check_rounds_left, fit_two_gaussians
 from ..randaugment import RandAugmentSpec
@@ -190,11 +190,6 @@ def distill_kl_rows(student: torch.Tensor, target: torch.Tensor, tau: float) -> 
                     reduction="none").sum(-1)
 
 
-def _client_means(sb: StackedBatch, rows: torch.Tensor) -> torch.Tensor:
-    """(K * B,) per-sample terms of a step -> (K,) each client's mean over its real rows."""
-    return masked_mean(rows.view(sb.idx.shape), sb.mask)
-
-
 def revision_decay(r: int, warmup: int, noise_ratio: float, reliable_frac: float, beta: float, mu: float,
                    gamma_g: float, strict: bool = False) -> float:
     """γ_g of Eq. 15: 0 in warm-up or for a high-noise client short of reliable labels, else γ_g."""
@@ -202,19 +197,6 @@ def revision_decay(r: int, warmup: int, noise_ratio: float, reliable_frac: float
         return 0.0
     high = noise_ratio > beta if strict else noise_ratio >= beta
     return 0.0 if high and reliable_frac < mu else gamma_g
-
-
-@torch.no_grad()
-def ema_blend(ema: State, source: State, decay: float) -> None:
-    """ema ← decay·ema + (1 - decay)·source (``torch.lerp``) on every float entry (parameters and buffers),
-    in place; integer entries (BN batch counters) are copied from ``source``."""
-    floats = [key for key, v in ema.items() if v.is_floating_point()]
-    for key, v in ema.items():
-        if not v.is_floating_point():
-            v.copy_(source[key])
-    if floats:
-        src = [source[key].to(ema[key].device, ema[key].dtype) for key in floats]
-        torch._foreach_lerp_([ema[key] for key in floats], src, 1.0 - decay)
 
 
 # -- the method ----------------------------------------------------------------------------
@@ -342,8 +324,8 @@ class FedGR(FLMethod):
                                p.ema_reset_strict) if k in self.ema else 0.0
         net = self.workers["ema"]
         load(net, self.ema.get(k) if decay > 0 else self.global_model.state_dict())
-        if decay > 0:
-            ema_blend(net.state_dict(), self.global_model.state_dict(), decay)
+        if decay > 0:  # torch.lerp on the float entries (parameters and buffers), integer ones copied
+            OneCopy(net, self.global_model).lerp_(1.0 - decay, None)
         return decay
 
     def _observe(self, k: int, views: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], _GlobalFeatures | None]:
@@ -444,7 +426,7 @@ class FedGR(FLMethod):
             else:
                 with torch.no_grad():
                     g_feat = self.global_model.features(weak)
-            total = total + p.lambda_r * _client_means(sb, distill_kl_rows(feat, g_feat, p.tau_r))
+            total = total + p.lambda_r * clients_mean(sb, distill_kl_rows(feat, g_feat, p.tau_r))
         return total
 
     def warmup_loss(self, sb: StackedBatch) -> torch.Tensor:
@@ -456,10 +438,10 @@ class FedGR(FLMethod):
         p = self.params
         weak, logits, feat, i = self._student(sb)
         high = self._high_noise[:, None].expand(sb.idx.shape).reshape(-1)
-        total = _client_means(sb, self._supervised_terms(logits, i, high))
+        total = clients_mean(sb, self._supervised_terms(logits, i, high))
         if p.lambda_b > 0:  # the teacher: the EMA model on the batch's weak view, or its cached revised logits
             t_logits = sb.copies["ema"](weak).float().flatten(0, 1) if p.teacher == "online" else self._teacher[i]
-            total = total + p.lambda_b * _client_means(sb, distill_kl_rows(logits, t_logits, p.tau_b))
+            total = total + p.lambda_b * clients_mean(sb, distill_kl_rows(logits, t_logits, p.tau_b))
         return self._with_representation(total, sb, weak, feat)
 
     def begin(self, r: int, clients: list[int], jobs: list[LocalJob]) -> None:

@@ -191,7 +191,7 @@ class FedIRM(FLMethod):
     def _supervised(self, sb: StackedBatch, collect: bool = True):
         """((K,) L_sup(v1) + L_sup(v2), (K, B, C) v1 logits); ``collect``: each client's relation rows of the
         step (from its v1 annotated positives) added to its own."""
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(*sb.idx.shape, -1)
+        y = self.multi_label_targets(sb.idx)
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
         loss = annotated_bce(self, sb, z1, y) + annotated_bce(self, sb, z2, y)
         if collect:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .api import FLMethod, MethodParams, param, register, Stage
-from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .logit_adjust import LogitAdjusted
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,4 @@ class FedLA(LogitAdjusted, FLMethod):
         super().begin_round(r)
         self.refresh_priors()
 
-    def loss(self, sb):
-        return la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
-                                self.params.tau, sb.mask)
-
-    stages = {"main": Stage(loss=loss)}
+    stages = {"main": Stage(loss=LogitAdjusted.la_loss)}

@@ -48,8 +48,9 @@ def sharpen_square(p: torch.Tensor) -> torch.Tensor:
     return s / s.sum(-1, keepdim=True)
 
 
-def ramp(r: int, gamma: float, t_w: int) -> float:
-    return gamma * r / t_w if r < t_w else gamma
+def ramp(r: int, top: float, length: int) -> float:
+    """top · r / length before round ``length``, then top: FedLSR's gamma_t, RoFL's λ_cen(t)."""
+    return top * r / length if r < length else top
 
 
 def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -81,7 +82,7 @@ class FedLSR(FLMethod):
 
     def loss(self, sb: StackedBatch):
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
-        y = self.labels(sb.idx.reshape(-1)).view(sb.idx.shape)
+        y = self.labels(sb.idx)
         lam = on(sb.draws[0], z1.device)  # the batch's lam, (K,) (the sequential engine's stays on the host)
         return fedlsr_loss(z1, z2, y, lam, ramp(sb.r, self.params.gamma, self.params.t_w), self.params, sb.mask)
 

@@ -77,7 +77,7 @@ class FedLSRML(FLMethod):
     def loss(self, sb: StackedBatch):
         p = self.params
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
-        y = self.multi_label_targets(sb.idx.reshape(-1)).view(z1.shape)
+        y = self.multi_label_targets(sb.idx)
         lam = on(sb.draws[0], z1.device)  # the batch's lam, (K,) (the sequential engine's stays on the host)
         return fedlsr_ml_loss(z1, z2, y, self.pos_weights()[sb.clients], lam, ramp(sb.r, p.gamma, p.t_w),
                               self.ctx.settings.batch_size, p, sb.mask)

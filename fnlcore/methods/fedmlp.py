@@ -77,7 +77,7 @@ import torch.nn.functional as F
 from .api import (draw_predict, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register,
                   StackedBatch, Stage)
 from .logit_adjust import la_bce, la_shift
-from .multilabel import client_active_classes, partial_bce
+from .multilabel import partial_bce
 from .parts import check_rounds_left
 
 UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
@@ -221,7 +221,6 @@ class FedMLP(FLMethod):
     def __init__(self, params: FedMLPParams, ctx):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
-        self.active = client_active_classes(ctx.data)  # (K, C) 0/1
         self.pseudo = torch.full((len(ctx.data.train), ctx.data.num_classes), UNLABELLED, dtype=torch.int8,
                                  device=ctx.device)
         self.protos_g: torch.Tensor | None = None  # (C, 2, D) global dual prototypes
@@ -247,10 +246,6 @@ class FedMLP(FLMethod):
         prior = (pos + (self.pseudo[i] == 1).float().sum(0) * (1.0 - a)) / max(len(idx), 1)  # + pseudo-positives
         return la_shift(prior, self.params.tau)
 
-    def _teacher_probs(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return torch.sigmoid(self.global_model.eval()(x).float())
-
     def prepare_warmup(self, r: int, k: int, nets) -> LocalJob:
         # raw images: two weak views, declared so the batched engine can draw them ahead
         return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"))], info=self._shift(k))
@@ -275,7 +270,7 @@ class FedMLP(FLMethod):
                    partial_bce(z, y, self.pos_weights()[sb.clients], bs, sb.mask))
             total = total + 0.5 * sup
             if p.cr in ("both", "warmup"):
-                teacher = sb.per_client(self._teacher_probs(v))
+                teacher = torch.sigmoid(self.global_logits(sb, v).float())
                 total = total + 0.5 * missing_distillation(torch.sigmoid(z.float()), teacher, 1.0 - active, bs, sb.mask)
         return total
 
@@ -294,7 +289,7 @@ class FedMLP(FLMethod):
             return partial_bce(z, y, pw, bs, sb.mask)
         per = (la_bce(z, y, self._shifts[:, None, :]) if p.wpc
                else F.binary_cross_entropy_with_logits(z.float(), y, pos_weight=pw[:, None, :], reduction="none"))
-        mse = (torch.sigmoid(z.float()) - sb.per_client(self._teacher_probs(sb.x))) ** 2 if consistency else None
+        mse = (torch.sigmoid(z.float()) - torch.sigmoid(self.global_logits(sb).float())) ** 2 if consistency else None
         return stage2_loss(per, mse, active | labelled, sb.mask)
 
     def upload(self, r: int, k: int, job: LocalJob, nets) -> dict:

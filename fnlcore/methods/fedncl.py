@@ -47,11 +47,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 
 from .api import ConfigError, FLMethod, load, MethodParams, param, predict, register, Stage, State
-from .parts import check_rounds_left, client_rates
+from .parts import check_rounds_left, client_table, true_noise_rates
 
 
 @dataclass(frozen=True)
@@ -218,10 +217,6 @@ class FedNCL(FLMethod):
                                correction_set=float(self.in_correction.sum()))
 
     def client_results(self):
-        data = self.ctx.data
-        rates = client_rates(data.clients, (self.original != data.y_true).cpu().numpy())
-        return pd.DataFrame([{
-            "client": k, "n": len(idx), "noise_rate": rates[k], "true_noisy": rates[k] > 0,
-            "detection_count": int(self.counts[k]), "detected_noisy": bool(self.in_correction[k]),
-            "flagged_last_round": bool(self.last_noisy[k]),
-        } for k, idx in enumerate(data.clients)])
+        rates = true_noise_rates(self.ctx.data, self.original)
+        return client_table(self.ctx.data, rates, true_noisy=[r > 0 for r in rates], detection_count=self.counts,
+                            detected_noisy=self.in_correction, flagged_last_round=self.last_noisy)

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 
 from .api import (FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, register, Stage, warm_up_then,
                   weighted_average)
-from .fednoro_detection import client_indicators, FedNoRoDetectionParams, gmm_noisy
-from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .fednoro_detection import client_indicators, gmm_noisy
+from .logit_adjust import LogitAdjusted
 from .parts import check_rounds_left, class_loss_matrix, client_rates, gaussian_ramp_up, minmax_columns
 
 
@@ -129,19 +129,13 @@ class FedNoRo(LogitAdjusted, FLMethod):
                                            device=self.ctx.device)
 
     # -- local objectives (each the one loss form over K clients; the sequential engine runs it at K = 1) --
-    def la_loss(self, sb):
-        """Stage 1, and a clean client in stage 2: logit-adjusted CE."""
-        return la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
-                                self.params.tau, sb.mask)
-
     def stage2_loss(self, sb):
         """A distilling client: lambda(r) KL(softmax(f_G / T) || p_LA) + (1 - lambda(r)) NLL(p_LA) (fednoro.md
-        §4.3), f_G the round's global model, frozen; the others :meth:`la_loss`."""
+        §4.3), f_G the round's global model, frozen; the others (and stage 1) :meth:`la_loss`, logit-adjusted CE."""
         la = self.la_loss(sb)
         if not self.params.use_kd or not self.noisy:
             return la
-        with torch.no_grad():  # the teacher: the round's global model, frozen (eval mode)
-            target = F.softmax(sb.per_client(self.global_model.eval()(sb.x)) / self.params.kd_temperature, dim=2)
+        target = F.softmax(self.global_logits(sb) / self.params.kd_temperature, dim=2)
         log_p = F.log_softmax(sb.logits + self.log_prior[sb.clients][:, None, :], dim=2)
         log_p = torch.where(torch.isinf(log_p), torch.zeros_like(log_p), log_p)  # absent classes (code)
         kl = F.kl_div(log_p, target, reduction="none").sum(2)
@@ -150,7 +144,7 @@ class FedNoRo(LogitAdjusted, FLMethod):
         kd = lam * masked_mean(kl, sb.mask) + (1 - lam) * masked_mean(nll, sb.mask)
         return torch.where(self._distil[sb.clients], kd, la)
 
-    stages = {"warmup": Stage(loss=la_loss), "stage2": Stage(loss=stage2_loss)}
+    stages = {"warmup": Stage(loss=LogitAdjusted.la_loss), "stage2": Stage(loss=stage2_loss)}
 
     # -- server --------------------------------------------------------------------------
     def aggregate(self, r, updates):
@@ -177,8 +171,8 @@ class FedNoRo(LogitAdjusted, FLMethod):
         if r != self.params.warmup_rounds - 1:
             return
         # the per-class loss matrix is Table 3's per-class loss indicator (CE of raw logits, given labels)
-        indicator = FedNoRoDetectionParams(per_class=True, detection_augment=self.params.detection_augment)
-        self.loss_matrix = client_indicators(self.ctx, self.global_model, indicator)
+        self.loss_matrix = client_indicators(self.ctx, self.global_model, per_class=True,
+                                             augment=self.params.detection_augment)
         self.noisy = detect_noisy_clients(self.loss_matrix, self.params.detection_votes)
         if len(self.noisy) == self.ctx.data.num_clients:  # fednoro.md §4.4: no clean client left
             self.ctx.log("FedNoRo: every client detected as noisy; treating all as clean")

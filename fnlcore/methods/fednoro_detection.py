@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, MethodParams, param, predict, register, Stage
-from .logit_adjust import LogitAdjusted, la_cross_entropy
+from .logit_adjust import LogitAdjusted
 from .parts import class_loss_matrix, fit_two_gaussians, lid_scores, minmax_columns
 
 
@@ -90,10 +90,7 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
             self.refresh_priors()
 
     def loss(self, sb):
-        if not self.params.logit_adjust:
-            return FLMethod.loss(self, sb)
-        return la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
-                                self.params.tau, sb.mask)
+        return self.la_loss(sb) if self.params.logit_adjust else FLMethod.loss(self, sb)
 
     stages = {"main": Stage(loss=loss)}
 
@@ -101,7 +98,8 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
         if r != self.num_rounds() - 1:
             return
         p = self.params
-        self.features = client_indicators(self.ctx, self.global_model, p)
+        self.features = client_indicators(self.ctx, self.global_model, p.indicator, p.per_class, p.detection_augment,
+                                          p.lid_k)
         feats = minmax_columns(self.features) if p.norm else self.features
         truth = self.ctx.data.wrong_label_clients()
         self.rates = gmm_detection_rates(feats, truth, p.gmm_seeds, noisy_high=p.indicator != "conf")
@@ -115,22 +113,22 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
         return pd.DataFrame({"client": np.arange(len(self.features)), "true_noisy": truth, **cols})
 
 
-def client_indicators(ctx, model, p: FedNoRoDetectionParams) -> np.ndarray:
-    """K x 1 (or K x C for per-class losses) indicator matrix from the global model."""
+def client_indicators(ctx, model, indicator="loss", per_class=False, augment=True, lid_k=20) -> np.ndarray:
+    """K x 1 (or K x C for per-class losses) indicator matrix from the global model (FedNoRoDetectionParams)."""
     data = ctx.data
     assigned = torch.cat(data.clients)
-    logits = predict(ctx, model, data.train, assigned, augment=p.detection_augment)
+    logits = predict(ctx, model, data.train, assigned, augment=augment)
     given = data.given[assigned.to(ctx.device)]
-    if p.indicator == "lid":
+    if indicator == "lid":
         probs = F.softmax(logits, dim=1)
-        return np.array([[float(np.mean(np.asarray(lid_scores(part, p.lid_k))))]
+        return np.array([[float(np.mean(np.asarray(lid_scores(part, lid_k))))]
                          for part in probs.split([len(idx) for idx in data.clients])])
-    if p.indicator == "conf":
+    if indicator == "conf":
         per_sample = F.softmax(logits, dim=1).gather(1, given[:, None]).squeeze(1)
     else:
         per_sample = F.cross_entropy(logits, given, reduction="none")
     values = np.zeros(len(data.train))
     values[assigned.numpy()] = per_sample.double().cpu().numpy()
-    if p.per_class:
+    if per_class:
         return class_loss_matrix(values, data.given.cpu().numpy(), [c.numpy() for c in data.clients], data.num_classes)
     return np.array([[values[c.numpy()].mean() if len(c) else 0.0] for c in data.clients])

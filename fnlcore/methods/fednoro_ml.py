@@ -22,7 +22,6 @@ import torch
 from .api import FLMethod, MethodParams, param, register, Stage
 from .fedmlp import missing_distillation, wpc_loss
 from .logit_adjust import la_shift
-from .multilabel import client_active_classes
 from .parts import gaussian_ramp_up
 
 
@@ -59,7 +58,6 @@ class FedNoRoML(FLMethod):
     def __init__(self, params: FedNoRoMLParams, ctx):
         super().__init__(params, ctx)
         data = ctx.data
-        self.active = client_active_classes(data)
         shift = torch.stack([
             la_shift((data.given[idx.to(data.given.device)].float().mean(0) if len(idx) else
                       torch.zeros(data.num_classes, device=data.given.device)), params.tau)
@@ -70,8 +68,7 @@ class FedNoRoML(FLMethod):
 
     def loss(self, sb):
         p = self.params
-        with torch.no_grad():
-            zt = sb.per_client(self.global_model.eval()(sb.x)).float()
+        zt = self.global_logits(sb).float()
         w = gaussian_ramp_up(sb.r, p.ramp_begin, p.ramp_end, p.lambda_max)  # ramp_end > ramp_begin (validate)
         y = self.multi_label_targets(sb.idx.reshape(-1)).view(sb.logits.shape)
         return fednoro_ml_loss(sb.logits, zt, y, self.shift[sb.clients], self.active[sb.clients], w, p.kd_temperature,

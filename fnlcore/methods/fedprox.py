@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import (clients_cross_entropy, FLMethod, host_side, MethodParams, on, param, parameter_keys, register,
-                  snapshot, Stage)
-from .parts import proximal_term
+from .api import FLMethod, MethodParams, param, parameter_keys, register, snapshot, Stage
+from .parts import add_proximal
 
 
 @dataclass(frozen=True)
@@ -42,17 +41,11 @@ class FedProx(FLMethod):
         self._keys = parameter_keys(self.global_model)
 
     def loss(self, sb):
-        loss = clients_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), sb.mask)
+        loss = super().loss(sb)
         p = self.params
         if p.mu <= 0:
             return loss
-        skip = None
-        if p.skip_first_batch:  # decided on the host (the timeline's epoch steps: no device sync)
-            with host_side():
-                first = sb.epoch_step_host == 0
-                if bool(first.all()):
-                    return loss
-                skip = on(first, loss.device) if bool(first.any()) else None
-        return loss + proximal_term(sb.parameters(), self._ref, self._keys, p.mu, p.form, skip)
+        skip = sb.epoch_step_host == 0 if p.skip_first_batch else None
+        return add_proximal(loss, sb, self._ref, self._keys, p.mu, p.form, skip)
 
     stages = {"main": Stage(loss=loss)}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, MethodParams, Stage, masked_mean, param, register
+from .api import clients_mean, FLMethod, MethodParams, param, register, Stage
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,6 @@ class GCE(FLMethod):
 
     def loss(self, sb):  # the one loss form: each client's mean over its real rows -> (K,)
         per = gce_per_sample(sb.logits.flatten(0, 1), self.labels(sb.idx.reshape(-1)), self.params.q)
-        return masked_mean(per.view_as(sb.idx), sb.mask)
+        return clients_mean(sb, per)
 
     stages = {"main": Stage(loss=loss)}

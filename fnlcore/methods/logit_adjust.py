@@ -20,6 +20,11 @@ class LogitAdjusted:
     def refresh_priors(self) -> None:
         self.log_prior = log_priors(self.ctx.data.class_counts())
 
+    def la_loss(self, sb) -> torch.Tensor:
+        """A step's logit-adjusted CE (``params.tau``) on the given labels: FedLA, FedNoRo's stage 1."""
+        return la_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), self.log_prior[sb.clients],
+                                self.params.tau, sb.mask)
+
 
 def la_shift(prior: torch.Tensor, tau: float) -> torch.Tensor:
     """tau log(pi / (1 - pi)) per class (fedmlp.md §2.1): -inf at pi = 0, +inf at pi = 1, 0 when tau = 0."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import ConfigError, draw_device, host_side, masked_mean, predict
+from .api import ConfigError, CostStage, draw_device, draw_predict, host_side, masked_mean, on, predict
 
 
 def check_rounds_left(params, field: str, settings, why: str = "") -> None:
@@ -51,6 +53,18 @@ def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 def client_rates(clients: list[torch.Tensor], flags: np.ndarray, empty: float = 0.0) -> list[float]:
     """Each client's share of flagged samples (``flags`` (N,) bool: wrong labels); ``empty`` without samples."""
     return [float(flags[idx.numpy()].mean()) if len(idx) else empty for idx in clients]
+
+
+def true_noise_rates(data, labels: torch.Tensor | None = None, empty: float = 0.0) -> list[float]:
+    """Each client's share of wrong ``labels`` (default: the current given labels); ``empty`` without samples."""
+    return client_rates(data.clients, ((data.given if labels is None else labels) != data.y_true).cpu().numpy(), empty)
+
+
+def client_table(data, rates, **columns) -> pd.DataFrame:
+    """``client_results``' table, a row per client k: "client" k, "n" its size, "noise_rate" ``rates[k]``, then
+    each of ``columns`` at k."""
+    return pd.DataFrame([{"client": k, "n": len(idx), "noise_rate": rates[k], **{c: v[k] for c, v in columns.items()}}
+                         for k, idx in enumerate(data.clients)])
 
 
 def gaussian_ramp_up(r: int, begin: int, end: int, top: float) -> float:
@@ -98,6 +112,38 @@ def sequential_client_groups(rng: np.random.RandomState, num_clients: int, fract
     return groups
 
 
+class GroupPasses:
+    """Mixin of a method whose first rounds pass over the clients in :func:`sequential_client_groups` (``frac1``),
+    a group a round, before ``training.rounds`` (FedCorr's stage 1, FedDiv's warm-up): not evaluated, at
+    training round 0's learning rate. The method's ``__init__`` calls :meth:`init_passes`."""
+
+    passes_param: ClassVar[str]  # the hyper-parameter counting the passes
+    pass_stage: ClassVar[tuple[str, float]]  # their cost stage: name, a round's cost over a FedAvg round
+
+    @classmethod
+    def cost_stages(cls, params, settings, num_clients):
+        per_group, groups = group_shape(num_clients, params.frac1)
+        name, factor = cls.pass_stage
+        passes = CostStage(name, getattr(params, cls.passes_param) * groups, per_group, factor, evaluated=False)
+        return [passes, *super().cost_stages(params, settings, num_clients)]
+
+    def init_passes(self) -> None:
+        try:
+            self.groups_per_iteration = group_shape(self.ctx.data.num_clients, self.params.frac1)[1]
+        except ValueError as e:
+            raise ConfigError(f"method {self.params.name!r}: frac1: {e}") from None
+        self.pre_rounds = getattr(self.params, self.passes_param) * self.groups_per_iteration
+
+    def num_rounds(self) -> int:
+        return self.pre_rounds + self.ctx.settings.rounds
+
+    def should_evaluate(self, r: int) -> bool:
+        return r >= self.pre_rounds
+
+    def lr_round(self, r: int) -> int:
+        return max(r - self.pre_rounds, 0)
+
+
 def client_chunks(states: list, key: str, chunk_values: int, dtype: torch.dtype | None = None):
     """Entry ``key`` of n states a chunk of coordinates at a time (``chunk_values`` values, at least one
     coordinate): (the chunk's slice of the flattened entry, the (n, chunk) stack of its values in ``dtype``)."""
@@ -126,6 +172,12 @@ def client_outputs(ctx, model: torch.nn.Module, idx: torch.Tensor, augment: bool
     return logits, probs, double_softmax_loss(probs, ctx.data.given[idx.to(ctx.device)])
 
 
+def reserve_pass(method, r: int, k: int, job) -> list[tuple]:
+    """A ``Stage.reserve``: the augmentation of the upload's :func:`client_outputs` pass over client k's samples,
+    drawn where the sequential upload draws it."""
+    return draw_predict(method.ctx, len(method.ctx.data.clients[k]), PASS_BATCH)
+
+
 def proximal_term(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], keys: list[str], mu,
                   form: str, skip: torch.Tensor | None = None) -> torch.Tensor:
     """The proximal term of K clients -> (K,): ``params`` each trainable parameter (K, ...) by name
@@ -143,6 +195,17 @@ def proximal_term(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
         sq = torch.where(skip, torch.ones_like(sq), sq)
     out = 0.5 * mu * sq if form == "squared_half" else mu * torch.sqrt(sq)
     return out if skip is None else torch.where(skip, torch.zeros_like(out), out)
+
+
+def add_proximal(loss: torch.Tensor, sb, ref, keys: list[str], mu, form: str, skip: torch.Tensor | None):
+    """``loss`` (K,) + :func:`proximal_term` of ``sb``'s clients but those ``skip`` (K,) sets. ``mu`` (a float
+    or (K,)) and ``skip`` are host values: decided on the host (no device sync), then one copy of each."""
+    with host_side():
+        if skip is not None and bool(skip.all()):
+            return loss
+        skip = on(skip, loss.device) if skip is not None and bool(skip.any()) else None
+    mu = on(mu, loss.device) if torch.is_tensor(mu) else mu
+    return loss + proximal_term(sb.parameters(), ref, keys, mu, form, skip)
 
 
 def js_elementwise(q1: torch.Tensor, q2: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

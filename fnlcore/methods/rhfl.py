@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, load, masked_mean, MethodParams, param, predict, register, Stage, weighted_average
+from .api import clients_mean, FLMethod, load, MethodParams, param, predict, register, Stage, weighted_average
 from .sce import LOG_ZERO, sce_per_sample
 
 
@@ -34,13 +34,6 @@ class RHFLParams(MethodParams):
     local_loss: str = param("sce", choices=("sce", "ce"),
                             switch="'sce' (RHFL's noise-tolerant loss; FedNoRo says only 'combined with FedAvg') | "
                                    "'ce'")
-
-
-def symmetric_ce(logits: torch.Tensor, y: torch.Tensor, alpha: float, beta: float, reduction: str = "mean") -> torch.Tensor:
-    """alpha CE + beta RCE with RHFL's clamps: RCE = -log(1e-4) (1 - p_y) for p clamped to [1e-7, 1] (SCE's
-    :func:`~.sce.sce_per_sample` with the official code's log 0)."""
-    loss = sce_per_sample(logits, y, alpha, beta, LOG_ZERO["code"])
-    return loss.mean() if reduction == "mean" else loss
 
 
 def ccr_aggregation_weights(prev: np.ndarray, cur: np.ndarray, beta_c: float) -> np.ndarray:
@@ -73,14 +66,14 @@ class RHFL(FLMethod):
     def upload(self, r, k, job, nets):  # L_k^t
         idx = self.ctx.data.clients[k]
         logits = predict(self.ctx, nets["model"], self.ctx.data.train, idx)
-        y = self.ctx.data.given[idx.to(self.ctx.device)]
-        return {"mean_loss": float(symmetric_ce(logits, y, self.params.alpha, self.params.beta_s))}
+        y, p = self.ctx.data.given[idx.to(self.ctx.device)], self.params
+        return {"mean_loss": float(sce_per_sample(logits, y, p.alpha, p.beta_s, LOG_ZERO["code"]).mean())}
 
     def loss(self, sb):
         z, y, p = sb.logits.flatten(0, 1), self.labels(sb.idx.reshape(-1)), self.params
         per = (F.cross_entropy(z, y, reduction="none") if p.local_loss == "ce"
-               else symmetric_ce(z, y, p.alpha, p.beta_s, "none"))
-        return masked_mean(per.view_as(sb.idx), sb.mask)
+               else sce_per_sample(z, y, p.alpha, p.beta_s, LOG_ZERO["code"]))  # RHFL's clamps: the code's log 0
+        return clients_mean(sb, per)
 
     stages = {"main": Stage(upload=upload, loss=loss)}
 

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from .api import (
     ClientUpdate, FLMethod, forward_bounded, LocalJob, masked_mean, MethodParams, param, Phase, register, Stage,
 )
+from .fedlsr import ramp
 from .parts import check_rounds_left
 
 DENOMINATOR_GUARD = 1e-8  # |Σ_k s_kc| below this is replaced by 1 (spec A4(d))
@@ -77,11 +78,6 @@ def forget_rate_at(t: int, rate: float, ramp_rounds: int) -> float:
     if t >= ramp_rounds:
         return rate
     return rate * t / (ramp_rounds - 1) if ramp_rounds > 1 else 0.0
-
-
-def centroid_weight_at(t: int, lambda_cen: float, t_pl: int) -> float:
-    """λ_cen(t) = λ_cen · t / T_pl before T_pl, then λ_cen."""
-    return lambda_cen * t / t_pl if t < t_pl else lambda_cen
 
 
 # -- pure parts ----------------------------------------------------------------------------
@@ -209,7 +205,7 @@ class RoFL(FLMethod):
         super().begin_round(r)
         p = self.params
         self._forget = forget_rate_at(r, p.forget_rate, p.forget_ramp_rounds)
-        self._lambda_cen = centroid_weight_at(r, p.lambda_cen, p.t_pl)
+        self._lambda_cen = ramp(r, p.lambda_cen, p.t_pl)
         self._counts = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)  # selected, masked, changed
         self.round_info.update(forget_rate=self._forget, lambda_cen=self._lambda_cen)
 

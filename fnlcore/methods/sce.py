@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, masked_mean, MethodParams, param, register, Stage
+from .api import clients_mean, FLMethod, MethodParams, param, register, Stage
 
 LOG_ZERO = {"code": math.log(1e-4), "paper": -4.0}
 
@@ -48,6 +48,6 @@ class SCE(FLMethod):
         p = self.params
         per = sce_per_sample(sb.logits.flatten(0, 1), self.labels(sb.idx.reshape(-1)), p.alpha, p.beta,
                              LOG_ZERO[p.log_zero])
-        return masked_mean(per.view_as(sb.idx), sb.mask)
+        return clients_mean(sb, per)
 
     stages = {"main": Stage(loss=loss)}
