@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import ClientStore, FLMethod, load, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
-from .multilabel import annotated_bce, client_active_classes
+from .multilabel import annotated_bce
 from .parts import check_rounds_left
 
 
@@ -158,7 +158,6 @@ class FedIRM(FLMethod):
     def __init__(self, params: FedIRMParams, ctx):
         super().__init__(params, ctx)
         params.check_training(ctx.settings)
-        self.active = client_active_classes(ctx.data)
         self.teachers = ClientStore("teachers")  # per-client EMA teachers, from a client's first matching update
         self.steps = [0] * ctx.data.num_clients  # per-client EMA step counters
         self.relation_g: torch.Tensor | None = None  # (C, C) global relation matrix

@@ -28,7 +28,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -36,7 +35,7 @@ from .api import (FLMethod, load, masked_mean, MethodParams, param, per_tensor_d
                   weighted_average)
 from .fednoro_detection import client_indicators, gmm_noisy
 from .logit_adjust import LogitAdjusted
-from .parts import check_rounds_left, class_loss_matrix, client_rates, gaussian_ramp_up, minmax_columns
+from .parts import check_rounds_left, class_loss_matrix, client_table, gaussian_ramp_up, minmax_columns, true_noise_rates
 
 
 @dataclass(frozen=True)
@@ -182,7 +181,6 @@ class FedNoRo(LogitAdjusted, FLMethod):
     def client_results(self):
         if self.noisy is None:
             return None
-        data = self.ctx.data
-        rates = client_rates(data.clients, (data.given != data.y_true).cpu().numpy())
-        return pd.DataFrame([{"client": k, "n": len(idx), "noise_rate": rates[k], "true_noisy": rates[k] > 0,
-                              "detected_noisy": k in self.noisy} for k, idx in enumerate(data.clients)])
+        rates = true_noise_rates(self.ctx.data)
+        return client_table(self.ctx.data, rates, true_noisy=[r > 0 for r in rates],
+                            detected_noisy=[k in self.noisy for k in range(len(rates))])

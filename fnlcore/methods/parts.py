@@ -50,14 +50,10 @@ def double_softmax_loss(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return F.cross_entropy(probs.float(), labels, reduction="none")
 
 
-def client_rates(clients: list[torch.Tensor], flags: np.ndarray, empty: float = 0.0) -> list[float]:
-    """Each client's share of flagged samples (``flags`` (N,) bool: wrong labels); ``empty`` without samples."""
-    return [float(flags[idx.numpy()].mean()) if len(idx) else empty for idx in clients]
-
-
 def true_noise_rates(data, labels: torch.Tensor | None = None, empty: float = 0.0) -> list[float]:
     """Each client's share of wrong ``labels`` (default: the current given labels); ``empty`` without samples."""
-    return client_rates(data.clients, ((data.given if labels is None else labels) != data.y_true).cpu().numpy(), empty)
+    wrong = ((data.given if labels is None else labels) != data.y_true).cpu().numpy()
+    return [float(wrong[idx.numpy()].mean()) if len(idx) else empty for idx in data.clients]
 
 
 def client_table(data, rates, **columns) -> pd.DataFrame:

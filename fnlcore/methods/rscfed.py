@@ -37,7 +37,7 @@ from .api import (
     ClientStore, ConfigError, FLMethod, load, LocalJob, MethodParams, param, Phase, register, snapshot,
     StackedBatch, Stage, weighted_average,
 )
-from .multilabel import annotated_bce, client_active_classes
+from .multilabel import annotated_bce
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,6 @@ class RSCFed(FLMethod):
                 f"distinct clients can be drawn; set group_size <= {k} (recommended: 4 for ICH's 5 clients, the "
                 "code's 6 for ChestXray14's 8)"
             )
-        self.active = client_active_classes(ctx.data)
         self.teachers = ClientStore("teachers")  # per-client EMA teachers, all from the initial global model
         init = snapshot(self.global_model)
         for c in range(k):
