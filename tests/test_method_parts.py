@@ -87,6 +87,8 @@ def test_group_passes_come_first_unevaluated_at_the_first_learning_rate(name, pa
     assert (first.rounds, first.clients, first.evaluated) == (4, 2, False)
     with pytest.raises(ConfigError, match=rf"^method '{name}': frac1: fraction 0.1 gives 0 clients per group for K=4"):
         METHODS[name](method_from_dict({**spec, "frac1": 0.1}), ctx)
+    with pytest.raises(ConfigError, match=rf"^method '{name}': frac1: fraction 0.1"):  # `fnl plan` says the same
+        METHODS[name].cost_stages(method_from_dict({**spec, "frac1": 0.1}), ctx.settings, 4)
 
 
 def test_true_noise_rates_and_the_client_table():

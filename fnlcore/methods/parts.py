@@ -72,8 +72,8 @@ def gaussian_ramp_up(r: int, begin: int, end: int, top: float) -> float:
     return top * math.exp(-5.0 * (1.0 - t) ** 2)
 
 
-def group_shape(num_clients: int, fraction: float | None) -> tuple[int, int]:
-    """(clients per group, groups per pass) of FedCorr's stage-1 draw.
+def group_shape(num_clients: int, fraction: float | None, method: str = "") -> tuple[int, int]:
+    """(clients per group, groups per pass) of FedCorr's stage-1 draw; a ConfigError names ``method``'s frac1.
 
     ``fraction`` None = one client per group and K groups, exactly (computing 1/K in floats
     and applying the code's ``int()`` loses a client for some K, e.g. int(49 * (1/49)) = 0).
@@ -83,7 +83,9 @@ def group_shape(num_clients: int, fraction: float | None) -> tuple[int, int]:
         return 1, num_clients
     per_group, groups = int(num_clients * fraction), int(1.0 / fraction)
     if per_group < 1:
-        raise ValueError(f"fraction {fraction} gives 0 clients per group for K={num_clients}; use >= 1/K or leave it unset")
+        where = f"method {method!r}: " if method else ""
+        raise ConfigError(f"{where}frac1: fraction {fraction} gives 0 clients per group for K={num_clients}; "
+                          "use >= 1/K or leave it unset")
     return per_group, groups
 
 
@@ -118,16 +120,13 @@ class GroupPasses:
 
     @classmethod
     def cost_stages(cls, params, settings, num_clients):
-        per_group, groups = group_shape(num_clients, params.frac1)
+        per_group, groups = group_shape(num_clients, params.frac1, params.name)
         name, factor = cls.pass_stage
         passes = CostStage(name, getattr(params, cls.passes_param) * groups, per_group, factor, evaluated=False)
         return [passes, *super().cost_stages(params, settings, num_clients)]
 
     def init_passes(self) -> None:
-        try:
-            self.groups_per_iteration = group_shape(self.ctx.data.num_clients, self.params.frac1)[1]
-        except ValueError as e:
-            raise ConfigError(f"method {self.params.name!r}: frac1: {e}") from None
+        self.groups_per_iteration = group_shape(self.ctx.data.num_clients, self.params.frac1, self.params.name)[1]
         self.pre_rounds = getattr(self.params, self.passes_param) * self.groups_per_iteration
 
     def num_rounds(self) -> int:
