@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import numerics
 from .augment import draw_device, on
 from .errors import ConfigError
 from .syncs import host_side
@@ -292,7 +293,7 @@ def pil_matrix(name: str, v: torch.Tensor, size: tuple[int, int]) -> torch.Tenso
     m[:, 1, 1] = 1.0
     if name == "rotate":  # Image.rotate(v): counter-clockwise about the centre (w/2, h/2)
         a = -vd * (math.pi / 180.0)
-        cos, sin = torch.round(torch.cos(a), decimals=15), torch.round(torch.sin(a), decimals=15)
+        cos, sin = torch.round(numerics.cos(a), decimals=15), torch.round(numerics.sin(a), decimals=15)
         cx, cy = w / 2.0, h / 2.0
         m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1] = cos, sin, -sin, cos
         m[:, 0, 2] = -cos * cx - sin * cy + cx

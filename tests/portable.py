@@ -10,7 +10,12 @@ under them (``reexec_portable``).
 
 Measured on an AVX-512 machine (README "Tests"): without them, ``ATEN_CPU_CAPABILITY=avx2`` or
 ``MKL_CBWR=AVX2`` alone changes every golden record; with them, capping ATen, oneDNN, MKL,
-OpenBLAS or NumPy's dispatch changes none. This module imports neither torch nor numpy.
+OpenBLAS or NumPy's dispatch changes none. One library cannot be pinned by any variable: MKL's
+vector math (torch's CPU sqrt, exp, log, ...), whose kernel follows the CPU's maker. The code
+avoids it (fnlcore.numerics) and the worker proves it: every call runs under
+tests/vml_guard.py, which fails the call the moment a VML-backed op runs on CPU floats.
+``python -m tests.cross_cpu`` runs recorded cases under emulated CPUs (qemu-user) and natively
+and reports any difference. This module imports neither torch nor numpy.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ PORTABLE_ENV = {
     "OPENBLAS_CORETYPE": "Nehalem",
     # NumPy's dispatched loops (exp, log, sorting...) at its x86-64-v2 baseline
     "NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR",
+    # glibc's libm (exp, log, pow, sin, tan, atan in float64: NumPy's loops above fall back to it, and
+    # torch's scalar kernels call it) has FMA/AVX2 variants chosen by CPU; their last bits differ
+    # (seen: exp, sin, tan, pow, atan of 4M random doubles). These are the names glibc 2.36 reads
+    # (``ld.so --list-diagnostics`` shows the active feature words change; the old *_Usable ones do not)
+    "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-FMA4",
     # one thread everywhere: a GEMM's blocking, and so its sums, can follow the thread count
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
@@ -136,13 +146,16 @@ def _serve(target: str) -> None:
 
     if not is_portable():
         sys.exit("tests.portable: started without PORTABLE_ENV; use PortableWorker")
+    from .vml_guard import VMLGuard
+
     module, func = target.split(":")
     fn = getattr(importlib.import_module(module), func)
     out = sys.stdout
     sys.stdout = sys.stderr  # whatever the function prints must not break the protocol
     for line in sys.stdin:
         try:
-            reply = {"result": fn(*json.loads(line))}
+            with VMLGuard():
+                reply = {"result": fn(*json.loads(line))}
         except Exception:  # the test that called reports it
             reply = {"error": traceback.format_exc()}
         out.write(json.dumps(reply) + "\n")

@@ -43,6 +43,7 @@ from fnlcore.syncs import SyncCounter
 
 from .engine_helpers import make_ctx
 from .golden import EXECUTION_COLUMNS, _settings, case_id, golden_cases
+from .portable import PortableWorker, PortableWorkerError
 from .test_contracts import _fitting_params
 from .test_syncs import assert_sync_free
 
@@ -277,14 +278,38 @@ def assert_batched_equals_sequential(cls, params, multi: bool) -> dict[str, floa
     return compare_runs(*contract_runs(cls, params, multi))
 
 
-@pytest.mark.parametrize("name,multi", CASES, ids=[case_id(n, m) for n, m in CASES])
-def test_batched_engine_reproduces_the_sequential_engine(name, multi):
-    """... and, from the same two runs, no host-device sync in a local step (tests/test_syncs.py's
+def contract_case(name: str, multi: bool, plugin: str | None = None) -> dict[str, float]:
+    """One case of the contract, run in the portable worker: method ``name`` of the registry, or class
+    ``plugin`` of tests/support/batched_mismatch.py (never registered); returns the max differences
+    measured. ... and, from the same two runs, no host-device sync in a local step (tests/test_syncs.py's
     rule: 0 per step on the batched engine, the declared counts on the sequential one)."""
+    if plugin is not None:
+        from .support import batched_mismatch
+
+        cls = getattr(batched_mismatch, plugin)
+        return assert_batched_equals_sequential(cls, cls.Params(), multi)
     seq, bat = contract_runs(METHODS[name], contract_params(name), multi)
-    compare_runs(seq, bat)
+    gaps = compare_runs(seq, bat)
     for run in (seq, bat):
         assert_sync_free(name, run.engine, run.syncs)
+    return gaps
+
+
+@pytest.fixture(scope="module")
+def portable_contract():
+    """The contract runs under portable numerics (tests/portable.py), as the golden set does: the
+    stacked network's batched matrix products and the plain model's round differently, by how much
+    depends on the BLAS kernel the CPU gets (MKL's AMD path with ATen's AVX2 kernels moved one test
+    sample of 300 across the argmax, fedavg and four others), so only one code path everywhere makes
+    the contract decide the same on every CPU. Its tolerances were measured there too."""
+    worker = PortableWorker("tests.test_batched_contract:contract_case")
+    yield worker
+    worker.close()
+
+
+@pytest.mark.parametrize("name,multi", CASES, ids=[case_id(n, m) for n, m in CASES])
+def test_batched_engine_reproduces_the_sequential_engine(name, multi, portable_contract):
+    portable_contract.call(name, multi)
 
 
 def test_the_contract_covers_every_method_with_a_batched_stage_on_each_label_kind():
@@ -298,14 +323,10 @@ def test_the_contract_covers_every_method_with_a_batched_stage_on_each_label_kin
 # (a registered one would need a golden record, pinned slugs, ...): the contract is handed the classes.
 
 
-def test_a_per_client_loss_form_passes_the_contract():
-    from .support.batched_mismatch import GCE
-
-    assert_batched_equals_sequential(GCE, GCE.Params(), multi=False)
+def test_a_per_client_loss_form_passes_the_contract(portable_contract):
+    portable_contract.call(None, False, "GCE")
 
 
-def test_a_loss_form_that_mixes_the_clients_of_a_step_fails_the_contract():
-    from .support.batched_mismatch import GCEStackMean
-
-    with pytest.raises(AssertionError, match=r"metrics\.|model\.|clients\."):  # the scores and the weights move
-        assert_batched_equals_sequential(GCEStackMean, GCEStackMean.Params(), multi=False)
+def test_a_loss_form_that_mixes_the_clients_of_a_step_fails_the_contract(portable_contract):
+    with pytest.raises(PortableWorkerError, match=r"AssertionError: (metrics\.|model\.|clients\.)"):
+        portable_contract.call(None, False, "GCEStackMean")  # the scores and the weights move

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from fnlcore import numerics
 from fnlcore.fl import stacked
 from fnlcore.fl.stacked import StackedAdam, StackedNet, StackedSGD
 from fnlcore.fl.copies import StackedCopies
@@ -54,14 +55,14 @@ def ref_adam_step(params, ms, vs, steps, grads, lr, betas, eps, wd, active):
     steps += 1 if active is None else active.to(steps.dtype)
     t = steps.clamp_min(1)
     step_size = lr / (1 - b1 ** t)
-    bc2_sqrt = torch.sqrt(1 - b2 ** t)
+    bc2_sqrt = numerics.sqrt(1 - b2 ** t)
     for p, g, m, v in zip(params, grads, ms, vs):
         if wd:
             g = torch.add(g, p, alpha=wd)
         new_m = m.lerp(g, 1 - b1)
         new_v = v.mul(b2).addcmul_(g, g, value=1 - b2)
         shape = (-1,) + (1,) * (p.dim() - 1)
-        denom = (new_v.sqrt() / bc2_sqrt.to(p.dtype).view(shape)).add_(eps)
+        denom = (numerics.sqrt(new_v) / bc2_sqrt.to(p.dtype).view(shape)).add_(eps)
         new_p = p - step_size.to(p.dtype).view(shape) * new_m / denom
         if active is None:
             m.copy_(new_m), v.copy_(new_v), p.copy_(new_p)

@@ -6,12 +6,14 @@ stage table (:class:`Stage`): each stage's one loss form over K clients (:class:
 -> (K,) losses; the sequential engine runs it at K = 1 on the plain model), what a client
 prepares (:class:`LocalJob`, :class:`Phase`) and uploads, and the per-chunk hooks. The engine
 owns the loop, the state, the batching and the devices; what it offers a loss or a server step
-is below. Shared method pieces (mixup, proximal terms, logit adjustment, multi-label losses)
-live in :mod:`.parts`, :mod:`.logit_adjust` and :mod:`.multilabel`.
+is below; ``sqrt``, ``exp``, ``log``, ``sin`` and ``cos`` come from :mod:`numerics` (torch's own
+pick their CPU kernel by the CPU's maker). Shared method pieces (mixup, proximal terms, logit
+adjustment, multi-label losses) live in :mod:`.parts`, :mod:`.logit_adjust` and :mod:`.multilabel`.
 """
 
 from __future__ import annotations
 
+from .. import numerics
 from ..augment import draw_device, on
 from ..errors import ConfigError, FNLError
 from ..fl import sampling
@@ -29,6 +31,6 @@ __all__ = [
     "assign_clients_", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
     "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "clients_cross_entropy", "clients_mean",
     "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param",
-    "parameter_keys", "per_tensor_distance", "predict", "register", "sampling", "snapshot", "warm_up_then",
+    "numerics", "parameter_keys", "per_tensor_distance", "predict", "register", "sampling", "snapshot", "warm_up_then",
     "weighted_average",
 ]

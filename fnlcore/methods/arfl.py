@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State, weighted_average
+from .api import numerics
 from .parts import client_table, true_noise_rates
 
 MAD_CONSTANT = 1.4826  # makes the median absolute deviation a consistent estimator of a normal's sigma
@@ -114,7 +115,7 @@ def irls_fit(y: torch.Tensor, huber_lambda: float, delta: float) -> Fit:
     resid = y - line_at(intercept, slope, ranks)
     abs_sorted = resid.abs().sort(dim=1).values[:, 1:]  # the smallest residual removed
     scale = MAD_CONSTANT * (1 + 5 / (n - 1)) * median(abs_sorted, dim=1) + SCALE_EPS
-    u = resid / scale.unsqueeze(1) / torch.sqrt(1 - rank_leverage(ranks, n).to(y.dtype))
+    u = resid / scale.unsqueeze(1) / numerics.sqrt(1 - rank_leverage(ranks, n).to(y.dtype))
     kappa = huber_lambda * math.sqrt(2.0 / n)
     # clip(u, -κ, κ)/u: 1 inside the band (u = 0 included), κ/|u| outside
     psi = torch.where(u.abs() <= kappa, torch.ones_like(u), kappa / u.abs())

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import evaluate, FLMethod, LocalJob, MethodParams, param, Phase, predict, register, Stage, warm_up_then
+from .api import numerics
 from .parts import check_rounds_left, fit_two_gaussians, minmax_columns
 from ..randaugment import mix_targets, mixup
 
@@ -109,7 +110,7 @@ def prior_penalty(logits: torch.Tensor) -> torch.Tensor:
     c = logits.shape[1]
     mean = F.softmax(logits, dim=1).mean(0)
     prior = torch.full_like(mean, 1.0 / c)
-    return (prior * (prior.log() - mean.log())).sum()
+    return (prior * (numerics.log(prior) - numerics.log(mean))).sum()
 
 
 def mixmatch_loss(logits_x: torch.Tensor, targets_x: torch.Tensor, logits_u: torch.Tensor, targets_u: torch.Tensor,
@@ -152,7 +153,7 @@ class EnsembleModel(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.stack([F.softmax(net(x).float(), dim=1) for net in self.nets]).mean(0)
-        return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+        return numerics.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))
 
 
 # -- the method ----------------------------------------------------------------------------

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import ClientUpdate, FLMethod, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
+from .api import numerics
 from .parts import (GroupPasses, MixupDraw, client_outputs, client_table, double_softmax_loss, minmax_columns,
                     mixup_cross_entropy, mixup_view, reserve_pass, sequential_client_groups, true_noise_rates)
 
@@ -197,7 +198,7 @@ def debias_prior_update(logits: torch.Tensor, probs: torch.Tensor, prior: torch.
                         mask_thres: float = 0.85, momentum: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """(de-biased labels, new prior) (Eqs. 9, 12 as the code): q = softmax(z - xi log p_old);
     p <- m p + (1 - m) mean of the probabilities of samples with max q > mask_thres (empty: p kept)."""
-    conf, labels = F.softmax(logits - xi * torch.log(prior)[None, :], dim=1).max(1)
+    conf, labels = F.softmax(logits - xi * numerics.log(prior)[None, :], dim=1).max(1)
     mask = conf > mask_thres
     if not bool(mask.any()):
         return labels, prior.clone()

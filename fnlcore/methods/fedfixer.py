@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from .api import (ClientStore, FLMethod, LocalJob, MethodParams, StackedBatch, Stage, State, assign_clients_,
                   load, masked_mean, param, register)
+from .api import numerics
 
 EMPTY_SCALE = 1e8  # the code's divisor for an empty selection and for Σ n̄ = 0
 LOG_EPS = 1e-8
@@ -90,7 +91,7 @@ def beta_schedule(epoch: int, local_epochs: int, begin_sel: int, beta_max: float
 
 def mean_neg_log_prob(logits: torch.Tensor) -> torch.Tensor:
     """(1/C) Σ_c −log(p_c + 1e-8) per sample."""
-    return -torch.log(F.softmax(logits, dim=1) + LOG_EPS).mean(1)
+    return -numerics.log(F.softmax(logits, dim=1) + LOG_EPS).mean(1)
 
 
 def cr_losses(logits: torch.Tensor, y: torch.Tensor, beta: float, cr: bool = True) -> torch.Tensor:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import ClientStore, FLMethod, load, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
+from .api import numerics
 from .multilabel import annotated_bce
 from .parts import check_rounds_left
 
@@ -101,7 +102,7 @@ def relation_kl(source: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -
     (K clients' (K, C, C) -> (K,)) against one target (C, C)."""
     p = source / source.sum(-1, keepdim=True)
     q = target / target.sum(-1, keepdim=True)
-    lp, lq = p.clamp_min(eps).log(), q.clamp_min(eps).log()
+    lp, lq = numerics.log(p.clamp_min(eps)), numerics.log(q.clamp_min(eps))
     return (0.5 * ((p * (lp - lq)).sum(-1) + (q * (lq - lp)).sum(-1))).sum(-1) / source.shape[-2]
 
 
@@ -109,7 +110,7 @@ def confident_mask(p: torch.Tensor, upper: float, lower: float, max_entropy: flo
     """(B,) samples confident on every class (> upper or < lower) with summed binary entropy < max_entropy."""
     sure = ((p > upper) | (p < lower)).all(1)
     q = p.clamp(1e-12, 1 - 1e-12)
-    return sure & (-(q * q.log() + (1 - q) * (1 - q).log()).sum(1) < max_entropy)
+    return sure & (-(q * numerics.log(q) + (1 - q) * numerics.log(1 - q)).sum(1) < max_entropy)
 
 
 def ema_alpha(steps: torch.Tensor, cap: float) -> torch.Tensor:

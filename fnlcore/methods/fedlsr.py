@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, LocalJob, masked_mean, MethodParams, on, param, Phase, register, StackedBatch, Stage
+from .api import numerics
 from .parts import js_elementwise, lam_beta11
 
 
@@ -65,7 +66,7 @@ def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Ten
     loss = masked_mean(per.view(y.shape), mask) + gamma_t * js_elementwise(q1, q2, mask)
     if p.lambda_e > 0:
         target = F.softmax(q1, dim=-1) if p.entropy_on == "tempered_probs" else F.softmax(z1, dim=-1)
-        entropy = -(target * target.clamp_min(1e-12).log()).sum(-1)
+        entropy = -(target * numerics.log(target.clamp_min(1e-12))).sum(-1)
         loss = loss + p.lambda_e * masked_mean(entropy, mask)
     return loss
 

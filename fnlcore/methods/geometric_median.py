@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State
+from .api import numerics
 from .krum import float_keys, noisy_client_flags, weighted_sum
 from .parts import client_chunks
 
@@ -59,7 +60,7 @@ def _distances(z: State, states: list[State], keys: list[str]) -> torch.Tensor:
         zk = z[k].reshape(-1)
         for at, x in client_chunks(states, k, CHUNK_VALUES, torch.float64):
             sq += (x - zk[at]).square_().sum(dim=1)
-    return sq.sqrt()
+    return numerics.sqrt(sq)
 
 
 def weiszfeld(states: list[State], weights, max_iter: int = 2, nu: float = 1e-5,

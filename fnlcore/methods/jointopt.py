@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, host_side, masked_mean, MethodParams, param, register, StackedBatch, Stage
+from .api import numerics
 from .parts import check_rounds_left
 
 
@@ -66,13 +67,13 @@ def prior_penalty(probs: torch.Tensor, mask: torch.Tensor | None = None) -> torc
         rows = mask.sum(-1, keepdim=True)
         mean = torch.where(mask[..., None], probs, torch.zeros((), dtype=probs.dtype, device=probs.device)).sum(-2)
         mean = torch.where(rows > 0, mean / rows.clamp_min(1).to(probs.dtype), torch.full_like(mean, 1.0 / c))
-    uniform = torch.log(torch.tensor(1.0 / c, dtype=probs.dtype)).to(probs.device, non_blocking=True)
-    return (uniform - mean.log()).mean(-1)
+    uniform = numerics.log(torch.tensor(1.0 / c, dtype=probs.dtype)).to(probs.device, non_blocking=True)
+    return (uniform - numerics.log(mean)).mean(-1)
 
 
 def entropy_penalty(log_probs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """mean_i H(s_i) = −mean_i Σ_c s_ic log s_ic (0 for one-hot predictions): (..., B, C) -> (...)."""
-    return masked_mean(-(log_probs.exp() * log_probs).sum(-1), mask)
+    return masked_mean(-(numerics.exp(log_probs) * log_probs).sum(-1), mask)
 
 
 def jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float, beta: float,
@@ -81,7 +82,7 @@ def jointopt_loss(logits: torch.Tensor, soft_labels: torch.Tensor, alpha: float,
     (one client's (B, C) -> 0-dim). The prior and entropy terms take s = exp(log s) each (two
     exponentials, as the golden record's: one shared would round the gradient differently)."""
     log_p = F.log_softmax(logits, dim=-1)
-    return (soft_cross_entropy(log_p, soft_labels, mask) + alpha * prior_penalty(log_p.exp(), mask)
+    return (soft_cross_entropy(log_p, soft_labels, mask) + alpha * prior_penalty(numerics.exp(log_p), mask)
             + beta * entropy_penalty(log_p, mask))
 
 

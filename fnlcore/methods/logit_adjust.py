@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from .api import masked_mean
+from .api import numerics
 
 
 def log_priors(counts: torch.Tensor) -> torch.Tensor:
     """(K, C) counts -> log class frequencies per client (-inf where a class is absent)."""
-    return torch.log(counts / counts.sum(1, keepdim=True).clamp_min(1)).float()
+    return numerics.log(counts / counts.sum(1, keepdim=True).clamp_min(1)).float()
 
 
 class LogitAdjusted:
@@ -30,7 +31,7 @@ def la_shift(prior: torch.Tensor, tau: float) -> torch.Tensor:
     """tau log(pi / (1 - pi)) per class (fedmlp.md §2.1): -inf at pi = 0, +inf at pi = 1, 0 when tau = 0."""
     if tau == 0:
         return torch.zeros_like(prior)
-    return tau * (torch.log(prior) - torch.log1p(-prior))
+    return tau * (numerics.log(prior) - torch.log1p(-prior))
 
 
 def la_bce(logits: torch.Tensor, y: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import ConfigError, CostStage, draw_device, draw_predict, host_side, masked_mean, on, predict
+from .api import numerics
 
 
 def check_rounds_left(params, field: str, settings, why: str = "") -> None:
@@ -188,7 +189,7 @@ def proximal_term(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
         sq = sq + d.sum(tuple(range(1, d.dim())))
     if skip is not None:
         sq = torch.where(skip, torch.ones_like(sq), sq)
-    out = 0.5 * mu * sq if form == "squared_half" else mu * torch.sqrt(sq)
+    out = 0.5 * mu * sq if form == "squared_half" else mu * numerics.sqrt(sq)
     return out if skip is None else torch.where(skip, torch.zeros_like(out), out)
 
 
@@ -208,7 +209,7 @@ def js_elementwise(q1: torch.Tensor, q2: torch.Tensor, mask: torch.Tensor | None
     B * C elements (the code's deprecated 'mean', spelled out): q (..., B, C) -> (...), a client's
     real rows only (mask (K, B)). ``F.kl_div`` per entry, as the code: a hand-written KL rounds
     its gradient differently."""
-    log_m = ((q1 + q2) / 2).log()
+    log_m = numerics.log((q1 + q2) / 2)
     kl1, kl2 = F.kl_div(log_m, q1, reduction="none"), F.kl_div(log_m, q2, reduction="none")
     c = q1.shape[-1]
     if mask is None:
@@ -270,7 +271,7 @@ def lid_scores(probs: torch.Tensor | np.ndarray, k: int = 20) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.float64, device=x.device)
     d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")  # exact distances, self = 0
     r = torch.topk(d, min(k, n - 1) + 1, dim=1, largest=False, sorted=True).values[:, 1:]
-    return -k / (torch.log(r / (r[:, -1:] + LID_EPS)).sum(1) + LID_EPS)
+    return -k / (numerics.log(r / (r[:, -1:] + LID_EPS)).sum(1) + LID_EPS)
 
 
 # -- mixup with declared draws (FedCorr, FedDiv): the batched engine draws them ahead ------------------

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from .api import (
     ClientUpdate, FLMethod, forward_bounded, LocalJob, masked_mean, MethodParams, param, Phase, register, Stage,
 )
+from .api import numerics
 from .fedlsr import ramp
 from .parts import check_rounds_left
 
@@ -150,7 +151,7 @@ def rofl_loss(logits: torch.Tensor, features: torch.Tensor, labels: torch.Tensor
     dist = (mask.unsqueeze(2) * (phi - centroids.gather(1, y[:, :, None].expand(k, b, phi.shape[2]))).pow(2)).sum(2)
     l_cen = torch.where(kept, dist, torch.zeros((), dtype=dist.dtype, device=dist.device)).sum(1)
     log_p = F.log_softmax(z, dim=2)
-    l_e = masked_mean(-(log_p.exp() * log_p).sum(2), kept)  # mean entropy
+    l_e = masked_mean(-(numerics.exp(log_p) * log_p).sum(2), kept)  # mean entropy
     return BatchLoss(l_c + lambda_cen * l_cen + lambda_e * l_e, order, kept, targets, mask)
 
 

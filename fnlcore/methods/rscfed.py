@@ -37,6 +37,7 @@ from .api import (
     ClientStore, ConfigError, FLMethod, load, LocalJob, MethodParams, param, Phase, register, snapshot,
     StackedBatch, Stage, weighted_average,
 )
+from .api import numerics
 from .multilabel import annotated_bce
 
 
@@ -58,7 +59,7 @@ class RSCFedParams(MethodParams):
 def subconsensus_weights(sizes, distances, beta: float) -> torch.Tensor:
     """Normalised weights of a group: proportional to (n_i / sum n) exp(-beta d_i / n_i), in log space."""
     n = torch.as_tensor(sizes, dtype=torch.float64)
-    return torch.softmax(torch.log(n / n.sum()) - beta * torch.as_tensor(distances, dtype=torch.float64) / n, 0)
+    return torch.softmax(numerics.log(n / n.sum()) - beta * torch.as_tensor(distances, dtype=torch.float64) / n, 0)
 
 
 def group_consensus(states, sizes, beta: float):

@@ -1,0 +1,127 @@
+"""Elementary functions that give the same bits on every x86-64 CPU: use these, not torch's, on CPU floats.
+
+On the CPU torch computes ``sqrt``, ``exp``, ``log``, ``sin``, ``cos`` (and ``tanh``, ``erf``,
+``atan``, ...) of float32/float64 through MKL's vector math (VML), which chooses its kernel by the
+CPU's maker and instruction set and ignores every environment setting: on an AMD EPYC,
+``torch.sqrt`` of float32 is 1 ulp off the correctly rounded result for about one value in six,
+on Intel it is not, so a recorded run (tests/golden.py) could not be reproduced on the other maker.
+Here the CPU path goes through NumPy instead: its square root is the IEEE instruction (correctly
+rounded on every CPU, as CUDA's is), and its exp/log/sin/cos are NumPy's own loops or the C
+library's, which the portable test environment pins to one code path (tests/portable.py). On any
+other device these are torch's own functions. Gradients are torch's formulas (the same backward
+as torch.log etc.), with the derivative's own elementary function taken from here too.
+
+tests/vml_guard.py fails a recorded run that calls a VML-backed torch function on CPU floats.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_NUMPY_FLOATS = (torch.float32, torch.float64)
+
+
+def _on_numpy(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in _NUMPY_FLOATS
+
+
+def _apply(ufunc, x: torch.Tensor) -> torch.Tensor:
+    """ufunc(x) computed by NumPy on the tensor's memory (no copy in; a new tensor out)."""
+    with np.errstate(all="ignore"):  # log(0) = -inf, sqrt(-1) = nan, as torch gives them
+        return torch.from_numpy(np.asarray(ufunc(x.detach().numpy())))
+
+
+class _Sqrt(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = _apply(np.sqrt, x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad / (2 * y)
+
+
+class _Exp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = _apply(np.exp, x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+class _Log(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _apply(np.log, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad / x
+
+
+class _Sin(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _apply(np.sin, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * cos(x)
+
+
+class _Cos(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _apply(np.cos, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return -grad * sin(x)
+
+
+def _portable(fn, torch_fn):
+    def call(x: torch.Tensor) -> torch.Tensor:
+        if not _on_numpy(x):
+            return torch_fn(x)
+        if x.requires_grad and torch.is_grad_enabled():
+            return fn.apply(x)
+        return fn.forward(_NoCtx, x)
+
+    call.__name__ = torch_fn.__name__
+    call.__doc__ = f"torch.{torch_fn.__name__}, the same bits on every CPU (fnlcore.numerics)."
+    return call
+
+
+class _NoCtx:  # forward outside autograd: nothing to save
+    @staticmethod
+    def save_for_backward(*_):
+        pass
+
+
+sqrt = _portable(_Sqrt, torch.sqrt)
+exp = _portable(_Exp, torch.exp)
+log = _portable(_Log, torch.log)
+sin = _portable(_Sin, torch.sin)
+cos = _portable(_Cos, torch.cos)
+
+
+def foreach_sqrt(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """torch._foreach_sqrt (one fused kernel on CUDA), exact on every CPU (one NumPy call a tensor)."""
+    if tensors and tensors[0].device.type != "cpu":
+        return list(torch._foreach_sqrt(tensors))
+    return [sqrt(t) for t in tensors]
