@@ -135,3 +135,25 @@ def test_the_portable_worker_runs_every_call_under_the_guard():
             worker.call()
     finally:
         worker.close()
+
+
+def _glibc_active_features(env) -> dict[str, int]:
+    import shutil
+    import subprocess
+
+    loader = shutil.which("ld.so") or "/lib64/ld-linux-x86-64.so.2"
+    out = subprocess.run([loader, "--list-diagnostics"], env=env, capture_output=True, text=True, check=True).stdout
+    words = dict(line.split("=", 1) for line in out.splitlines() if ".active[" in line)
+    return {k: int(v, 16) for k, v in words.items()}
+
+
+def test_the_portable_environment_turns_off_glibcs_fma_and_avx_variants():
+    """glibc reads GLIBC_TUNABLES' names only if they are its own (2.36: 'FMA', not 'FMA_Usable'): the active
+    feature words of a process under PORTABLE_ENV have FMA (leaf 1 ecx bit 12), AVX (bit 28) and AVX2
+    (leaf 7 ebx bit 5) off, so libm takes the same SSE2 code for exp, log, pow, sin... on every CPU."""
+    from .portable import portable_env
+
+    words = _glibc_active_features(portable_env())
+    leaf1_ecx = words["x86.cpu_features.features[0x0].active[0x2]"]
+    leaf7_ebx = words["x86.cpu_features.features[0x1].active[0x1]"]
+    assert not leaf1_ecx & (1 << 12) and not leaf1_ecx & (1 << 28) and not leaf7_ebx & (1 << 5)
