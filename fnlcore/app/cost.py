@@ -111,9 +111,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup: int = 2) -> StepCost:
-    """Median seconds of ``steps`` local steps (after ``warmup``) and of one test sample's forward pass."""
-    from ..fl.local import forward_bounded
+def build_step(shape: StepShape, device: torch.device, batch_size: int | None = None, foreach: bool | None = None):
+    """(one local step as a function, the model, the input pipeline, the autocast context) of ``shape`` on
+    random data: what :func:`measure_step` times and :mod:`fnlcore.app.counts` counts. ``batch_size``:
+    another batch than the shape's; ``foreach``: the optimiser's multi-tensor form (torch's default: on a GPU)."""
     from ..fl.pipeline import InputPipeline
     from ..models import build_model
 
@@ -123,15 +124,16 @@ def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup:
         model = model.to(memory_format=torch.channels_last)
     pipeline = InputPipeline((0.5,) * shape.channels, (0.5,) * shape.channels, shape.augmentation,
                              channels_last=shape.channels_last)
-    opt = (torch.optim.Adam(model.parameters(), lr=1e-4) if shape.optimizer == "adam"
-           else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.5))
+    opt = (torch.optim.Adam(model.parameters(), lr=1e-4, foreach=foreach) if shape.optimizer == "adam"
+           else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.5, foreach=foreach))
     h, w = shape.image_size
-    x = torch.randint(0, 256, (shape.batch_size, shape.channels, h, w), generator=gen, dtype=torch.uint8).to(device)
+    b = batch_size or shape.batch_size
+    x = torch.randint(0, 256, (b, shape.channels, h, w), generator=gen, dtype=torch.uint8).to(device)
     if shape.multi_label:
-        y = torch.randint(0, 2, (shape.batch_size, shape.num_classes), generator=gen).float().to(device)
+        y = torch.randint(0, 2, (b, shape.num_classes), generator=gen).float().to(device)
         loss_fn = torch.nn.functional.binary_cross_entropy_with_logits
     else:
-        y = torch.randint(0, shape.num_classes, (shape.batch_size,), generator=gen).to(device)
+        y = torch.randint(0, shape.num_classes, (b,), generator=gen).to(device)
         loss_fn = torch.nn.functional.cross_entropy
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if shape.precision == "bf16"
                 else torch.autocast(device.type, enabled=False))
@@ -144,6 +146,16 @@ def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup:
         loss.backward()
         opt.step()
 
+    return step, model, pipeline, autocast
+
+
+def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup: int = 2) -> StepCost:
+    """Median seconds of ``steps`` local steps (after ``warmup``) and of one test sample's forward pass."""
+    from ..fl.local import forward_bounded
+
+    step, model, pipeline, autocast = build_step(shape, device)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    h, w = shape.image_size
     model.train()
     times = []
     for i in range(warmup + steps):
