@@ -11,7 +11,7 @@ from ..errors import ConfigError
 
 
 LR_SCHEDULES = ("exponential", "constant", "step", "cosine")
-ENGINES = ("sequential", "batched", "auto")
+ENGINES = ("default", "sequential", "batched", "auto")
 PRECISIONS = ("fp32", "tf32", "bf16")
 IMAGE_TRANSFORMS = ("resize", "resize_crop", "resize_crop_center")  # = fnlcore.fl.pipeline.IMAGE_TRANSFORMS
 NORMALIZE_NAMES = ("auto", "imagenet", "half", "data")  # or {mean: [...], std: [...]} (fnlcore.fl.pipeline)
@@ -58,11 +58,12 @@ class TrainSettings:
     drop_last: bool = False
     eval_batch_size: int = 1024
     checkpoint_every: int = 5
-    # Speed switches (fnlcore/fl/batched.py, README "Speed switches"). engine: sequential (one
-    # client after another, the reference) | batched (the round's clients as one stacked
-    # computation; the same random draws, equal up to floating-point rounding; a ConfigError
-    # for a method or model it cannot run) | auto (batched where it can run, else sequential).
-    engine: str = "sequential"
+    # Speed switches (fnlcore/fl/batched.py, README "Speed switches"). engine: default (auto on a
+    # GPU, sequential on a CPU: fnlcore.fl.rounds.effective_engine) | sequential (one client after
+    # another, the reference) | batched (the round's clients as one stacked computation; the same
+    # random draws, equal up to floating-point rounding; a ConfigError for a method or model it
+    # cannot run) | auto (batched where it can run, else sequential).
+    engine: str = "default"
     batched_clients: int = 0  # most clients stacked at once (0: all of the round's); bounds memory
     precision: str = "fp32"  # fp32 | tf32 | bf16 (fnlcore.fl.device.set_math_policy)
     channels_last: bool = False  # models and input batches in channels-last memory (faster convs on GPUs)
