@@ -362,7 +362,7 @@ class Pricing:
         from ..datasets import get_dataset
         from ..fl.rounds import effective_engine, use_batched_engine
         from ..methods import METHODS
-        from .gpu_cost import client_bytes, clients_at_once
+        from ..fl.footprint import client_bytes, clients_at_once
 
         t = run.training
         k = run.partition.num_clients
@@ -379,8 +379,9 @@ class Pricing:
             stage = cls.stages.get(st.name)
             at_once = 1
             if batched and (stage.batchable if stage is not None else True):
-                at_once = clients_at_once(t.batched_clients, st.clients, self.memory_bytes,
-                                          client_bytes(counts, shape) if counts else None)
+                per_client = (client_bytes(counts["param_bytes"], counts["activation_bytes"], shape.batch_size,
+                                           shape.optimizer, len(cls.networks)) if counts else None)
+                at_once = clients_at_once(t.batched_clients, st.clients, self.memory_bytes, per_client)
             out.append(StagePlan(st.name, st.rounds, st.clients, t.local_epochs * per_epoch, st.factor,
                                  st.evaluated, at_once))
         return out
@@ -454,6 +455,7 @@ class TableCost:
     longest_s: float
     floor_s: float = 0.0  # its runs' FLOPs at the floor's rate (fnlcore.app.gpu_cost.floor_seconds)
     batched: int = 0  # runs that train batched (more than one client a step somewhere)
+    keys: frozenset = frozenset()  # its runs' metrics paths (a paper's total counts a shared run once)
 
 
 @dataclass(frozen=True)
@@ -516,7 +518,7 @@ def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricin
         secs = [runs[k].seconds for k in mine]
         tables.append(TableCost(t.paper, t.table, len(mine), sum(secs), max(secs, default=0.0),
                                 sum(floor_seconds(runs[k].flops) for k in mine),
-                                sum(runs[k].at_once > 1 for k in mine)))
+                                sum(runs[k].at_once > 1 for k in mine), frozenset(mine)))
     return PlanCost(tables, runs, unmeasured, pricing)
 
 
@@ -573,7 +575,7 @@ def device_label(description: str) -> tuple[str, str]:
 def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=None) -> str:
     """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.plan_columns`).
     Every figure is of one device, named in the header; the last line is the total."""
-    from .gpu_cost import FLOOR_EFFICIENCY, H100_TF32_DENSE_FLOPS
+    from .gpu_cost import FLOOR_EFFICIENCY, H100_TF32_DENSE_FLOPS, floor_seconds
 
     hours = 3600.0
     device, unit = device_label(calibration.description)
@@ -610,13 +612,14 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
                      f"{t.floor_s / hours:8.2f} {t.longest_s / hours:14.2f}{res(t)}")
     lines.append(f"{'all':8s} {'':6s} {len(cost.runs):6d} {batched:7d} {cost.seconds / hours:10.2f} "
                  f"{cost.floor_s / hours:8.2f}   (a run shared by tables counts once)")
-    by_paper: dict[str, tuple[float, float]] = {}
+    paper_runs: dict[str, set[str]] = {}
     for t in cost.tables:
-        s_, f_ = by_paper.get(t.paper, (0.0, 0.0))
-        by_paper[t.paper] = (s_ + t.seconds, f_ + t.floor_s)
-    if len(by_paper) > 1:
-        lines.append("per paper (its tables' sums; a run two tables share counts in both): " + ", ".join(
-            f"{p} {v[0] / hours:,.0f} h (floor {v[1] / hours:,.0f})" for p, v in by_paper.items()))
+        paper_runs.setdefault(t.paper, set()).update(t.keys)
+    if len(paper_runs) > 1:
+        lines.append("per paper (its distinct runs): " + ", ".join(
+            f"{p} {sum(cost.runs[k].seconds for k in ks) / hours:,.0f} h "
+            f"(floor {sum(floor_seconds(cost.runs[k].flops) for k in ks) / hours:,.0f})"
+            for p, ks in paper_runs.items()))
     lines += ["", "per shape (model|input|classes|batch|augmentation|optimiser|precision|eval batch); "
               "load: other processes' load per core when it was measured:",
               f"  {'s/step':>8s} {'ms/test sample':>15s} {'runs':>5s} {'device-h':>9s} {'load':>5s}  shape  [from]"]
@@ -627,8 +630,10 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
                      f"{sum(r.seconds for r in rcs) / hours:9.1f} {load:>5s}  {key}  [{_source(calibration, key)}]")
     shipped = [k for k in by_shape if not _source(calibration, k).startswith(("measured", "estimated"))]
     if shipped:
+        how = ("`fnl plan --recalibrate` measures them here (minutes to an hour on a CPU)" if calibration.device is not None
+               else "`fnl plan --device cuda --recalibrate` on a node of that GPU measures them")
         lines += ["", f"{len(shipped)} of {len(by_shape)} step costs are not this machine's (shipped with the project, "
-                  "device in [from]): `fnl plan --recalibrate` measures them here (minutes to an hour on a CPU)"]
+                  f"device in [from]): {how}"]
         seen = {}
         for k in shipped:
             e = _entry(calibration, k)

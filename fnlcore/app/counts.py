@@ -12,7 +12,7 @@ CPU and priced per device by :mod:`fnlcore.app.gpu_cost`:
   matrix products) at the shape's batch size; ``eval_flops``: one test sample's forward pass;
   ``eval_ops``: the ops of one evaluation forward pass (a sub-batch).
 * ``param_bytes``, ``activation_bytes`` (a training sample's forward outputs, an upper bound of
-  what backward keeps): what a client's stacked copy takes on a device (:func:`fnlcore.app.gpu_cost.client_bytes`).
+  what backward keeps): what a client's stacked copy takes on a device (:func:`fnlcore.fl.footprint.client_bytes`).
 * ``stackable``: whether the batched engine can stack the model (:func:`fnlcore.fl.stacked.check_stackable`).
 
 Counting runs one step at batch :data:`COUNT_BATCH` (op counts do not depend on the batch,
@@ -31,41 +31,11 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import ConfigError
+from ..fl.footprint import OpCounter
 
 COUNTS_VERSION = 1
 COUNT_BATCH = 2  # BatchNorm needs more than one sample a batch in training mode
 SHIPPED_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "shape_counts.json"
-_NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "lift_fresh"}
-
-
-class _OpCounter:
-    """Counts the kernel-launching ATen ops dispatched inside it, and the bytes of their outputs."""
-
-    def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                if not (func.is_view or func._opname in _NO_KERNEL):
-                    counter.ops += 1
-                    counter.bytes += sum(t.numel() * t.element_size() for t in tree_leaves(out)
-                                         if isinstance(t, torch.Tensor))
-                return out
-
-        self.ops = 0
-        self.bytes = 0
-        self.mode = Mode()
-
-    def __enter__(self):
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.mode.__exit__(*exc)
 
 
 def count_shape(shape) -> dict[str, Any]:
@@ -79,9 +49,9 @@ def count_shape(shape) -> dict[str, Any]:
     step, model, pipeline, autocast = build_step(shape, cpu, batch_size=COUNT_BATCH, foreach=True)
     model.train()
     step()  # first-call work (optimiser state) outside the count, as a measured step after warm-up
-    with _OpCounter() as ops:
+    with OpCounter() as ops:
         step()
-    with _OpCounter() as forward:  # what a forward pass writes: at most what backward keeps
+    with OpCounter() as forward:  # what a forward pass writes: at most what backward keeps
         model(pipeline.eval(torch.zeros((COUNT_BATCH, shape.channels, *shape.image_size), dtype=torch.uint8)))
     flops = FlopCounterMode(display=False)
     with flops:
@@ -90,7 +60,7 @@ def count_shape(shape) -> dict[str, Any]:
     x = torch.zeros((COUNT_BATCH, shape.channels, h, w), dtype=torch.uint8)
     model.eval()
     with torch.no_grad(), autocast:
-        with _OpCounter() as eval_ops:
+        with OpCounter() as eval_ops:
             model(pipeline.eval(x))
         eval_flops = FlopCounterMode(display=False)
         with eval_flops:

@@ -41,9 +41,6 @@ from ..errors import ConfigError
 # NVIDIA H100 SXM datasheet: 989 TFLOP/s TF32 Tensor Core with sparsity, half of it dense.
 H100_TF32_DENSE_FLOPS = 494.7e12
 FLOOR_EFFICIENCY = 0.4  # of peak: what well-fed large matrix work reaches
-# Of a device's memory, what the batched engine's stacked clients may fill (the rest: the
-# method's global networks, the data held on the device, the allocator's slack).
-MEMORY_SHARE = 0.6
 
 
 def floor_seconds(flops: float) -> float:
@@ -113,8 +110,10 @@ def batched_measurements(path: str | os.PathLike | None = None) -> dict[str, lis
 
 
 def device_memory_mb(device: str, path: str | os.PathLike | None = None) -> int | None:
-    """The shipped device memory (MiB) of a device description, None where not recorded."""
-    mem = (_raw(path).get("memory_mb") or {}).get(device)
+    """The recorded memory (MiB) of a GPU of ``device``'s model (any torch version), None where not recorded."""
+    from .resources import _short
+
+    mem = next((v for d, v in (_raw(path).get("memory_mb") or {}).items() if _short(d) == _short(device)), None)
     return int(mem) if mem else None
 
 
@@ -193,23 +192,6 @@ class DeviceModel:
         return (f"{self.a * 1e6:.1f} us per dispatched op + {1 / self.b / 1e12 if self.b else float('inf'):.0f} "
                 f"TFLOP/s of arithmetic, fitted on {len(self.measured)} measured shapes (worst fit "
                 f"{100 * self.fit_error:.0f} %); {batched}")
-
-
-def client_bytes(counts: Mapping[str, Any], shape) -> float:
-    """Device bytes one client of a batched step takes: its weights, gradients, optimiser state and
-    stacked copy, and its batch's activations twice (forward outputs, their gradients)."""
-    states = 2 if shape.optimizer == "adam" else 1
-    return counts["param_bytes"] * (3 + states) + 2 * counts["activation_bytes"] * shape.batch_size
-
-
-def clients_at_once(batched_clients: int, clients: int, memory_bytes: float | None, per_client: float | None) -> int:
-    """Clients the batched engine stacks at once: ``training.batched_clients`` where set, else as many
-    of the round's as :data:`MEMORY_SHARE` of the device's memory holds (all where it is unknown)."""
-    if batched_clients:
-        return max(1, min(clients, batched_clients))
-    if not memory_bytes or not per_client:
-        return max(1, clients)
-    return max(1, min(clients, int(MEMORY_SHARE * memory_bytes // per_client)))
 
 
 def gpu_descriptions(paths: list[str | os.PathLike]) -> list[str]:

@@ -506,25 +506,32 @@ class TrainResources:
         return self._by_run
 
     def _gpu_costs(self, options) -> tuple[dict, dict, Any]:
-        """A GPU job's step costs: the GPU with the most measured shapes (the user's file, then the
-        shipped one), the shapes it never measured estimated from them (fnlcore/app/gpu_cost.py);
-        never a CPU's: a 2-second table must not ask for a day."""
+        """A GPU job's step costs: a GPU's measurement of the shape (the user's own first, the slowest
+        GPU's), else the estimate from the measured shapes of one GPU (the user's own with two or more,
+        else the shipped one with the most; fnlcore/app/gpu_cost.py); never a CPU's: a 2-second table
+        must not ask for a day. Also the pricing of that GPU (its batched engine, clients at once)."""
         from .cost import gpu_step_costs, step_shape
         from .counts import ShapeCounts
-        from .gpu_cost import device_memory_mb, find_gpu
+        from .gpu_cost import device_memory_mb, find_gpu, gpu_descriptions, measured_on
 
+        costs, sources = step_costs_with_sources(self.results_dir, True, self.shipped_dir, self.step_costs_path)
+        gpu_only = {k for k, src in sources.items() if "a CPU's" not in src}
+        costs, sources = {k: costs[k] for k in gpu_only}, {k: sources[k] for k in gpu_only}
         own = Path(self.step_costs_path) if self.step_costs_path else Path(self.results_dir) / "plan" / "step_costs.json"
         files = [own, Path(self.shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS]
+        mine = [d for d in gpu_descriptions([own]) if len(measured_on(d, [own])) >= 2]
         try:
-            gpu = find_gpu("", files)
+            gpu = mine[0] if mine else find_gpu("", files[1:])
         except ConfigError:
-            return {}, {}, None  # no GPU measured anywhere: the site's whole job length
+            return costs, sources, None  # no GPU measured anywhere: unmeasured shapes get the whole job length
         shapes = {s.key(): s for s in (step_shape(r, options.get(r.dataset)) for r in self.plan.runs())}
         counts = ShapeCounts(Path(self.results_dir) / "plan" / "shape_counts.json")
-        memory = (device_memory_mb(gpu) or 0) * 2**20 or None
+        memory = (device_memory_mb(gpu, files[1]) or 0) * 2**20 or None
         pricing, found = gpu_step_costs(shapes.values(), gpu, files, counts, memory)
-        return ({k: (float(e["train_s"]), float(e["eval_s"])) for k, (e, _) in found.items()},
-                {k: src for k, (_, src) in found.items()}, pricing)
+        for key, (entry, src) in found.items():
+            if key not in costs and entry.get("estimated"):
+                costs[key], sources[key] = (float(entry["train_s"]), float(entry["eval_s"])), src
+        return costs, sources, pricing
 
     def of(self, wildcards) -> Resources:
         key = _run_key(dict(wildcards.items()))

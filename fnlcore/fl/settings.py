@@ -64,7 +64,8 @@ class TrainSettings:
     # random draws, equal up to floating-point rounding; a ConfigError for a method or model it
     # cannot run) | auto (batched where it can run, else sequential).
     engine: str = "default"
-    batched_clients: int = 0  # most clients stacked at once (0: all of the round's); bounds memory
+    # most clients stacked at once; 0: as many as the GPU's memory holds (fnlcore.fl.footprint), on a CPU all
+    batched_clients: int = 0
     precision: str = "fp32"  # fp32 | tf32 | bf16 (fnlcore.fl.device.set_math_policy)
     channels_last: bool = False  # models and input batches in channels-last memory (faster convs on GPUs)
 
@@ -104,7 +105,7 @@ class TrainSettings:
         if self.precision not in PRECISIONS:
             bad("precision", f"valid: {', '.join(PRECISIONS)}")
         if int(self.batched_clients) < 0:
-            bad("batched_clients", "must be >= 0 (0: every client of the round at once)")
+            bad("batched_clients", "must be >= 0 (0: as many of the round's clients as the device's memory holds)")
         if self.momentum < 0 or self.weight_decay < 0:
             bad("momentum" if self.momentum < 0 else "weight_decay", "must be >= 0")
 
