@@ -20,9 +20,17 @@ A run's device time is estimated as
   round on the same clients, measured by ``benchmarks/bench_methods.py`` on the digits MLP
   (``FLMethod.round_cost``; methods without a measurement count 1.0 and are flagged).
 
+On a GPU (:class:`Pricing`) the plan prices the engine each run will use there
+(``training.engine: default`` batches where the method's stage batches, the images are in memory
+and the model stacks: :func:`fnlcore.fl.rounds.effective_engine`) with the clients a step stacks
+sized by the device's memory (:mod:`fnlcore.fl.footprint`), a batched step priced by the GPU's
+step-time model (:mod:`fnlcore.app.gpu_cost`), which also estimates the shapes that GPU never
+measured; a CPU's cost never prices a GPU. Each run's FLOPs give the floor beside the estimate.
+A CPU plan prices the sequential engine, the CPU's default.
+
 Not modelled: data preparation, partitions, noise and FedNoRo's annotator networks (minutes
-against hours of training), reading and decoding on-disk images (224 and 512 pixel sets),
-and the batched engine (timed per case in benchmarks/bench_batched.py).
+against hours of training), reading and decoding on-disk images (224 and 512 pixel sets).
+A method's ``round_cost`` is still the digits MLP's on a CPU, on every device.
 """
 
 from __future__ import annotations
@@ -655,8 +663,9 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
     warnings = load_warnings(cost, calibration)
     if warnings:
         lines += ["", *warnings]
+    floor_unit = "" if unit == "GPU-hours" else " GPU-hours"  # the floor is an H100's, on any device
     lines += ["", f"total: {cost.seconds / hours:,.0f} {unit} on {device} "
-                  f"(floor {cost.floor_s / hours:,.0f}; each run once)"]
+                  f"(floor {cost.floor_s / hours:,.0f}{floor_unit}; each run once)"]
     return "\n".join(lines)
 
 
