@@ -222,3 +222,29 @@ def test_a_stage_that_does_not_batch_trains_sequentially_in_the_plan():
     for name, n in stages.items():
         assert (n > 1) == cls.stages[name].batchable, (name, n)
     assert any(n > 1 for n in stages.values()) and any(n == 1 for n in stages.values())
+
+
+def test_a_gpu_without_shipped_costs_fits_its_model_on_what_it_measured(tmp_path):
+    """A GPU model the project never measured (`fnl plan --device cuda` on it): its shapes are
+    measured there first (here: already in its calibration file), then its model is fitted on
+    them; without a measured batched round its batched runs are priced as sequential, and said so."""
+    from fnlcore.app.cost import Calibration, estimate_plan, format_plan
+
+    plan = build_plan(validate_schema({"tables": ["fedncl"], "scale": "paper", "data_grid": [],
+                                       "results_dir": str(tmp_path)}))
+    opts = {n: d.options for n, d in plan.datasets.items()}
+    keys = sorted({step_shape(r, opts.get(r.dataset)).key() for r in plan.runs()})
+    assert len(keys) >= 2
+    other = "cuda:Other GPU|torch 2"
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"version": 1, "devices": {other: {
+        k: {"train_s": 0.001 * (i + 2), "eval_s": 1e-6, "load": 0.0} for i, k in enumerate(keys)}}}))
+    cal = Calibration(path, None, description=other)
+    cost = estimate_plan(plan, cal, pricing=Pricing("cuda", None, ShapeCounts(), 80e9))
+    assert cost.pricing.model is not None and cost.pricing.model.c is None
+    assert any(r.at_once > 1 for r in cost.runs.values())
+    sequential = estimate_plan(plan, cal, pricing=Pricing("cuda", None, ShapeCounts(), None))
+    assert cost.seconds == pytest.approx(sequential.seconds)
+    text = format_plan(cost, cal, "paper")
+    assert "no batched round measured on this device" in text
+    assert text.splitlines()[-1].startswith("total: ") and "on cuda:Other GPU (floor" in text.splitlines()[-1]

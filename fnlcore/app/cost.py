@@ -515,6 +515,8 @@ def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricin
             busy = busy_now_warning(calibration)
             if busy:
                 progress(busy)
+    if pricing is not None and pricing.device_type == "cuda" and pricing.model is None and pricing.counts is not None:
+        pricing = _fit_here(plan, calibration, pricing, options)
     for run in plan.runs():
         key = run.files(plan.results_dir)["metrics"]
         runs[key] = rc = estimate_run(run, calibration, options.get(run.dataset), pricing)
@@ -528,6 +530,23 @@ def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricin
                                 sum(floor_seconds(runs[k].flops) for k in mine),
                                 sum(runs[k].at_once > 1 for k in mine), frozenset(mine)))
     return PlanCost(tables, runs, unmeasured, pricing)
+
+
+def _fit_here(plan, calibration: Calibration, pricing: Pricing, options) -> Pricing:
+    """A GPU with no shipped measurements of its model: every shape measured here first, then its
+    step-time model fitted on them (what prices its batched step; :mod:`fnlcore.app.gpu_cost`)."""
+    import dataclasses
+
+    from .gpu_cost import DeviceModel, batched_measurements
+    from .resources import _short
+
+    for run in plan.runs():
+        calibration.cost(step_shape(run, options.get(run.dataset)))
+    measured = {k: (float(e["train_s"]), float(e["eval_s"])) for k, e in calibration.entries.items()}
+    if len(measured) < 2:
+        return pricing  # one shape: no model; the batched engine priced as sequential
+    rows = [r for d, rs in batched_measurements().items() if _short(d) == _short(calibration.description) for r in rs]
+    return dataclasses.replace(pricing, model=DeviceModel(calibration.description, measured, pricing.counts, rows))
 
 
 def busy_now_warning(calibration: Calibration) -> str | None:
@@ -604,6 +623,8 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
     ]
     if pricing is not None and pricing.model is not None:
         lines.append(f"estimates: {pricing.model.describe()}")
+    elif pricing is not None and pricing.device_type == "cuda":
+        lines.append("estimates: none (fewer than two shapes measured on this GPU): the batched engine priced as sequential")
     if pricing is not None and pricing.device_type == "cuda":
         mem = f"{pricing.memory_bytes / 2**20:,.0f} MiB" if pricing.memory_bytes else "unknown memory: all"
         lines.append(f"engine: {batched} of {len(cost.runs)} runs batched (training.engine default: batched where the "
