@@ -1,6 +1,7 @@
 """Count ops and FLOPs of every step shape of the tables at a scale: writes benchmarks/shape_counts.json.
 
-    python benchmarks/count_shapes.py                       # paper scale, every table (a minute or two)
+    python benchmarks/count_shapes.py                       # paper scale, every table (about 35 s)
+    python benchmarks/count_shapes.py --scale smoke         # add the smoke and paper_fast shapes (the file holds all three)
     python benchmarks/count_shapes.py --scale paper_fast --out results/plan/shape_counts.json
 
 What is counted and why: fnlcore/app/counts.py. Besides the tables' shapes, the shapes of the
