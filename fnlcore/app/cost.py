@@ -315,7 +315,7 @@ class RunCost:
     seconds: float
     factor_measured: bool  # the method's round cost comes from a benchmark (not the 1.0 default)
     longest_round_s: float = 0.0
-    flops: float = 0.0  # its training and evaluation FLOPs (0: not counted)
+    flops: float = 0.0  # its local steps' and test passes' FLOPs, the floor's (0: not counted)
     at_once: int = 1  # the most clients one step trains (1: the sequential engine)
 
 
@@ -408,8 +408,8 @@ class Pricing:
             total += sp.rounds * one
             longest = max(longest, one if sp.rounds else 0.0)
             most = max(most, sp.at_once)
-            if counts is not None:
-                flops += sp.rounds * (sp.clients * sp.steps * sp.factor * counts["flops"]
+            if counts is not None:  # a lower bound: a method's extra passes (its round_cost, a CPU's time ratio) not counted
+                flops += sp.rounds * (sp.clients * sp.steps * counts["flops"]
                                       + (ds.n_test * counts["eval_flops"] if sp.evaluated else 0.0))
         return total, longest, flops, most
 
@@ -632,7 +632,8 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
                      f"device's memory ({mem}); the others sequential")
     else:
         lines.append("engine: sequential (the default on a CPU)")
-    lines.append(f"floor: the runs' training and evaluation FLOPs at {FLOOR_EFFICIENCY:.0%} of an H100's dense TF32 "
+    lines.append(f"floor: the runs' training and evaluation FLOPs (every local step's forward and backward once, "
+                 f"a method's extra passes not counted) at {FLOOR_EFFICIENCY:.0%} of an H100's dense TF32 "
                  f"peak ({FLOOR_EFFICIENCY * H100_TF32_DENSE_FLOPS / 1e12:.0f} TFLOP/s); half of it at BF16")
     lines += ["", f"{'paper':8s} {'table':6s} {'runs':>6s} {'batched':>7s} {'device-h':>10s} {'floor h':>8s} "
                   f"{'longest run h':>14s}{res_head}"]
