@@ -248,3 +248,22 @@ def test_a_gpu_without_shipped_costs_fits_its_model_on_what_it_measured(tmp_path
     text = format_plan(cost, cal, "paper")
     assert "no batched round measured on this device" in text
     assert text.splitlines()[-1].startswith("total: ") and "on cuda:Other GPU (floor" in text.splitlines()[-1]
+
+
+def test_the_run_sizes_clients_at_once_as_the_plan_does():
+    """The batched engine's clients at once on a GPU (RoundEngine.chunk -> clients_in_memory, counted on
+    the run's model) equal the plan's (the shape's shipped counts), for a model without BatchNorm;
+    the count leaves the model's mode as it was."""
+    from fnlcore.fl.footprint import MEMORY_SHARE, client_bytes, clients_in_memory
+    from fnlcore.fl.pipeline import InputPipeline
+
+    shape = shape_from_key("lenet5|1x28x28|C10|b128|none|sgd|fp32|eb1024")
+    counts = shipped_counts()[shape.key()]
+    per_client = client_bytes(counts["param_bytes"], counts["activation_bytes"], 128, "sgd", 1)
+    memory = 7.5 * per_client / MEMORY_SHARE
+    assert clients_at_once(0, 100, memory, per_client) == 7
+    model = build_model("lenet5", 10, 1, (28, 28))
+    model.train()
+    sample = InputPipeline((0.5,), (0.5,), "none").eval(torch.zeros((2, 1, 28, 28), dtype=torch.uint8))
+    assert clients_in_memory(model, sample, 128, "sgd", 1, memory) == 7
+    assert model.training

@@ -51,8 +51,9 @@ def count_shape(shape) -> dict[str, Any]:
     step()  # first-call work (optimiser state) outside the count, as a measured step after warm-up
     with OpCounter() as ops:
         step()
-    with OpCounter() as forward:  # what a forward pass writes: at most what backward keeps
-        model(pipeline.eval(torch.zeros((COUNT_BATCH, shape.channels, *shape.image_size), dtype=torch.uint8)))
+    sample = pipeline.eval(torch.zeros((COUNT_BATCH, shape.channels, *shape.image_size), dtype=torch.uint8))
+    with OpCounter() as forward:  # what the model's forward pass writes: at most what backward keeps
+        model(sample)  # as the run counts it (fnlcore.fl.footprint.clients_in_memory)
     flops = FlopCounterMode(display=False)
     with flops:
         step()

@@ -29,7 +29,6 @@ The floor is the arithmetic alone: a run's training and evaluation FLOPs at
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 from dataclasses import dataclass, fields
