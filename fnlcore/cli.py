@@ -309,6 +309,8 @@ def _plan(args) -> int:
     from .app.runs import PAPERS_DIR
     from .fl.device import check_device, resolve_device
 
+    if args.gpu is not None and not args.gpu.strip():
+        raise ConfigError("--gpu: name a GPU, e.g. --gpu h200 (part of its name in benchmarks/step_costs.json)")
     if args.gpu and (args.device != "auto" or args.recalibrate):
         raise ConfigError(f"--gpu {args.gpu} prices a GPU that is not here from its shipped step costs: it takes "
                           "neither --device nor --recalibrate (on a node of that GPU: --device cuda [--recalibrate])")

@@ -118,6 +118,12 @@ def test_fnl_plan_gpu_refuses_device_and_recalibrate(tmp_path, capsys):
                 "--results", str(tmp_path)]) == 2
     assert fnl(["plan", "--scale", "smoke", "--tables", "demo", "--gpu", "a100", "--results", str(tmp_path)]) == 2
     assert "no step costs measured on a GPU named like 'a100'" in capsys.readouterr().err
+    assert fnl(["plan", "--scale", "smoke", "--tables", "demo", "--gpu", " ", "--results", str(tmp_path)]) == 2
+    assert "--gpu: name a GPU" in capsys.readouterr().err
+    # a smoke plan prices minutes: its total says so, not "0"
+    assert fnl(["plan", "--scale", "smoke", "--tables", "demo", "--gpu", "h200", "--results", str(tmp_path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.match(r"^total: 0\.\d\d GPU-hours on cuda:NVIDIA H200 \(floor 0\.\d\d; each run once\)$", last), last
 
 
 def test_a_gpu_job_never_takes_a_cpu_step_cost_and_a_digits_table_asks_minutes(tmp_path):

@@ -685,9 +685,11 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
     warnings = load_warnings(cost, calibration)
     if warnings:
         lines += ["", *warnings]
+    def h(seconds: float) -> str:  # a smoke plan's minutes are not "0"
+        return f"{seconds / hours:,.0f}" if seconds >= 10 * hours else f"{seconds / hours:.2f}"
+
     floor_unit = "" if unit == "GPU-hours" else " GPU-hours"  # the floor is an H100's, on any device
-    lines += ["", f"total: {cost.seconds / hours:,.0f} {unit} on {device} "
-                  f"(floor {cost.floor_s / hours:,.0f}{floor_unit}; each run once)"]
+    lines += ["", f"total: {h(cost.seconds)} {unit} on {device} (floor {h(cost.floor_s)}{floor_unit}; each run once)"]
     return "\n".join(lines)
 
 
