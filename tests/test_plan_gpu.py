@@ -273,3 +273,40 @@ def test_the_run_sizes_clients_at_once_as_the_plan_does():
     sample = InputPipeline((0.5,), (0.5,), "none").eval(torch.zeros((2, 1, 28, 28), dtype=torch.uint8))
     assert clients_in_memory(model, sample, 128, "sgd", 1, memory) == 7
     assert model.training
+
+
+def test_a_device_checks_batched_rounds_and_memory_ship_with_its_step_costs(tmp_path):
+    """`fnl device-check` times both engines at the papers' shapes; its step-cost file carries those
+    rounds and the device's memory, and `--ship-step-costs` adds them, so `fnl plan` prices that
+    GPU's batched engine from its own measurements."""
+    import csv
+    import shutil
+
+    from fnlcore.app.benchmark import ROW_COLUMNS
+    from fnlcore.app.device_check import batched_rows, ship_step_costs, step_cost_file
+
+    with open(tmp_path / "timing.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_COLUMNS)
+        w.writeheader()
+        for engine, s, ran in (("sequential", 0.5, False), ("batched", 0.1, True)):
+            w.writerow({c: "" for c in ROW_COLUMNS} | {
+                "case": "fedncl_lenet5", "engine": engine, "layout": "nchw", "precision": "fp32", "model": "lenet5",
+                "clients": 20, "batch": 128, "s_per_round": s, "batched_ran": ran, "status": "ok"})
+        w.writerow({c: "" for c in ROW_COLUMNS} | {  # another layout: not a row of the model
+            "case": "fedncl_lenet5", "engine": "batched", "layout": "channels_last", "precision": "fp32",
+            "model": "lenet5", "s_per_round": 0.01, "batched_ran": True, "status": "ok"})
+    rows = batched_rows(tmp_path / "timing.csv")
+    assert len(rows) == 1 and rows[0]["clients"] == 20 and rows[0]["sequential_s"] / rows[0]["batched_s"] == 5
+    other = "cuda:Other GPU|torch 2"
+    keys = ["lenet5|1x28x28|C10|b128|none|sgd|fp32|eb1024", "resnet18_cifar|3x32x32|C10|b32|crop_flip|sgd|fp32|eb1024"]
+    src = tmp_path / "step_costs.json"
+    src.write_text(json.dumps(step_cost_file({k: {"train_s": 0.002 * (i + 1), "eval_s": 1e-6} for i, k in enumerate(keys)},
+                                             other, "measured by a test", rows, 80000)))
+    dest = tmp_path / "shipped.json"
+    shutil.copy(SHIPPED, dest)
+    assert ship_step_costs(src, dest) == [other]
+    assert device_memory_mb(other, dest) == 80000 and len(batched_measurements(dest)[other]) == 1
+    assert len(batched_measurements(dest)[find_gpu("h200", [dest])]) == 2  # the shipped device's kept
+    model = DeviceModel(other, {k: v[:2] for k, v in measured_on(other, [dest]).items()}, ShapeCounts(),
+                        batched_measurements(dest)[other])
+    assert model.c is not None and model.c > 0
