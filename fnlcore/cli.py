@@ -6,10 +6,12 @@
                                                  config/config.yaml, then F, then K=V, as Snakemake merges them):
                                                  done, running (and which process writes it) or interrupted,
                                                  failed, pending
-    fnl plan [--scale S] [--tables T ...] [--device D] [--threads N] [--calibration F] [--recalibrate]
+    fnl plan [--scale S] [--tables T ...] [--device D | --gpu NAME] [--threads N] [--calibration F] [--recalibrate]
                                                  runs and estimated device-hours of tables, from step costs
                                                  measured on this machine (cached in --calibration), else the
-                                                 shipped ones (benchmarks/step_costs.json); --recalibrate measures
+                                                 shipped ones (benchmarks/step_costs.json); --recalibrate measures;
+                                                 --gpu h200 prices that GPU from any machine (unmeasured shapes
+                                                 estimated from its measured ones, never from a CPU's)
     fnl rehearse [--tables T ...] [--scale S] [--device D] [--steps N] [--per-round M] [--only KEY ...] [--out DIR] [--resume | --merge CSV ...]
                                                  every distinct training configuration started, checkpointed,
                                                  killed (SIGKILL), resumed and finished on a stand-in of its
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--tables", nargs="+", help='"paper" or "paper/table" (default: every table)')
     pl.add_argument("--results", default="results")
     pl.add_argument("--device", default="auto", help="auto | cpu | cuda: where the step costs are measured")
+    pl.add_argument("--gpu", metavar="NAME",
+                    help="price the runs on the GPU named NAME (e.g. h200: part of its name) from its shipped step "
+                         "costs, on any machine: shapes it never measured are estimated from the ones it did")
     pl.add_argument("--threads", type=int, default=1, help="torch threads on a CPU (a train job's, 1 by default)")
     pl.add_argument("--calibration", help="step-cost cache (default: RESULTS/plan/step_costs.json)")
     pl.add_argument("--recalibrate", action="store_true",
@@ -290,34 +295,64 @@ def _status(configfile: str | None = None, config: list[str] | None = None) -> i
 
 
 def _plan(args) -> int:
-    """Print the runs and estimated device-hours of the selected tables (fnlcore/app/cost.py)."""
+    """Print the runs and estimated device-hours of the selected tables (fnlcore/app/cost.py).
+
+    A GPU (``--device cuda`` here, or ``--gpu NAME`` from any machine) is priced from that GPU's
+    measurements only, a shape it never measured estimated from them (fnlcore/app/gpu_cost.py)."""
     import torch
 
-    from .app.cost import Calibration, estimate_plan, format_plan
+    from .app.cost import Calibration, Pricing, estimate_plan, format_plan, gpu_step_costs, step_shape
+    from .app.counts import ShapeCounts
+    from .app.gpu_cost import device_memory_mb, find_gpu
     from .app.plan import build_plan, validate_schema
+    from .app.resources import SHIPPED_DIR, SHIPPED_STEP_COSTS, plan_columns, shipped_step_costs
     from .app.runs import PAPERS_DIR
     from .fl.device import check_device, resolve_device
 
-    check_device(args.device, where="--device")  # refused up front: no CUDA device here, or not a device
+    if args.gpu is not None and not args.gpu.strip():
+        raise ConfigError("--gpu: name a GPU, e.g. --gpu h200 (part of its name in benchmarks/step_costs.json)")
+    if args.gpu and (args.device != "auto" or args.recalibrate):
+        raise ConfigError(f"--gpu {args.gpu} prices a GPU that is not here from its shipped step costs: it takes "
+                          "neither --device nor --recalibrate (on a node of that GPU: --device cuda [--recalibrate])")
     if args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    device = resolve_device(args.device)
-    torch.set_num_threads(args.threads)
+    device = None
+    if not args.gpu:
+        check_device(args.device, where="--device")  # refused up front: no CUDA device here, or not a device
+        device = resolve_device(args.device)
+        torch.set_num_threads(args.threads)
     selected = args.tables or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
     plan = build_plan(validate_schema(
         {"tables": selected, "scale": args.scale, "data_grid": [], "results_dir": args.results}
     ))
-    from .app.resources import plan_columns, shipped_step_costs
-
     path = args.calibration or str(Path(args.results) / "plan" / "step_costs.json")
-    # the project's shipped step costs of this kind of device stand in for the shapes not measured
-    # here (a plan in seconds); --recalibrate measures every shape here, estimating how long from them
-    shipped = shipped_step_costs("gpu" if device.type == "cuda" else "cpu")
-    calibration = Calibration(path, device, refresh=args.recalibrate, fallback=shipped)
-    cost = estimate_plan(plan, calibration, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    counts = ShapeCounts(Path(args.results) / "plan" / "shape_counts.json", progress=progress)
+    options = {name: ds.options for name, ds in plan.datasets.items()}
+    shapes = list({s.key(): s for s in (step_shape(r, options.get(r.dataset)) for r in plan.runs())}.values())
+    files = [path, SHIPPED_DIR / SHIPPED_STEP_COSTS]
+    if args.gpu or device.type == "cuda":
+        if args.gpu:
+            description = find_gpu(args.gpu, files)
+            memory = (device_memory_mb(description) or 0) * 2**20 or None
+        else:
+            from .app.cost import device_description
 
-    print(format_plan(cost, calibration, args.scale, plan_columns(plan, args.results, gpu=plan.device != "cpu",
-                                                                  step_costs_path=path)))
+            description = device_description(device)
+            memory = torch.cuda.get_device_properties(device).total_memory
+        # that GPU's measurements (here, or shipped), the rest estimated from them; never a CPU's
+        pricing, fallback = gpu_step_costs(shapes, description, files, counts, memory)
+        calibration = Calibration(path, device, refresh=args.recalibrate, fallback=fallback, description=description)
+    else:
+        # the project's shipped step costs of this CPU kind stand in for the shapes not measured
+        # here (a plan in seconds); --recalibrate measures every shape here, estimating how long from them
+        pricing = Pricing("cpu", None, counts)
+        calibration = Calibration(path, device, refresh=args.recalibrate, fallback=shipped_step_costs("cpu"))
+    cost = estimate_plan(plan, calibration, progress=progress, pricing=pricing)
+    print(format_plan(cost, calibration, args.scale,
+                      plan_columns(plan, args.results, gpu=pricing.device_type == "cuda", run_costs=cost.runs,
+                                   cost_sources={k: calibration.source(k) for k in calibration.fallback}
+                                   | {k: calibration.source(k) for k in calibration.entries})))
     return 0
 
 

@@ -20,9 +20,17 @@ A run's device time is estimated as
   round on the same clients, measured by ``benchmarks/bench_methods.py`` on the digits MLP
   (``FLMethod.round_cost``; methods without a measurement count 1.0 and are flagged).
 
+On a GPU (:class:`Pricing`) the plan prices the engine each run will use there
+(``training.engine: default`` batches where the method's stage batches, the images are in memory
+and the model stacks: :func:`fnlcore.fl.rounds.effective_engine`) with the clients a step stacks
+sized by the device's memory (:mod:`fnlcore.fl.footprint`), a batched step priced by the GPU's
+step-time model (:mod:`fnlcore.app.gpu_cost`), which also estimates the shapes that GPU never
+measured; a CPU's cost never prices a GPU. Each run's FLOPs give the floor beside the estimate.
+A CPU plan prices the sequential engine, the CPU's default.
+
 Not modelled: data preparation, partitions, noise and FedNoRo's annotator networks (minutes
-against hours of training), reading and decoding on-disk images (224 and 512 pixel sets),
-and the batched engine (timed per case in benchmarks/bench_batched.py).
+against hours of training), reading and decoding on-disk images (224 and 512 pixel sets).
+A method's ``round_cost`` is still the digits MLP's on a CPU, on every device.
 """
 
 from __future__ import annotations
@@ -111,9 +119,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup: int = 2) -> StepCost:
-    """Median seconds of ``steps`` local steps (after ``warmup``) and of one test sample's forward pass."""
-    from ..fl.local import forward_bounded
+def build_step(shape: StepShape, device: torch.device, batch_size: int | None = None, foreach: bool | None = None):
+    """(one local step as a function, the model, the input pipeline, the autocast context) of ``shape`` on
+    random data: what :func:`measure_step` times and :mod:`fnlcore.app.counts` counts. ``batch_size``:
+    another batch than the shape's; ``foreach``: the optimiser's multi-tensor form (torch's default: on a GPU)."""
     from ..fl.pipeline import InputPipeline
     from ..models import build_model
 
@@ -123,15 +132,16 @@ def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup:
         model = model.to(memory_format=torch.channels_last)
     pipeline = InputPipeline((0.5,) * shape.channels, (0.5,) * shape.channels, shape.augmentation,
                              channels_last=shape.channels_last)
-    opt = (torch.optim.Adam(model.parameters(), lr=1e-4) if shape.optimizer == "adam"
-           else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.5))
+    opt = (torch.optim.Adam(model.parameters(), lr=1e-4, foreach=foreach) if shape.optimizer == "adam"
+           else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.5, foreach=foreach))
     h, w = shape.image_size
-    x = torch.randint(0, 256, (shape.batch_size, shape.channels, h, w), generator=gen, dtype=torch.uint8).to(device)
+    b = batch_size or shape.batch_size
+    x = torch.randint(0, 256, (b, shape.channels, h, w), generator=gen, dtype=torch.uint8).to(device)
     if shape.multi_label:
-        y = torch.randint(0, 2, (shape.batch_size, shape.num_classes), generator=gen).float().to(device)
+        y = torch.randint(0, 2, (b, shape.num_classes), generator=gen).float().to(device)
         loss_fn = torch.nn.functional.binary_cross_entropy_with_logits
     else:
-        y = torch.randint(0, shape.num_classes, (shape.batch_size,), generator=gen).to(device)
+        y = torch.randint(0, shape.num_classes, (b,), generator=gen).to(device)
         loss_fn = torch.nn.functional.cross_entropy
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if shape.precision == "bf16"
                 else torch.autocast(device.type, enabled=False))
@@ -144,6 +154,16 @@ def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup:
         loss.backward()
         opt.step()
 
+    return step, model, pipeline, autocast
+
+
+def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup: int = 2) -> StepCost:
+    """Median seconds of ``steps`` local steps (after ``warmup``) and of one test sample's forward pass."""
+    from ..fl.local import forward_bounded
+
+    step, model, pipeline, autocast = build_step(shape, device)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    h, w = shape.image_size
     model.train()
     times = []
     for i in range(warmup + steps):
@@ -177,18 +197,23 @@ class Calibration:
     can hold a CPU's and a GPU's measurements; ``refresh`` measures every shape again.
     """
 
-    def __init__(self, path: str | os.PathLike, device: torch.device, refresh: bool = False, steps: int = 5,
-                 progress=None, fallback: Mapping[str, tuple[Mapping[str, Any], str]] | None = None):
+    def __init__(self, path: str | os.PathLike, device: torch.device | None, refresh: bool = False, steps: int = 5,
+                 progress=None, fallback: Mapping[str, tuple[Mapping[str, Any], str]] | None = None,
+                 description: str | None = None):
         """``progress(message)``: told of each shape as it is measured (its time and the load).
         ``fallback``: shape key -> (entry, where it came from), step costs measured elsewhere (the
         project's shipped ones, :func:`fnlcore.app.resources.shipped_step_costs`), used for a shape this
         device has not measured instead of measuring it; not with ``refresh`` (measure everything),
-        where they only estimate how long the measuring takes."""
+        where they only estimate how long the measuring takes.
+        ``device`` None with a ``description``: the costs of a device that is not here (`fnl plan --gpu`),
+        from the file's entries of that description and the fallback; nothing is measured."""
+        if device is None and (description is None or refresh):
+            raise ConfigError("a calibration of a device that is not here takes its description and cannot measure")
         self.path = Path(path)
         self.refresh = refresh
         self.fallback = dict(fallback or {})
         self.device = device
-        self.description = device_description(device)
+        self.description = description or device_description(device)
         self.steps = steps
         self.measured: list[str] = []  # shape keys measured in this process
         self.progress = progress
@@ -237,15 +262,18 @@ class Calibration:
             return None
         if e.get("took_s"):
             return float(e["took_s"])
-        n_eval = CPU_EVAL_PROBE if self.device.type != "cuda" else 1024
+        n_eval = CPU_EVAL_PROBE if self.device is None or self.device.type != "cuda" else 1024
         return (self.steps + 2) * float(e["train_s"]) + 3 * n_eval * float(e["eval_s"]) + 1.0
 
     def own_threads(self) -> int:
         """CPU threads a measurement keeps busy (not counted as others' load)."""
-        return torch.get_num_threads() if self.device.type == "cpu" else 1
+        return torch.get_num_threads() if self.device is not None and self.device.type == "cpu" else 1
 
     def cost(self, shape: StepShape) -> StepCost:
         key = shape.key()
+        if not self.has(key) and self.device is None:
+            raise ConfigError(f"step shape {key}: no cost of {self.description} measured or estimated, and that "
+                              "device is not here to measure it; run `fnl plan --device cuda` on a node of it")
         if not self.has(key):
             # measured before this shape's work and without this process's own threads (after a
             # first measurement the 1-minute average includes them)
@@ -286,6 +314,9 @@ class RunCost:
     shape: StepShape
     seconds: float
     factor_measured: bool  # the method's round cost comes from a benchmark (not the 1.0 default)
+    longest_round_s: float = 0.0
+    flops: float = 0.0  # its local steps' and test passes' FLOPs, the floor's (0: not counted)
+    at_once: int = 1  # the most clients one step trains (1: the sequential engine)
 
 
 def _data_shape(run, dataset_options: Mapping[str, Any] | None):
@@ -306,6 +337,81 @@ def _step_shape(run, ds) -> StepShape:
         multi_label=ds.multi_label, batch_size=t.batch_size, augmentation=aug, optimizer=t.optimizer,
         precision=t.precision, channels_last=t.channels_last, eval_batch_size=t.eval_batch_size,
     )
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A stretch of a run's rounds as it will train: ``at_once`` clients a step (1: sequential)."""
+
+    name: str
+    rounds: int
+    clients: int  # trained a round
+    steps: float  # local steps of a client (local epochs x batches)
+    factor: float  # the method's round cost over a FedAvg round
+    evaluated: bool
+    at_once: int = 1
+
+
+@dataclass
+class Pricing:
+    """How a plan prices a run on a device: ``device_type`` ("cuda" prices the engine the run will
+    use there, :func:`fnlcore.fl.rounds.effective_engine`); ``model``: the GPU's step-time model
+    (:class:`fnlcore.app.gpu_cost.DeviceModel`: the batched step and estimated shapes); ``counts``:
+    the shapes' ops and FLOPs (:class:`fnlcore.app.counts.ShapeCounts`: the floor, stackable
+    models, a client's memory); ``memory_bytes``: the device's memory (clients at once)."""
+
+    device_type: str = "cpu"
+    model: Any = None
+    counts: Any = None
+    memory_bytes: float | None = None
+
+    def stages(self, run, ds, shape: StepShape) -> list[StagePlan]:
+        """The run's stages, each with the clients a step trains on this device."""
+        from ..datasets import get_dataset
+        from ..fl.rounds import effective_engine, use_batched_engine
+        from ..methods import METHODS
+        from ..fl.footprint import client_bytes, clients_at_once
+
+        t = run.training
+        k = run.partition.num_clients
+        n_k = run.partition.expected_samples(ds.n_train) / k
+        per_epoch = math.floor(n_k / t.batch_size) if t.drop_last else math.ceil(n_k / t.batch_size)
+        cls = METHODS[run.method.name]
+        counts = self.counts.of(shape) if self.counts is not None else None
+        # what RoundEngine decides on this device: the method batches, the images are in memory
+        # (rounds.batched_fits), the model stacks; a CPU plan prices the sequential engine (its default)
+        batched = (self.device_type == "cuda" and use_batched_engine(cls, effective_engine(t.engine, "cuda"))
+                   and get_dataset(run.dataset).in_memory and (counts is None or counts["stackable"]))
+        out = []
+        for st in cls.cost_stages(run.method, t, k):
+            stage = cls.stages.get(st.name)
+            at_once = 1
+            if batched and (stage.batchable if stage is not None else True):
+                per_client = (client_bytes(counts["param_bytes"], counts["activation_bytes"], shape.batch_size,
+                                           shape.optimizer, len(cls.networks)) if counts else None)
+                at_once = clients_at_once(t.batched_clients, st.clients, self.memory_bytes, per_client)
+            out.append(StagePlan(st.name, st.rounds, st.clients, t.local_epochs * per_epoch, st.factor,
+                                 st.evaluated, at_once))
+        return out
+
+    def price(self, run, ds, shape: StepShape, cost: StepCost) -> tuple[float, float, float, int]:
+        """(device seconds of the run, of its longest round, its FLOPs, the most clients a step trains)."""
+        total, longest, flops, most = 0.0, 0.0, 0.0, 1
+        counts = self.counts.of(shape) if self.counts is not None else None
+        for sp in self.stages(run, ds, shape):
+            if sp.at_once > 1 and self.model is not None:
+                steps = math.ceil(sp.clients / sp.at_once) * sp.steps * sp.factor
+                train = steps * self.model.group_step_s(shape, cost.train_s, sp.at_once)
+            else:
+                train = sp.clients * sp.steps * sp.factor * cost.train_s
+            one = train + (ds.n_test * cost.eval_s if sp.evaluated else 0.0)
+            total += sp.rounds * one
+            longest = max(longest, one if sp.rounds else 0.0)
+            most = max(most, sp.at_once)
+            if counts is not None:  # a lower bound: a method's extra passes (its round_cost, a CPU's time ratio) not counted
+                flops += sp.rounds * (sp.clients * sp.steps * counts["flops"]
+                                      + (ds.n_test * counts["eval_flops"] if sp.evaluated else 0.0))
+        return total, longest, flops, most
 
 
 def _work(run, ds) -> tuple[float, int, bool]:
@@ -333,13 +439,16 @@ def run_work(run, dataset_options: Mapping[str, Any] | None = None) -> tuple[flo
     return _work(run, _data_shape(run, dataset_options))
 
 
-def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, Any] | None = None) -> RunCost:
+def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, Any] | None = None,
+                 pricing: Pricing | None = None) -> RunCost:
     """The run's estimate (its step shape measured first where the calibration lacks it)."""
+    from ..methods import METHODS
+
     ds = _data_shape(run, dataset_options)
     shape = _step_shape(run, ds)
-    steps, eval_samples, measured = _work(run, ds)
     c = calibration.cost(shape)
-    return RunCost(shape, steps * c.train_s + eval_samples * c.eval_s, measured)
+    seconds, longest, flops, at_once = (pricing or Pricing()).price(run, ds, shape, c)
+    return RunCost(shape, seconds, METHODS[run.method.name].round_cost is not None, longest, flops, at_once)
 
 
 # -- a plan's report -------------------------------------------------------------------------
@@ -352,6 +461,9 @@ class TableCost:
     runs: int
     seconds: float
     longest_s: float
+    floor_s: float = 0.0  # its runs' FLOPs at the floor's rate (fnlcore.app.gpu_cost.floor_seconds)
+    batched: int = 0  # runs that train batched (more than one client a step somewhere)
+    keys: frozenset = frozenset()  # its runs' metrics paths (a paper's total counts a shared run once)
 
 
 @dataclass(frozen=True)
@@ -359,17 +471,28 @@ class PlanCost:
     tables: list[TableCost]
     runs: dict[str, RunCost]  # metrics path -> estimate, each distinct run once
     unmeasured: dict[str, int]  # method name -> runs counted at 1.0x
+    pricing: Pricing | None = None
 
     @property
     def seconds(self) -> float:
         return sum(r.seconds for r in self.runs.values())
 
+    @property
+    def floor_s(self) -> float:
+        from .gpu_cost import floor_seconds
 
-def estimate_plan(plan, calibration: Calibration, progress=None) -> PlanCost:
+        return sum(floor_seconds(r.flops) for r in self.runs.values())
+
+
+def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricing | None = None) -> PlanCost:
     """Every distinct run of ``plan`` once; each table's sum over its own runs (shared ones included).
 
     ``progress(message)``: told how many step shapes must be measured (and whether the machine
-    is busy now), then of each as it is measured (through the calibration's ``progress``)."""
+    is busy now), then of each as it is measured (through the calibration's ``progress``).
+    ``pricing``: the device's engine model and the shapes' counts (:class:`Pricing`); without it
+    the sequential engine and no floor."""
+    from .gpu_cost import floor_seconds
+
     runs: dict[str, RunCost] = {}
     unmeasured: dict[str, int] = {}
     options = {name: ds.options for name, ds in plan.datasets.items()}
@@ -392,17 +515,38 @@ def estimate_plan(plan, calibration: Calibration, progress=None) -> PlanCost:
             busy = busy_now_warning(calibration)
             if busy:
                 progress(busy)
+    if pricing is not None and pricing.device_type == "cuda" and pricing.model is None and pricing.counts is not None:
+        pricing = _fit_here(plan, calibration, pricing, options)
     for run in plan.runs():
         key = run.files(plan.results_dir)["metrics"]
-        runs[key] = rc = estimate_run(run, calibration, options.get(run.dataset))
+        runs[key] = rc = estimate_run(run, calibration, options.get(run.dataset), pricing)
         if not rc.factor_measured:
             unmeasured[run.method.name] = unmeasured.get(run.method.name, 0) + 1
     tables = []
     for t in plan.tables:
         mine = {tr.run.files(plan.results_dir)["metrics"] for tr in t.runs}
         secs = [runs[k].seconds for k in mine]
-        tables.append(TableCost(t.paper, t.table, len(mine), sum(secs), max(secs, default=0.0)))
-    return PlanCost(tables, runs, unmeasured)
+        tables.append(TableCost(t.paper, t.table, len(mine), sum(secs), max(secs, default=0.0),
+                                sum(floor_seconds(runs[k].flops) for k in mine),
+                                sum(runs[k].at_once > 1 for k in mine), frozenset(mine)))
+    return PlanCost(tables, runs, unmeasured, pricing)
+
+
+def _fit_here(plan, calibration: Calibration, pricing: Pricing, options) -> Pricing:
+    """A GPU with no shipped measurements of its model: every shape measured here first, then its
+    step-time model fitted on them (what prices its batched step; :mod:`fnlcore.app.gpu_cost`)."""
+    import dataclasses
+
+    from .gpu_cost import DeviceModel, batched_measurements
+    from .resources import _short
+
+    for run in plan.runs():
+        calibration.cost(step_shape(run, options.get(run.dataset)))
+    measured = {k: (float(e["train_s"]), float(e["eval_s"])) for k, e in calibration.entries.items()}
+    if len(measured) < 2:
+        return pricing  # one shape: no model; the batched engine priced as sequential
+    rows = [r for d, rs in batched_measurements().items() if _short(d) == _short(calibration.description) for r in rs]
+    return dataclasses.replace(pricing, model=DeviceModel(calibration.description, measured, pricing.counts, rows))
 
 
 def busy_now_warning(calibration: Calibration) -> str | None:
@@ -449,27 +593,63 @@ def _source(calibration, key: str) -> str:
     return calibration.source(key) if hasattr(calibration, "source") else "measured here"
 
 
+def device_label(description: str) -> tuple[str, str]:
+    """(the device's short name, the unit of its hours): ``cuda:NVIDIA H200`` -> GPU-hours; a CPU's core-hours."""
+    short = description.split("|torch")[0]
+    return short, ("GPU-hours" if short.startswith("cuda") else "CPU core-hours")
+
+
 def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=None) -> str:
-    """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.plan_columns`)."""
+    """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.plan_columns`).
+    Every figure is of one device, named in the header; the last line is the total."""
+    from .gpu_cost import FLOOR_EFFICIENCY, H100_TF32_DENSE_FLOPS, floor_seconds
+
     hours = 3600.0
+    device, unit = device_label(calibration.description)
     res_head = f" {resources.header}" if resources is not None else ""
 
     def res(t) -> str:
         return f" {resources.columns.get((t.paper, t.table), '')}" if resources is not None else ""
 
     by_shape = _shapes(cost)
+    estimated = [k for k in by_shape if _source(calibration, k).startswith("estimated")]
+    pricing = cost.pricing
+    batched = sum(r.at_once > 1 for r in cost.runs.values())
     lines = [
         f"scale {scale}: {len(cost.tables)} tables, {len(cost.runs)} distinct training runs",
-        f"device: {calibration.description}",
-        f"step costs: {calibration.path} ({len(calibration.measured)} of {len(by_shape)} shapes measured now; "
-        f"where each came from: the shape lines below)",
-        "",
-        f"{'paper':8s} {'table':6s} {'runs':>6s} {'device-h':>10s} {'longest run h':>14s}{res_head}",
+        f"device: {calibration.description}; every figure below is of this device ({unit}), the floor's excepted",
+        f"step costs: {calibration.path} ({len(calibration.measured)} of {len(by_shape)} shapes measured now, "
+        f"{len(estimated)} estimated; where each came from: the shape lines below)",
     ]
+    if pricing is not None and pricing.model is not None:
+        lines.append(f"estimates: {pricing.model.describe()}")
+    elif pricing is not None and pricing.device_type == "cuda":
+        lines.append("estimates: none (fewer than two shapes measured on this GPU): the batched engine priced as sequential")
+    if pricing is not None and pricing.device_type == "cuda":
+        mem = f"{pricing.memory_bytes / 2**20:,.0f} MiB" if pricing.memory_bytes else "unknown memory: all"
+        lines.append(f"engine: {batched} of {len(cost.runs)} runs batched (training.engine default: batched where the "
+                     f"method batches on a GPU, images in memory, the model stacks), clients at once sized by the "
+                     f"device's memory ({mem}); the others sequential")
+    else:
+        lines.append("engine: sequential (the default on a CPU)")
+    lines.append(f"floor: the runs' training and evaluation FLOPs (every local step's forward and backward once, "
+                 f"a method's extra passes not counted) at {FLOOR_EFFICIENCY:.0%} of an H100's dense TF32 "
+                 f"peak ({FLOOR_EFFICIENCY * H100_TF32_DENSE_FLOPS / 1e12:.0f} TFLOP/s); half of it at BF16")
+    lines += ["", f"{'paper':8s} {'table':6s} {'runs':>6s} {'batched':>7s} {'device-h':>10s} {'floor h':>8s} "
+                  f"{'longest run h':>14s}{res_head}"]
     for t in cost.tables:
-        lines.append(f"{t.paper:8s} {t.table:6s} {t.runs:6d} {t.seconds / hours:10.2f} {t.longest_s / hours:14.2f}{res(t)}")
-    lines.append(f"{'all':8s} {'':6s} {len(cost.runs):6d} {cost.seconds / hours:10.2f}   "
-                 "(a run shared by tables counts once)")
+        lines.append(f"{t.paper:8s} {t.table:6s} {t.runs:6d} {t.batched:7d} {t.seconds / hours:10.2f} "
+                     f"{t.floor_s / hours:8.2f} {t.longest_s / hours:14.2f}{res(t)}")
+    lines.append(f"{'all':8s} {'':6s} {len(cost.runs):6d} {batched:7d} {cost.seconds / hours:10.2f} "
+                 f"{cost.floor_s / hours:8.2f}   (a run shared by tables counts once)")
+    paper_runs: dict[str, set[str]] = {}
+    for t in cost.tables:
+        paper_runs.setdefault(t.paper, set()).update(t.keys)
+    if len(paper_runs) > 1:
+        lines.append("per paper (its distinct runs): " + ", ".join(
+            f"{p} {sum(cost.runs[k].seconds for k in ks) / hours:,.0f} h "
+            f"(floor {sum(floor_seconds(cost.runs[k].flops) for k in ks) / hours:,.0f})"
+            for p, ks in paper_runs.items()))
     lines += ["", "per shape (model|input|classes|batch|augmentation|optimiser|precision|eval batch); "
               "load: other processes' load per core when it was measured:",
               f"  {'s/step':>8s} {'ms/test sample':>15s} {'runs':>5s} {'device-h':>9s} {'load':>5s}  shape  [from]"]
@@ -478,23 +658,63 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
         load = "?" if c.get("load") is None else f"{c['load']:.2f}"
         lines.append(f"  {c['train_s']:8.4f} {1000 * c['eval_s']:15.4f} {len(rcs):5d} "
                      f"{sum(r.seconds for r in rcs) / hours:9.1f} {load:>5s}  {key}  [{_source(calibration, key)}]")
-    shipped = [k for k in by_shape if not _source(calibration, k).startswith("measured")]
+    shipped = [k for k in by_shape if not _source(calibration, k).startswith(("measured", "estimated"))]
     if shipped:
+        how = ("`fnl plan --recalibrate` measures them here (minutes to an hour on a CPU)" if calibration.device is not None
+               else "`fnl plan --device cuda --recalibrate` on a node of that GPU measures them")
         lines += ["", f"{len(shipped)} of {len(by_shape)} step costs are not this machine's (shipped with the project, "
-                  "device in [from]): `fnl plan --recalibrate` measures them here (minutes to an hour on a CPU)"]
+                  f"device in [from]): {how}"]
         seen = {}
         for k in shipped:
             e = _entry(calibration, k)
             if e.get("provenance"):
                 seen.setdefault(_source(calibration, k), e["provenance"])
         lines += [f"  {src}: {text}" for src, text in seen.items()]
+    if estimated:
+        lines += ["", f"{len(estimated)} of {len(by_shape)} step costs are estimated from the shapes this device "
+                  "measured (dispatched ops and FLOPs counted on the CPU: benchmarks/shape_counts.json); "
+                  "`fnl plan --device cuda --recalibrate` on such a GPU measures them"]
+    lines += ["", "method round costs (x a FedAvg round, the methods' round_cost): measured on the digits MLP on a "
+              "CPU (benchmarks/bench_methods.py), not on this device"]
     if cost.unmeasured:
         listed = ", ".join(f"{m} ({n})" for m, n in sorted(cost.unmeasured.items()))
-        lines += ["", f"round cost not measured, counted as FedAvg's (runs): {listed}"]
+        lines += [f"round cost not measured, counted as FedAvg's (runs): {listed}"]
     if resources is not None:
         lines += ["", *resources.notes]
     lines += ["", "not counted: data preparation, partitions, noise, annotator networks, reading on-disk images"]
     warnings = load_warnings(cost, calibration)
     if warnings:
         lines += ["", *warnings]
+    def h(seconds: float) -> str:  # a smoke plan's minutes are not "0"
+        return f"{seconds / hours:,.0f}" if seconds >= 10 * hours else f"{seconds / hours:.2f}"
+
+    floor_unit = "" if unit == "GPU-hours" else " GPU-hours"  # the floor is an H100's, on any device
+    lines += ["", f"total: {h(cost.seconds)} {unit} on {device} (floor {h(cost.floor_s)}{floor_unit}; each run once)"]
     return "\n".join(lines)
+
+
+def gpu_step_costs(shapes, description: str, paths: list, counts, memory_bytes: float | None = None
+                   ) -> tuple[Pricing, dict[str, tuple[dict[str, Any], str]]]:
+    """(the pricing of GPU ``description``, shape key -> (entry, where it came from)) for ``shapes``:
+    that GPU model's measurements in the step-cost files ``paths`` (the first path's winning), and for
+    a shape it never measured the estimate of its :class:`~fnlcore.app.gpu_cost.DeviceModel`, marked
+    ``estimated``; never another device's cost. Fewer than two measured shapes: no model, no estimates."""
+    from .gpu_cost import DeviceModel, batched_measurements, measured_on
+    from .resources import SHIPPED_DIR, SHIPPED_STEP_COSTS, _short
+
+    shipped = Path(SHIPPED_DIR) / SHIPPED_STEP_COSTS
+    found = measured_on(description, paths)
+    out: dict[str, tuple[dict[str, Any], str]] = {}
+    for key, (t, e, where) in found.items():
+        src = f"shipped ({_short(description)})" if Path(where) == shipped else f"measured ({where}, {_short(description)})"
+        out[key] = ({"train_s": t, "eval_s": e}, src)
+    model = None
+    if len(found) >= 2:
+        rows = [r for d, rs in batched_measurements().items() if _short(d) == _short(description) for r in rs]
+        model = DeviceModel(description, {k: v[:2] for k, v in found.items()}, counts, rows)
+        for shape in shapes:
+            key = shape.key()
+            if key not in out:
+                out[key] = ({"train_s": model.train_s(shape), "eval_s": model.eval_s(shape), "estimated": True},
+                            f"estimated from {len(found)} shapes measured on {_short(description)}")
+    return Pricing("cuda", model, counts, memory_bytes), out

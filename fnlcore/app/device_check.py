@@ -841,14 +841,49 @@ def _cpu_cost(entries: dict[str, dict]) -> float:
     return max((float(e["train_s"]) for d, e in entries.items() if d.startswith("cpu")), default=math.inf)
 
 
-def step_cost_file(entries: dict, description: str, provenance: str) -> dict:
-    """``fnl plan``'s calibration format (fnlcore.app.cost.Calibration), with the shipped file's provenance."""
+def step_cost_file(entries: dict, description: str, provenance: str, batched: list | None = None,
+                   memory_mb: int | None = None) -> dict:
+    """``fnl plan``'s calibration format (fnlcore.app.cost.Calibration), with the shipped file's provenance,
+    and what prices the batched engine on the device (fnlcore/app/gpu_cost.py): its measured batched
+    rounds (``batched``, :func:`batched_rows`) and its memory."""
     from .cost import CALIBRATION_VERSION
 
-    return {"about": "Step costs measured by `fnl device-check`; `fnl plan --calibration` reads this file as is, "
-                     "and `fnl device-check --ship-step-costs` adds it to benchmarks/step_costs.json.",
-            "devices": {description: entries}, "provenance": {description: provenance},
-            "version": CALIBRATION_VERSION}
+    out = {"about": "Step costs measured by `fnl device-check`; `fnl plan --calibration` reads this file as is, "
+                    "and `fnl device-check --ship-step-costs` adds it to benchmarks/step_costs.json.",
+           "devices": {description: entries}, "provenance": {description: provenance},
+           "version": CALIBRATION_VERSION}
+    if batched:
+        out["batched"] = {description: batched}
+    if memory_mb:
+        out["memory_mb"] = {description: int(memory_mb)}
+    return out
+
+
+def batched_rows(timing_csv: str | os.PathLike) -> list[dict]:
+    """The FedAvg cases of (b) timed on both engines (contiguous fp32, the batched engine having run), as
+    the step-cost file's ``batched`` rows: the case's step shape, its clients, seconds a round of each."""
+    from .benchmark import PAPER_CASES
+
+    try:
+        with open(timing_csv, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("status") == "ok" and r.get("layout") == "nchw"
+                    and r.get("precision") == "fp32"]
+    except OSError:
+        return []
+    cases = {c.name: c for c in PAPER_CASES if c.method == "fedavg" and c.view == "train"}
+    out = []
+    for name, case in cases.items():
+        seq = next((r for r in rows if r["case"] == name and r["engine"] == "sequential"), None)
+        bat = next((r for r in rows if r["case"] == name and r["engine"] == "batched"
+                    and str(r.get("batched_ran")) == "True"), None)
+        if seq is None or bat is None or case.model != seq.get("model"):  # quick mode times other models
+            continue
+        shape = {"model": case.model, "channels": case.channels, "image_size": [case.size, case.size],
+                 "num_classes": 10, "multi_label": False, "batch_size": case.batch, "augmentation": case.augmentation,
+                 "optimizer": "sgd", "precision": "fp32", "channels_last": False, "eval_batch_size": 1024}
+        out.append({"case": f"{case.label} (fnl device-check, {name})", "shape": shape, "clients": case.clients,
+                    "sequential_s": float(seq["s_per_round"]), "batched_s": float(bat["s_per_round"])})
+    return out
 
 
 @section_function("step_costs")
@@ -902,7 +937,8 @@ def check_step_costs(check: Check, section: Section, deadline: float) -> None:
             continue
         entries[key] = {"train_s": round(cost.train_s, 7), "eval_s": float(f"{cost.eval_s:.4g}"),
                         "load": None if load is None else round(load, 3), "took_s": round(took, 2)}
-        write_json(step_cost_file(entries, description, provenance), path)
+        memory = torch.cuda.get_device_properties(check.device).total_memory // 2**20 if check.device.type == "cuda" else None
+        write_json(step_cost_file(entries, description, provenance, batched_rows(check.out / "timing.csv"), memory), path)
         table.add({**base, "train_s": round(cost.train_s, 5), "eval_ms_per_sample": round(1000 * cost.eval_s, 5),
                    "took_s": round(took, 1), "status": "ok"})
 
@@ -938,6 +974,9 @@ def ship_step_costs(src: str | os.PathLike, dest: str | os.PathLike | None = Non
                               "write one under \"provenance\" first")
         shipped["devices"].setdefault(device, {}).update(entries)
         shipped.setdefault("provenance", {})[device] = provenance[device]
+        for key in ("batched", "memory_mb"):  # what prices the device's batched engine (fnlcore/app/gpu_cost.py)
+            if device in (raw.get(key) or {}):
+                shipped.setdefault(key, {})[device] = raw[key][device]
     write_json(shipped, dest)
     return list(devices)
 

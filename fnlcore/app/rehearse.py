@@ -75,7 +75,7 @@ class TrainingConfig:
             f"k{self.clients}", f"m{self.per_round}", f"b{self.batch_size}", f"e{self.local_epochs}",
             self.method, self.optimizer, self.precision,
         ]
-        if self.engine != "sequential":
+        if self.engine not in ("default", "sequential"):  # the default was sequential: keys stay
             parts.append(self.engine)
         if self.channels_last:
             parts.append("cl")

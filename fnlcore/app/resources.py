@@ -363,30 +363,25 @@ def shipped_step_costs(device_kind: str, shipped_dir: str | os.PathLike | None =
 # -- prediction ---------------------------------------------------------------------------------
 
 
-def _round_seconds(run, dataset_options, train_s: float, eval_s: float) -> tuple[float, float]:
-    """(device seconds of the run, of its longest round) by the cost model (fnlcore/app/cost.py)."""
-    from ..datasets import expected_shape, get_dataset
-    from ..methods import METHODS
+def _round_seconds(run, dataset_options, train_s: float, eval_s: float, pricing=None) -> tuple[float, float]:
+    """(device seconds of the run, of its longest round) by the cost model (fnlcore/app/cost.py), on
+    the engine ``pricing`` says the device runs (the sequential one without it)."""
+    from .cost import Pricing, StepCost, _data_shape, _step_shape
 
-    ds = expected_shape(get_dataset(run.dataset), dataset_options)
-    t = run.training
-    k = run.partition.num_clients
-    n_k = run.partition.expected_samples(ds.n_train) / k
-    per_epoch = math.floor(n_k / t.batch_size) if t.drop_last else math.ceil(n_k / t.batch_size)
-    total, longest = 0.0, 0.0
-    for st in METHODS[run.method.name].cost_stages(run.method, t, k):
-        one = st.clients * t.local_epochs * per_epoch * st.factor * train_s + (ds.n_test * eval_s if st.evaluated else 0.0)
-        total += st.rounds * one
-        longest = max(longest, one if st.rounds else 0.0)
+    ds = _data_shape(run, dataset_options)
+    total, longest, _, _ = (pricing or Pricing()).price(run, ds, _step_shape(run, ds), StepCost(train_s, eval_s))
     return total, longest
 
 
 def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mapping[str, Measured],
             cap: SiteCap = DEFAULT_CAP, dataset_options: Mapping[str, Any] | None = None,
             gpu: bool = True, mem_sources: Mapping[str, str] | None = None,
-            cost_sources: Mapping[str, str] | None = None) -> Resources:
+            cost_sources: Mapping[str, str] | None = None, pricing=None,
+            priced: tuple[float, float] | None = None) -> Resources:
     """The request of one run (see the module docstring for the rules and defaults).
-    ``mem_sources`` / ``cost_sources``: where each configuration's / shape's measurement came from."""
+    ``mem_sources`` / ``cost_sources``: where each configuration's / shape's measurement came from.
+    ``pricing``: how a run's seconds follow from its step cost (:class:`fnlcore.app.cost.Pricing`: the
+    engine the device runs); ``priced``: (seconds, longest round) already priced (`fnl plan`'s own)."""
     from .cost import step_shape
     from .rehearse import training_config
 
@@ -395,7 +390,7 @@ def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mappi
     m = rehearsal.get(config)
     mem_source = DEFAULT if m is None else (mem_sources or {}).get(config, OWN)
     shape = step_shape(run, dataset_options).key()
-    time_source = DEFAULT if shape not in step_costs else (cost_sources or {}).get(shape, OWN)
+    time_source = DEFAULT if shape not in step_costs and priced is None else (cost_sources or {}).get(shape, OWN)
     if m is None:
         mem, disk, gpu_mem = DEFAULT_MEM_MB, DEFAULT_DISK_MB, None
         notes.append("not rehearsed: default memory and disk")
@@ -412,11 +407,11 @@ def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mappi
         mem = cap.max_mem_mb
 
     cost = step_costs.get(shape)
-    if cost is None:
+    if cost is None and priced is None:
         notes.append("no step cost: the site's whole job length")
         runtime, jobs, seconds = cap.max_runtime, DEFAULT_JOBS, None
     else:
-        seconds, longest = _round_seconds(run, dataset_options, *cost)
+        seconds, longest = priced if priced is not None else _round_seconds(run, dataset_options, *cost, pricing)
         try:
             runtime, jobs = job_lengths(seconds, longest, cap.max_runtime)
         except ConfigError as err:
@@ -472,9 +467,14 @@ class TrainResources:
     A run outside the plan (a path asked for by hand) gets the defaults."""
 
     def __init__(self, plan, cap: SiteCap = DEFAULT_CAP, gpu: bool = True, results_dir: str | None = None,
-                 shipped_dir: str | os.PathLike | None = None, step_costs_path: str | os.PathLike | None = None):
+                 shipped_dir: str | os.PathLike | None = None, step_costs_path: str | os.PathLike | None = None,
+                 run_costs: Mapping[str, Any] | None = None, cost_sources: Mapping[str, str] | None = None):
         """``shipped_dir``: the project's shipped measurements (default :data:`SHIPPED_DIR`);
-        ``step_costs_path``: the user's step costs (default ``RESULTS/plan/step_costs.json``)."""
+        ``step_costs_path``: the user's step costs (default ``RESULTS/plan/step_costs.json``);
+        ``run_costs``: metrics path -> :class:`fnlcore.app.cost.RunCost`, `fnl plan`'s estimates, which
+        the runtimes then follow (``cost_sources``: shape key -> where its step cost came from)."""
+        self.run_costs = run_costs
+        self.cost_sources = cost_sources
         self.plan = plan
         self.cap = cap
         self.gpu = gpu
@@ -486,16 +486,52 @@ class TrainResources:
     @property
     def by_run(self) -> dict[tuple[str, ...], Resources]:
         if self._by_run is None:
-            costs, cost_sources = step_costs_with_sources(self.results_dir, self.gpu, self.shipped_dir,
-                                                          self.step_costs_path)
-            rehearsal, mem_sources = rehearsal_with_sources(self.results_dir, self.gpu, self.shipped_dir)
             options = {name: ds.options for name, ds in self.plan.datasets.items()}
-            self._by_run = {
-                _run_key(run.fields()): predict(run, costs, rehearsal, self.cap, options.get(run.dataset), self.gpu,
-                                                mem_sources, cost_sources)
-                for run in self.plan.runs()
-            }
+            if self.run_costs is not None:  # `fnl plan`'s own estimates: the same numbers as its table
+                costs, cost_sources, pricing = {}, dict(self.cost_sources or {}), None
+            elif self.gpu:
+                costs, cost_sources, pricing = self._gpu_costs(options)
+            else:
+                costs, cost_sources = step_costs_with_sources(self.results_dir, self.gpu, self.shipped_dir,
+                                                              self.step_costs_path)
+                pricing = None
+            rehearsal, mem_sources = rehearsal_with_sources(self.results_dir, self.gpu, self.shipped_dir)
+            by_run = {}
+            for run in self.plan.runs():
+                rc = (self.run_costs or {}).get(run.files(self.plan.results_dir)["metrics"])
+                by_run[_run_key(run.fields())] = predict(
+                    run, costs, rehearsal, self.cap, options.get(run.dataset), self.gpu, mem_sources, cost_sources,
+                    pricing, priced=None if rc is None else (rc.seconds, rc.longest_round_s))
+            self._by_run = by_run
         return self._by_run
+
+    def _gpu_costs(self, options) -> tuple[dict, dict, Any]:
+        """A GPU job's step costs: a GPU's measurement of the shape (the user's own first, the slowest
+        GPU's), else the estimate from the measured shapes of one GPU (the user's own with two or more,
+        else the shipped one with the most; fnlcore/app/gpu_cost.py); never a CPU's: a 2-second table
+        must not ask for a day. Also the pricing of that GPU (its batched engine, clients at once)."""
+        from .cost import gpu_step_costs, step_shape
+        from .counts import ShapeCounts
+        from .gpu_cost import device_memory_mb, find_gpu, gpu_descriptions, measured_on
+
+        costs, sources = step_costs_with_sources(self.results_dir, True, self.shipped_dir, self.step_costs_path)
+        gpu_only = {k for k, src in sources.items() if "a CPU's" not in src}
+        costs, sources = {k: costs[k] for k in gpu_only}, {k: sources[k] for k in gpu_only}
+        own = Path(self.step_costs_path) if self.step_costs_path else Path(self.results_dir) / "plan" / "step_costs.json"
+        files = [own, Path(self.shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS]
+        mine = [d for d in gpu_descriptions([own]) if len(measured_on(d, [own])) >= 2]
+        try:
+            gpu = mine[0] if mine else find_gpu("", files[1:])
+        except ConfigError:
+            return costs, sources, None  # no GPU measured anywhere: unmeasured shapes get the whole job length
+        shapes = {s.key(): s for s in (step_shape(r, options.get(r.dataset)) for r in self.plan.runs())}
+        counts = ShapeCounts(Path(self.results_dir) / "plan" / "shape_counts.json")
+        memory = (device_memory_mb(gpu, files[1]) or 0) * 2**20 or None
+        pricing, found = gpu_step_costs(shapes.values(), gpu, files, counts, memory)
+        for key, (entry, src) in found.items():
+            if key not in costs and entry.get("estimated"):
+                costs[key], sources[key] = (float(entry["train_s"]), float(entry["eval_s"])), src
+        return costs, sources, pricing
 
     def of(self, wildcards) -> Resources:
         key = _run_key(dict(wildcards.items()))
@@ -526,9 +562,11 @@ class TrainResources:
 
 
 def plan_resources(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True,
-                   step_costs_path: str | os.PathLike | None = None) -> dict[str, Resources]:
+                   step_costs_path: str | os.PathLike | None = None, run_costs: Mapping[str, Any] | None = None,
+                   cost_sources: Mapping[str, str] | None = None) -> dict[str, Resources]:
     """metrics path -> :class:`Resources` of every run of ``plan`` (what ``fnl plan`` prints)."""
-    tr = TrainResources(plan, cap, gpu, results_dir, step_costs_path=step_costs_path)
+    tr = TrainResources(plan, cap, gpu, results_dir, step_costs_path=step_costs_path, run_costs=run_costs,
+                        cost_sources=cost_sources)
     return {run.files(plan.results_dir)["metrics"]: tr.by_run[_run_key(run.fields())] for run in plan.runs()}
 
 
@@ -569,11 +607,12 @@ class PlanColumns:
 
 
 def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True,
-                 step_costs_path: str | os.PathLike | None = None) -> PlanColumns:
+                 step_costs_path: str | os.PathLike | None = None, run_costs: Mapping[str, Any] | None = None,
+                 cost_sources: Mapping[str, str] | None = None) -> PlanColumns:
     """The largest request of each table's runs: memory, disk, a job's hours, jobs of a run.
     ``*`` marks a table where some run's figures are not the user's own measurements (shipped
     ones, or the defaults); the notes count where memory and time came from."""
-    res = plan_resources(plan, results_dir, cap, gpu, step_costs_path)
+    res = plan_resources(plan, results_dir, cap, gpu, step_costs_path, run_costs, cost_sources)
     columns = {}
     for t in plan.tables:
         mine = [res[tr.run.files(plan.results_dir)["metrics"]] for tr in t.runs]

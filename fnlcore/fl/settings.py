@@ -11,7 +11,7 @@ from ..errors import ConfigError
 
 
 LR_SCHEDULES = ("exponential", "constant", "step", "cosine")
-ENGINES = ("sequential", "batched", "auto")
+ENGINES = ("default", "sequential", "batched", "auto")
 PRECISIONS = ("fp32", "tf32", "bf16")
 IMAGE_TRANSFORMS = ("resize", "resize_crop", "resize_crop_center")  # = fnlcore.fl.pipeline.IMAGE_TRANSFORMS
 NORMALIZE_NAMES = ("auto", "imagenet", "half", "data")  # or {mean: [...], std: [...]} (fnlcore.fl.pipeline)
@@ -58,12 +58,14 @@ class TrainSettings:
     drop_last: bool = False
     eval_batch_size: int = 1024
     checkpoint_every: int = 5
-    # Speed switches (fnlcore/fl/batched.py, README "Speed switches"). engine: sequential (one
-    # client after another, the reference) | batched (the round's clients as one stacked
-    # computation; the same random draws, equal up to floating-point rounding; a ConfigError
-    # for a method or model it cannot run) | auto (batched where it can run, else sequential).
-    engine: str = "sequential"
-    batched_clients: int = 0  # most clients stacked at once (0: all of the round's); bounds memory
+    # Speed switches (fnlcore/fl/batched.py, README "Speed switches"). engine: default (auto on a
+    # GPU, sequential on a CPU: fnlcore.fl.rounds.effective_engine) | sequential (one client after
+    # another, the reference) | batched (the round's clients as one stacked computation; the same
+    # random draws, equal up to floating-point rounding; a ConfigError for a method or model it
+    # cannot run) | auto (batched where it can run, else sequential).
+    engine: str = "default"
+    # most clients stacked at once; 0: as many as the GPU's memory holds (fnlcore.fl.footprint), on a CPU all
+    batched_clients: int = 0
     precision: str = "fp32"  # fp32 | tf32 | bf16 (fnlcore.fl.device.set_math_policy)
     channels_last: bool = False  # models and input batches in channels-last memory (faster convs on GPUs)
 
@@ -103,7 +105,7 @@ class TrainSettings:
         if self.precision not in PRECISIONS:
             bad("precision", f"valid: {', '.join(PRECISIONS)}")
         if int(self.batched_clients) < 0:
-            bad("batched_clients", "must be >= 0 (0: every client of the round at once)")
+            bad("batched_clients", "must be >= 0 (0: as many of the round's clients as the device's memory holds)")
         if self.momentum < 0 or self.weight_decay < 0:
             bad("momentum" if self.momentum < 0 else "weight_decay", "must be >= 0")
 
