@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .syncs import host_side
+
 _NUMPY_FLOATS = (torch.float32, torch.float64)
 
 
@@ -27,8 +29,9 @@ def _on_numpy(x: torch.Tensor) -> bool:
 
 
 def _apply(ufunc, x: torch.Tensor) -> torch.Tensor:
-    """ufunc(x) computed by NumPy on the tensor's memory (no copy in; a new tensor out)."""
-    with np.errstate(all="ignore"):  # log(0) = -inf, sqrt(-1) = nan, as torch gives them
+    """ufunc(x) computed by NumPy on the tensor's memory (no copy in; a new tensor out). Only ever a
+    CPU tensor: reading it waits for no device (host_side, for the sync counter)."""
+    with np.errstate(all="ignore"), host_side():  # log(0) = -inf, sqrt(-1) = nan, as torch gives them
         return torch.from_numpy(np.asarray(ufunc(x.detach().numpy())))
 
 

@@ -9,8 +9,9 @@ and the VML guard (tests/vml_guard.py); an emulated CPU is the same Python, unmo
 ``qemu-x86_64 -cpu MODEL`` (Debian's package qemu-user), about ten times slower. Emulation cannot
 reproduce a real chip's approximate instructions, but every library that picks its code by the
 CPU it finds (MKL, oneDNN, OpenBLAS, NumPy, glibc) sees another CPU: ``EPYC-Rome`` answers
-AuthenticAMD, and MKL's vector math then takes its AMD kernels (torch.sqrt of float32 differs from
-the correctly rounded root for about 1 value in 8 there, which ``--canary`` shows). A path that
+AuthenticAMD, and MKL's vector math then takes its AMD kernels (``--canary`` counts the float32
+values of 65,536 whose torch.sqrt is not the correctly rounded root: 9,666 natively on a Xeon,
+8,576 under Nehalem and EPYC-Rome: another kernel, other bits). A path that
 depends on the CPU shows up as a difference; a portable one does not. Run it before any
 re-record of tests/golden/methods.json. Golden results are also compared with the record.
 
@@ -31,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .portable import REPO_ROOT, portable_env
 
 DEFAULT_GOLDEN = ["fedavg", "fedprox", "fedcorr", "fedgr", "feddiv", "krum", "gce"]
-DEFAULT_CONTRACT = ["fedavg", "fedcorr", "gce"]
+DEFAULT_CONTRACT = DEFAULT_GOLDEN
 DEFAULT_CPUS = ["native", "Nehalem", "EPYC-Rome"]
 
 
@@ -130,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(got, dict) and "error" in got:
                 line.append(f"{cpu}: ERROR {got['error'].strip().splitlines()[-1]}")
                 bad += 1
+            elif case.startswith("canary"):
+                continue
             elif cpu != ref_cpu and (d := first_difference(ref[case], got)):
                 line.append(f"{cpu}: DIFFERS {d[:160]}")
-                bad += not case.startswith("canary")
+                bad += 1
         if case.startswith("golden "):
             rec = golden.get(case.split(" ", 1)[1])
             if rec is None:
@@ -140,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             elif d := first_difference(rec, ref[case]):
                 line.append(f"record: DIFFERS {d[:160]}")
                 bad += 1
-        if case.startswith("canary"):
-            line.insert(0, ", ".join(f"{c}: {runs[c][0][case]['differing']}" for c in args.cpus))
+        if case.startswith("canary"):  # expected to differ: the library the guard keeps out
+            line.insert(0, ", ".join(f"{c} {runs[c][0][case]['differing']}" for c in args.cpus)
+                        + " (MKL's vector math; nothing recorded uses it)")
         print(f"{case:40s} {'; '.join(line) or 'identical' + (' (and the record)' if case.startswith('golden') else '')}")
     print(f"cross_cpu: {'every case identical on ' + ', '.join(args.cpus) if not bad else f'{bad} difference(s)'}")
     return 1 if bad else 0
