@@ -284,8 +284,8 @@ class _FullDisk:
 def test_the_results_lock_on_a_full_disk_says_so_and_holds_nothing(tmp_path, monkeypatch):
     from fnlcore.errors import StorageError
 
-    real_open = open
-    monkeypatch.setattr(results_lock, "open", lambda *a, **k: _FullDisk(real_open(*a, **k)), raising=False)
+    real_open = results_lock.open_regular  # how the lock module opens its files (never following a link)
+    monkeypatch.setattr(results_lock, "open_regular", lambda *a, **k: _FullDisk(real_open(*a, **k)))
     with pytest.raises(StorageError, match=r"no space left on the disk holding .*free some space"):
         results_lock.lock_results(tmp_path / "results")
     monkeypatch.undo()

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Iterable
 
 from ..errors import FNLError, StorageError
+from ..safe_files import open_regular
 
 LOCK_NAME = ".fnl-lock"
 RUN_LOCK_SUFFIX = ".lock"
@@ -256,8 +257,8 @@ def busy_runs_message(busy: list[tuple[str, str]], what: str) -> str:
 def lock_holder(path: str | os.PathLike) -> str | None:
     """Who holds the lock file ``path`` now, as recorded in it; None when no live process does
     (or the file system cannot tell). Probes with a shared lock held for an instant."""
-    try:
-        fh = open(path, encoding="utf-8")
+    try:  # a link at the name is no lock of ours: never follow it
+        fh = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), encoding="utf-8")
     except OSError:
         return None
     with fh:
@@ -275,7 +276,7 @@ def _open_locked(path: Path, what: str):
     """``(open file, whether its exclusive flock was taken)``, or ``(None, False)`` where the file
     system cannot lock; a full disk is a StorageError naming ``what``."""
     try:
-        fh = open(path, "a+", encoding="utf-8")
+        fh = open_regular(path, "a+")  # a link planted at the name is refused, never followed
     except OSError as err:
         _raise_if_disk_full(err, path.parent, what)
         raise

@@ -71,6 +71,7 @@ import numpy as np
 
 from ..datasets.download import RemoteFile, fetch, verify_file
 from ..errors import ChecksumError, ConfigError, DataError
+from ..safe_files import open_regular
 from ..safe_pickle import UNPICKLE_ERRORS, NumpyUnpickler
 from ..spec import param
 from .checks import check_num_classes, single_labels
@@ -294,7 +295,7 @@ def load_human_labels(dataset: str, path: str | os.PathLike, true_labels: np.nda
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Exclusive lock: parallel noise jobs fetch into one raw folder, and a ``.part`` is not safe to share."""
-    with open(path, "a") as fh:
+    with open_regular(path, "a") as fh:  # a planted link is refused, never followed
         if fcntl is not None:
             fcntl.flock(fh, fcntl.LOCK_EX)
         yield  # closing the file releases the lock
