@@ -178,6 +178,23 @@ def test_a_negative_partition_seed_names_the_fix(paper):
          "use a non-negative integer, or 'same'")
 
 
+@pytest.mark.parametrize("where", ["defaults", "table"])
+def test_a_repeated_seed_in_a_paper_is_named_before_any_job(paper, where):
+    """Issue 46: `seeds: [0, 0]` failed only in the table job, after all the training."""
+    target = (lambda d: d["defaults"]) if where == "defaults" else (lambda d: d["tables"][0])
+    cfg = paper(lambda d: target(d).update(seeds=[0, 1, 0]))
+    key = "defaults.seeds" if where == "defaults" else "tables[0].seeds"
+    _has(_error(cfg), "config/papers/x.yaml", key, "[0, 1, 0]", "lists 0 more than once", "list each value once")
+
+
+def test_a_repeated_seed_in_a_scale_file_or_the_data_grid_is_named(tmp_path):
+    scale = _scale_file(tmp_path, "seeds: [3, 3]\n")
+    _has(_error({"tables": ["demo"], "data_grid": [], "scale": scale}), scale, "seeds", "lists 3 more than once")
+    for key in ("partition_seeds", "noise_seeds"):
+        grid = {**copy.deepcopy(GRID), key: [1, 1]}
+        _has(_error({"data_grid": [grid], "tables": []}), f"data_grid[0].{key}", "lists 1 more than once")
+
+
 def test_a_table_id_that_is_not_a_file_name(paper):
     cfg = paper(lambda d: d["tables"][0].update(id="../escape"))
     _has(_error(cfg), "config/papers/x.yaml", "tables[0].id", "'../escape'", "letters, digits and underscores")
