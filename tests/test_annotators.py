@@ -9,7 +9,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from fnlcore.app.annotate import AnnotatorSettings, annotator_context, save_annotator, train_annotator
-from fnlcore.errors import ConfigError
+from fnlcore.errors import ConfigError, DataError
 from fnlcore.fl.pipeline import IMAGENET
 from fnlcore.noise.hidn import assemble_soft_labels
 from fnlcore.noise.specs import FedNoRoHIDN
@@ -154,3 +154,15 @@ def test_an_annotators_and_its_noise_sets_identity_follow_a_changed_training_def
     x, y = _client()
     ctx = annotator_context(y, 10, settings, (8, 8), 1, x, None, torch.device("cpu"))
     assert ctx.settings.beta1 == 0.5 and ctx.settings == annotate.annotator_training(settings, (8, 8), 1)
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 cut short", None])
+def test_a_broken_probabilities_file_names_itself_and_the_fix(tmp_path, content):
+    """Issue 46, item 5: a zero-byte annotator .probs.npz gave `EOFError: No data left in file`."""
+    path = tmp_path / "client0.probs.npz"
+    if content is None:  # readable, but not an annotator's file
+        np.savez(path, other=np.zeros(3))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(DataError, match=re.escape(str(path)) + ".*(not a readable|lacks).*--forcerun"):
+        assemble_soft_labels([str(path)], 10, 3)
