@@ -24,6 +24,19 @@ UNPICKLE_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, Attr
                    MemoryError, struct.error, RecursionError)
 
 
+def weights_only_refusal(err: BaseException) -> str:
+    """One line for a load that ``torch.load(weights_only=True)`` refused: which global or opcode the
+    file asked for (torch's own message is a page long); other errors as their first line."""
+    text = str(err)
+    _, marker, rest = text.partition("WeightsUnpickler error:")
+    if isinstance(err, pickle.UnpicklingError) and marker:
+        what = (rest.strip().splitlines() or ["?"])[0].split(" Please use")[0].strip().rstrip(".")
+        return (f"refused, nothing in it was run: it holds more than tensors and plain data ({what}); "
+                "a checkpoint of an older fnlcore version or a crafted file")
+    lines = text.strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
 class AllowListUnpickler(pickle._Unpickler):  # the Python implementation: its BUILD can be checked
     """Builds only the globals of ``allowed`` ((module, name) -> the object); refuses every other."""
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..registry import Registry
+from ..safe_pickle import weights_only_refusal
 from . import cifar_resnet, small
 
 
@@ -105,8 +106,8 @@ def imagenet_state_dict(weights) -> dict:
         return weights.get_state_dict(progress=False, check_hash=True, weights_only=True)
     except pickle.UnpicklingError as e:
         raise ConfigError(
-            f"pretrained weights: {os.path.join(folder, filename)} holds more than tensors ({e}) and was "
-            f"not loaded; delete it and download {filename} again from {weights.url}"
+            f"pretrained weights: {os.path.join(folder, filename)} holds more than tensors and was not loaded "
+            f"({weights_only_refusal(e)}); delete it and download {filename} again from {weights.url}"
         ) from None
     except OSError as e:  # URLError, HTTPError, socket errors, unwritable cache
         raise ConfigError(
