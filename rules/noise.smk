@@ -31,7 +31,9 @@ rule annotator:
         settings=lambda w: annotator_settings(w.annotator),
         # tracked by Snakemake (the settings object is not): a changed default, of the annotator's
         # settings or of the training settings it trains with, reruns the annotator
-        identity=lambda w: annotator_identity(annotator_settings(w.annotator), w.dataset),
+        identity=lambda w: annotator_identity(
+            annotator_settings(w.annotator), w.dataset
+        ),
     script:
         "../workflow_scripts/train_annotator.py"
 

@@ -86,6 +86,21 @@ def test_fractional_rounds_in_a_scale_file(tmp_path):
     _has(msg, scale, "training.rounds", "6.5", "must be an integer")
 
 
+@pytest.mark.parametrize("text, needles", [
+    ("training: {lr: -1}\n", ["training (applied to config/papers/demo.yaml: tables[0] (demo).rows[0]", "lr=-1"]),
+    ("noises: {fednoro_hidn: {rho: 2}}\n", ["noises.fednoro_hidn (applied to config/papers/demo.yaml", "rho=2"]),
+    ("training: {model: nonexist}\n", ["training.model (applied to table demo/demo", "'nonexist' is not a model"]),
+    ("dataset_options: {digits: {test_size: 2}}\n", ["dataset_options.digits", "test_size must lie in (0, 1)"]),
+])
+def test_a_bad_value_in_a_scale_file_is_named_as_the_scale_files(tmp_path, text, needles):
+    """Issue 46, item 5: such values were reported against the paper file's row (a bad test_size
+    as a num_clients of -1797 samples)."""
+    scale = _scale_file(tmp_path, text)
+    msg = _error({"tables": ["demo"], "data_grid": [], "scale": scale})
+    _has(msg, *needles)
+    assert msg.index(scale) < min(msg.index(n) for n in needles), msg  # the scale's key comes first
+
+
 def test_fractional_rounds_in_a_paper_row(paper):
     cfg = paper(lambda d: d["tables"][0]["rows"][0].setdefault("training", {}).update(rounds=6.5))
     _has(_error(cfg), "config/papers/x.yaml", "tables[0].rows[0].training.rounds", "6.5", "must be an integer")
