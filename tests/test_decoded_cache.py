@@ -170,3 +170,10 @@ def test_a_broken_cache_file_names_itself_and_the_fix(tmp_path, content):
     files = ImageFiles(["a.png"], (8, 8), cache=cache)
     with pytest.raises(DataError, match=re.escape(str(cache)) + ".*--forcerun"):
         files[0]
+
+
+def test_a_truncated_prepared_meta_file_names_itself(tmp_path):
+    """Issue 46 ("every load error names its file"): the planned caches read meta.json's image size."""
+    (tmp_path / "meta.json").write_text('{"image_size": [256,')
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "meta.json")) + ".*prepare the dataset again"):
+        planned_cache_files(tmp_path, "ich_fednoro", {}, "resize")
