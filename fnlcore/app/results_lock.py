@@ -188,11 +188,14 @@ def busy_message(checkpoint: str | os.PathLike, holder: str) -> str:
     )
 
 
-# Why waiting for such a job costs more than stopping it: Snakemake marks a job's outputs
-# incomplete when the job starts and clears the mark when it sees the job end; a killed
-# Snakemake sees nothing, so `rerun-incomplete` (profiles/default) reruns the finished run.
-_WAITING = ("Waiting until such a job ends is safe too, but its Snakemake, killed, left the run's outputs marked "
-            "incomplete: the next command then trains that run again from the start")
+# What waiting for such a job costs: Snakemake marks a job's outputs incomplete when the job starts
+# and clears the mark when it sees the job end; a killed Snakemake sees nothing, so
+# `rerun-incomplete` (profiles/default) reruns the finished run's job. The job keeps its final
+# checkpoint when the workflow that started it is gone (fnlcore.app.train), so that rerun only
+# rewrites the outputs.
+_WAITING = ("Waiting until such a job ends is safe too: its Snakemake, killed, left the run's outputs marked "
+            "incomplete, so the next command runs its job again, which rewrites them from the run's final "
+            "checkpoint without training")
 
 
 def note_refused_start(log_path: str | os.PathLike, err: RunBusy, journal: str | os.PathLike | None = None) -> None:
