@@ -151,9 +151,13 @@ class NumpyUnpickler(AllowListUnpickler):
 
     @staticmethod
     def _build_dtype(dt: np.dtype, state: Any) -> None:
-        if not (isinstance(state, tuple) and len(state) == 8 and state[2:5] == (None, None, None)):
-            raise pickle.UnpicklingError(f"refusing dtype state {state!r}: structured or subarray dtypes are not "
-                                         "in these files")
+        canon = np.dtype(dt.str)
+        # checked before __setstate__ too: an array built earlier may share this dtype object
+        if not (isinstance(state, tuple) and len(state) == 8 and state[2:5] == (None, None, None)
+                and state[5] in (-1, canon.itemsize) and state[6] in (-1, canon.alignment)
+                and state[7] == canon.flags):
+            raise pickle.UnpicklingError(f"refusing dtype state {state!r} for {dt!r}: not numpy's own state of a "
+                                         "plain dtype (structured, subarray or altered flags)")
         dt.__setstate__(state)
         _check_dtype(dt)  # the flags, sizes and byte order the state set must be numpy's own for this type
 
