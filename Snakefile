@@ -119,3 +119,10 @@ onsuccess:
     from fnlcore.app.summary import finished_message
 
     print(finished_message(PLAN), file=sys.stderr)
+
+
+# Snakemake skips onsuccess when nothing is to be done: the runs of another code version are
+# named then too (fnlcore/app/summary.py).
+from fnlcore.app.summary import warn_when_nothing_to_do
+
+warn_when_nothing_to_do(workflow, PLAN)

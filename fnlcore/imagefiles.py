@@ -65,7 +65,14 @@ class ImageFiles(Dataset):
     def _cached(self) -> np.ndarray:
         # mapped lazily: a worker started by spawn (not fork) gets the path, not a copy of the pages
         if self._pixels is None:
-            self._pixels = np.load(self.cache, mmap_mode="r")
+            try:
+                self._pixels = np.load(self.cache, mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError, EOFError) as err:  # empty, truncated or not a .npy: name the file
+                if isinstance(err, FileNotFoundError):
+                    raise
+                raise DataError(f"{self.cache}: not a readable decoded-image cache ({type(err).__name__}: {err}); "
+                                f"delete it and rerun with `--forcerun {self.cache}` so the workflow builds it "
+                                "again") from None
         return self._pixels
 
     def __getstate__(self) -> dict:

@@ -155,6 +155,25 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
         ) from None
 
 
+def read_npz(path: str | os.PathLike, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The arrays ``keys`` of an ``.npz`` artifact (no pickles: object arrays are refused); an empty,
+    truncated or corrupt file, or one lacking a key, raises :class:`DataError` naming it and the fix."""
+    import zipfile
+    import zlib
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise ValueError(f"it lacks {', '.join(missing)} (holds {', '.join(z.files) or 'nothing'})")
+            return {k: z[k] for k in keys}
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        raise DataError(f"{path}: not a readable .npz file ({type(err).__name__}: {err or 'empty'}); it is "
+                        f"truncated or corrupt: {rebuild_advice(path)}") from None
+
+
 def rebuild_advice(path: str | os.PathLike) -> str:
     """The fix for a broken workflow artifact. A plain rerun rebuilds a deleted file only where a
     job that needs it must run anyway: a partition whose noisy labels are present is not rebuilt

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import sys
 import warnings
 from pathlib import Path
 from typing import Iterator
+
+from .safe_files import open_regular
 
 LOG = logging.getLogger("fnl")
 
@@ -39,11 +42,12 @@ def job_log(path: str | Path | None, tag: str | None = None, journal: str | Path
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         earlier = Path(journal).read_text() if continued and journal and Path(journal).is_file() else ""
-        Path(path).write_text(earlier)
-        handlers.append(logging.FileHandler(path, mode="a"))
+        with open_regular(path, "w") as fh:
+            fh.write(earlier)
+        handlers.append(RegularFileHandler(path, mode="a"))
     if journal:
         Path(journal).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(journal, mode="a" if continued else "w"))
+        handlers.append(RegularFileHandler(journal, mode="a" if continued else "w"))
     prefix = f"[{tag}] " if tag else ""
     console.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S"))
     for h in handlers[1:]:
@@ -71,6 +75,40 @@ def job_log(path: str | Path | None, tag: str | None = None, journal: str | Path
         for h in handlers:
             LOG.removeHandler(h)
             h.close()
+
+
+class RegularFileHandler(logging.FileHandler):
+    """A log file opened by :func:`~fnlcore.safe_files.open_regular` (a link at its name is refused,
+    never followed). A full disk is said once on stderr, and the file gets no more lines, instead of
+    logging's "--- Logging error ---" traceback for every line: the job's own check of the disk
+    (before a checkpoint, or the failed write) then stops it with a StorageError that says what to do."""
+
+    def __init__(self, filename: str | Path, mode: str = "a") -> None:
+        self.full = False
+        super().__init__(filename, mode=mode, encoding="utf-8")
+
+    def _open(self):
+        return open_regular(self.baseFilename, self.mode, encoding=self.encoding)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.full:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.full = True
+            sys.stderr.write(f"fnl: no space left on the disk holding the log {self.baseFilename} ({err.strerror}); "
+                             "its later lines go to the console only\n")
+            return
+        super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as err:  # the buffered lines of a full disk: already said
+            if not (self.full and err.errno in (errno.ENOSPC, errno.EDQUOT)):
+                raise
 
 
 def _warning_to_log(message, category, filename, lineno, file=None, line=None) -> None:

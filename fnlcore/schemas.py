@@ -150,6 +150,15 @@ def _problem(e) -> str:
         return f"{prefix}{e.instance!r} must be {' or '.join(_TYPE_NAMES.get(t, t) for t in wanted)}"
     if v in _BOUND_OPS:
         return f"{prefix}{e.instance!r} must be {_BOUND_OPS[v]} {e.validator_value!r}"
+    if v == "uniqueItems" and isinstance(e.instance, list):
+        seen, twice = set(), []
+        for x in e.instance:
+            key = repr(x)
+            if key in seen and x not in twice:
+                twice.append(x)
+            seen.add(key)
+        return (f"{prefix}{e.instance!r} lists {', '.join(map(repr, twice))} more than once; list each value once "
+                "(a repeated seed would be the same run twice)")
     if v in ("oneOf", "anyOf"):
         if "x-fix" in e.schema:
             return f"{prefix}{e.instance!r} is not valid here"

@@ -8,7 +8,13 @@ from fnlcore.app.resources import train_resources
 from fnlcore.app.runs import CHECKPOINT, RUN, RUN_FILES, TABLE, TABLE_FILES
 from fnlcore.datasets import DATASETS
 from fnlcore.errors import ConfigError
-from fnlcore.app.identity import settings_identity, train_identity
+from fnlcore.provenance import code_version
+from fnlcore.app.identity import (
+    annotator_identity,
+    noise_identity,
+    settings_identity,
+    train_identity,
+)
 
 try:
     # a cluster's submit node needs no GPU: the jobs' device is checked where they run

@@ -29,8 +29,11 @@ rule annotator:
     params:
         data_dir=data_dir,
         settings=lambda w: annotator_settings(w.annotator),
-        # tracked by Snakemake (the settings object is not): a changed default reruns the annotator
-        identity=lambda w: settings_identity(annotator_settings(w.annotator)),
+        # tracked by Snakemake (the settings object is not): a changed default, of the annotator's
+        # settings or of the training settings it trains with, reruns the annotator
+        identity=lambda w: annotator_identity(
+            annotator_settings(w.annotator), w.dataset
+        ),
     script:
         "../workflow_scripts/train_annotator.py"
 
@@ -81,8 +84,8 @@ rule noise:
         spec=lambda w: noise_spec(w.noise),
         partition_spec=lambda w: partition_spec(w.partition),
         data_dir=data_dir,
-        # tracked by Snakemake (the spec object is not): a changed default reruns the draw; the
-        # partition reaches it as an input file
-        identity=lambda w: settings_identity(noise_spec(w.noise)),
+        # tracked by Snakemake (the spec object is not): a changed default reruns the draw, also one
+        # of the training settings its annotators train with; the partition reaches it as an input file
+        identity=lambda w: noise_identity(noise_spec(w.noise), w.dataset),
     script:
         "../workflow_scripts/make_noise.py"

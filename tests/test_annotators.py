@@ -9,7 +9,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from fnlcore.app.annotate import AnnotatorSettings, annotator_context, save_annotator, train_annotator
-from fnlcore.errors import ConfigError
+from fnlcore.errors import ConfigError, DataError
 from fnlcore.fl.pipeline import IMAGENET
 from fnlcore.noise.hidn import assemble_soft_labels
 from fnlcore.noise.specs import FedNoRoHIDN
@@ -121,3 +121,48 @@ def test_annotator_input_pipeline_by_image_size():
     assert not named.settings.pretrained and named.pipeline.mean == (0.5, 0.5, 0.5)
     grey = annotator_context(np.arange(4), 4, AnnotatorSettings(), (64, 64), 1, rgb[..., :1], None, cpu)
     assert grey.model_name == "resnet18" and not grey.settings.pretrained and grey.pipeline.mean == (0.5,)
+
+
+def test_an_annotators_and_its_noise_sets_identity_follow_a_changed_training_default(monkeypatch):
+    """Issue 46, item 2: annotators train with TrainSettings' defaults (beta1, momentum, ...), so a
+    changed default must change the annotator's identity (the param Snakemake tracks) and the H-IDN
+    noise set's, and leave a noise set that trains no annotator alone."""
+    from fnlcore.app import annotate, identity
+    from fnlcore.fl.settings import TrainSettings
+    from fnlcore.noise.specs import SymmetricNoise
+
+    hidn, sym = FedNoRoHIDN(rho=0.6, eta_l=0.3, eta_u=0.5), SymmetricNoise(rate=0.2)
+    settings = AnnotatorSettings.from_noise_spec(hidn)
+    before = {d: (identity.annotator_identity(settings, d), identity.noise_identity(hidn, d))
+              for d in ("digits", "ich_fednoro")}
+    plain = identity.noise_identity(sym, "digits")
+    assert plain == identity.settings_identity(sym)  # unchanged for a noise without annotators
+    # the digest covers the resolved training settings as a run's identity does
+    training = annotate.annotator_training(settings, (8, 8), 1)
+    assert identity.annotator_identity(settings, "digits") == identity.settings_identity(settings, training)
+
+    @dataclasses.dataclass(frozen=True)
+    class Moved(TrainSettings):  # TrainSettings.beta1's default changed in the code
+        beta1: float = 0.5
+
+    monkeypatch.setattr(annotate, "TrainSettings", Moved)
+    for d, (ann, noise) in before.items():
+        assert identity.annotator_identity(settings, d) != ann
+        assert identity.noise_identity(hidn, d) != noise
+    assert identity.noise_identity(sym, "digits") == plain
+    # the annotator trains with what its identity digests
+    x, y = _client()
+    ctx = annotator_context(y, 10, settings, (8, 8), 1, x, None, torch.device("cpu"))
+    assert ctx.settings.beta1 == 0.5 and ctx.settings == annotate.annotator_training(settings, (8, 8), 1)
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 cut short", None])
+def test_a_broken_probabilities_file_names_itself_and_the_fix(tmp_path, content):
+    """Issue 46, item 5: a zero-byte annotator .probs.npz gave `EOFError: No data left in file`."""
+    path = tmp_path / "client0.probs.npz"
+    if content is None:  # readable, but not an annotator's file
+        np.savez(path, other=np.zeros(3))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(DataError, match=re.escape(str(path)) + ".*(not a readable|lacks).*--forcerun"):
+        assemble_soft_labels([str(path)], 10, 3)

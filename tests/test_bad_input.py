@@ -86,6 +86,21 @@ def test_fractional_rounds_in_a_scale_file(tmp_path):
     _has(msg, scale, "training.rounds", "6.5", "must be an integer")
 
 
+@pytest.mark.parametrize("text, needles", [
+    ("training: {lr: -1}\n", ["training (applied to config/papers/demo.yaml: tables[0] (demo).rows[0]", "lr=-1"]),
+    ("noises: {fednoro_hidn: {rho: 2}}\n", ["noises.fednoro_hidn (applied to config/papers/demo.yaml", "rho=2"]),
+    ("training: {model: nonexist}\n", ["training.model (applied to table demo/demo", "'nonexist' is not a model"]),
+    ("dataset_options: {digits: {test_size: 2}}\n", ["dataset_options.digits", "test_size must lie in (0, 1)"]),
+])
+def test_a_bad_value_in_a_scale_file_is_named_as_the_scale_files(tmp_path, text, needles):
+    """Issue 46, item 5: such values were reported against the paper file's row (a bad test_size
+    as a num_clients of -1797 samples)."""
+    scale = _scale_file(tmp_path, text)
+    msg = _error({"tables": ["demo"], "data_grid": [], "scale": scale})
+    _has(msg, *needles)
+    assert msg.index(scale) < min(msg.index(n) for n in needles), msg  # the scale's key comes first
+
+
 def test_fractional_rounds_in_a_paper_row(paper):
     cfg = paper(lambda d: d["tables"][0]["rows"][0].setdefault("training", {}).update(rounds=6.5))
     _has(_error(cfg), "config/papers/x.yaml", "tables[0].rows[0].training.rounds", "6.5", "must be an integer")
@@ -176,6 +191,23 @@ def test_a_negative_partition_seed_names_the_fix(paper):
     cfg = paper(lambda d: d["defaults"].update(partition_seed=-1))
     _has(_error(cfg), "config/papers/x.yaml", "defaults.partition_seed", "-1",
          "use a non-negative integer, or 'same'")
+
+
+@pytest.mark.parametrize("where", ["defaults", "table"])
+def test_a_repeated_seed_in_a_paper_is_named_before_any_job(paper, where):
+    """Issue 46: `seeds: [0, 0]` failed only in the table job, after all the training."""
+    target = (lambda d: d["defaults"]) if where == "defaults" else (lambda d: d["tables"][0])
+    cfg = paper(lambda d: target(d).update(seeds=[0, 1, 0]))
+    key = "defaults.seeds" if where == "defaults" else "tables[0].seeds"
+    _has(_error(cfg), "config/papers/x.yaml", key, "[0, 1, 0]", "lists 0 more than once", "list each value once")
+
+
+def test_a_repeated_seed_in_a_scale_file_or_the_data_grid_is_named(tmp_path):
+    scale = _scale_file(tmp_path, "seeds: [3, 3]\n")
+    _has(_error({"tables": ["demo"], "data_grid": [], "scale": scale}), scale, "seeds", "lists 3 more than once")
+    for key in ("partition_seeds", "noise_seeds"):
+        grid = {**copy.deepcopy(GRID), key: [1, 1]}
+        _has(_error({"data_grid": [grid], "tables": []}), f"data_grid[0].{key}", "lists 1 more than once")
 
 
 def test_a_table_id_that_is_not_a_file_name(paper):

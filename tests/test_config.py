@@ -149,13 +149,13 @@ def test_paper_dataset_options_reach_the_dataset_and_the_user_wins(monkeypatch):
     def with_options(paper, scale):
         tables = real(paper, scale)
         for t in tables:
-            t.dataset_options = {"digits": {"flag": 1, "other": "paper"}}
+            t.dataset_options = {"digits": {"test_size": 0.3, "split_seed": 1}}  # options digits has
         return tables
 
     monkeypatch.setattr(experiments, "load_paper", with_options)
-    cfg = {"tables": ["demo"], "data_grid": [], "data": {"datasets": {"digits": {"options": {"other": "user"}}}}}
+    cfg = {"tables": ["demo"], "data_grid": [], "data": {"datasets": {"digits": {"options": {"split_seed": 2}}}}}
     plan = build_plan(validate_schema(cfg))
-    assert dict(plan.datasets["digits"].options) == {"flag": 1, "other": "user"}
+    assert dict(plan.datasets["digits"].options) == {"test_size": 0.3, "split_seed": 2}
 
 
 def test_scale_partition_overrides_and_fixed_client_counts():

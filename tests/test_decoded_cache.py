@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -156,3 +158,22 @@ def test_decoded_cache_is_a_dataset_option_of_the_on_disk_sets():
     assert CacheGeometry.parse("c3-224x224-short256") == CacheGeometry(3, (224, 224), 256)
     with pytest.raises(ConfigError, match="geometry"):
         CacheGeometry.parse("224x224")
+
+
+@pytest.mark.parametrize("content", [b"", b"\x93NUMPY cut short"])
+def test_a_broken_cache_file_names_itself_and_the_fix(tmp_path, content):
+    """Issue 46 ("every load error names its file"): numpy's bare error named no file."""
+    from fnlcore.imagefiles import ImageFiles
+
+    cache = tmp_path / "decoded-train.npy"
+    cache.write_bytes(content)
+    files = ImageFiles(["a.png"], (8, 8), cache=cache)
+    with pytest.raises(DataError, match=re.escape(str(cache)) + ".*--forcerun"):
+        files[0]
+
+
+def test_a_truncated_prepared_meta_file_names_itself(tmp_path):
+    """Issue 46 ("every load error names its file"): the planned caches read meta.json's image size."""
+    (tmp_path / "meta.json").write_text('{"image_size": [256,')
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "meta.json")) + ".*prepare the dataset again"):
+        planned_cache_files(tmp_path, "ich_fednoro", {}, "resize")

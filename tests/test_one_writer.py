@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -281,11 +282,85 @@ class _FullDisk:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+# A train job that holds after its first checkpoint until the file FNL_TEST_GO exists (then goes on).
+_HOLD_UNTIL_GO = textwrap.dedent('''\
+    import os, sys, time
+    if sys.argv and sys.argv[0].endswith(".train.py") and os.environ.get("FNL_TEST_GO"):
+        _replace = os.replace
+
+        def _held_replace(src, dst, *args, **kwargs):
+            _replace(src, dst, *args, **kwargs)
+            if os.path.abspath(os.fspath(dst)) == os.environ["FNL_TEST_AT"] and not os.path.exists(os.environ["FNL_TEST_FLAG"]):
+                open(os.environ["FNL_TEST_FLAG"], "w").close()
+                while not os.path.exists(os.environ["FNL_TEST_GO"]):
+                    time.sleep(0.05)
+
+        os.replace = _held_replace
+''')
+
+
+@pytest.mark.slow
+def test_a_run_that_outlived_its_killed_snakemake_and_finished_is_not_trained_again(tmp_path):
+    """Issue 46, item 5: the run finished on its own (`fnl status`: done), yet its killed Snakemake had
+    marked it incomplete and the next command trained it again from round 0. It now keeps its final
+    checkpoint, so that rerun rewrites the same outputs from it without training."""
+    import signal
+    import time
+
+    from .workflow_support import job_counts, snakemake_command
+
+    config = load_test_config("kill_resume")
+    configfile = write_config(tmp_path, config)
+    plan = expected_plan(configfile)
+    run = plan.runs()[0]
+    metrics = tmp_path / run.files(plan.results_dir)["metrics"]
+    checkpoint = tmp_path / run.checkpoint(plan.results_dir)
+    hook, flag, go = tmp_path / "hook", tmp_path / "held", tmp_path / "go"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HOLD_UNTIL_GO)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)}
+    held = {**env, "FNL_TEST_GO": str(go), "FNL_TEST_FLAG": str(flag), "FNL_TEST_AT": str(checkpoint)}
+    command = snakemake_command(tmp_path, configfile, "--set-threads", "train=1", "--", str(metrics.relative_to(tmp_path)))
+    with open(tmp_path / "first.out", "w") as fh:
+        first = subprocess.Popen(command, cwd=tmp_path, env=held, stdout=fh, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not flag.exists():
+            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.out").read_text()[-5000:]
+            time.sleep(0.1)
+        os.kill(first.pid, signal.SIGKILL)  # Snakemake alone; its train job goes on
+        first.wait()
+        go.touch()
+        while _holder_of(_lock_file(checkpoint)) is not None:  # the orphan trains to the end
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert metrics.is_file() and checkpoint.is_file(), "the finished orphan keeps its final checkpoint"
+        finished = metrics.read_bytes()
+        unlock = subprocess.run(snakemake_command(tmp_path, configfile, "--unlock"), cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        assert unlock.returncode == 0, output_of(unlock)[-3000:]
+        again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        out = output_of(again)
+        assert again.returncode == 0 and job_counts(out) == {"train": 1}, out[-5000:]  # Snakemake reruns it...
+        total = int(re.findall(r"\(\d+ of (\d+)\)", (tmp_path / "first.out").read_text())[-1])  # the orphan's rounds
+        assert f"at round {total} " in out and f" of {total})" not in out, out[-5000:]  # ...from its end: no round
+        assert metrics.read_bytes() == finished  # the same numbers, rows and seconds: nothing retrained
+        assert not checkpoint.exists()
+    finally:
+        go.touch()
+        try:
+            os.killpg(first.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_the_results_lock_on_a_full_disk_says_so_and_holds_nothing(tmp_path, monkeypatch):
     from fnlcore.errors import StorageError
 
-    real_open = open
-    monkeypatch.setattr(results_lock, "open", lambda *a, **k: _FullDisk(real_open(*a, **k)), raising=False)
+    real_open = results_lock.open_regular  # how the lock module opens its files (never following a link)
+    monkeypatch.setattr(results_lock, "open_regular", lambda *a, **k: _FullDisk(real_open(*a, **k)))
     with pytest.raises(StorageError, match=r"no space left on the disk holding .*free some space"):
         results_lock.lock_results(tmp_path / "results")
     monkeypatch.undo()

@@ -270,9 +270,10 @@ def test_a_changed_training_default_reruns_the_runs_and_nothing_before_them(wf):
 
 @pytest.mark.slow
 def test_a_setting_that_never_changes_a_result_reruns_nothing(wf):
+    # no run reruns; the edit is a code change, so the table is built again for its code note
     with wf.edited("fnlcore/fl/settings.py", "    checkpoint_every: int = 5\n", "    checkpoint_every: int = 2\n"):
-        res = wf.snakemake("-n")
-        assert nothing_to_do(res), output_of(res)[-3000:]
+        counts, out = _dry(wf)
+        assert counts == {"table": 1, "all": 1}, out[-3000:]
 
 
 @pytest.mark.slow
@@ -333,3 +334,48 @@ def test_a_changed_method_default_reruns_that_methods_runs_and_the_others_are_na
     assert "Code versions" not in wf.table_md().read_text()
     assert "Warning" not in wf.fnl_status().stderr
     assert nothing_to_do(wf.snakemake("-n"))
+
+
+@pytest.mark.slow
+def test_a_failed_table_job_keeps_the_last_good_table(wf):
+    """Issue 46, item 5: a table job failing on a truncated metrics file deleted the table built before."""
+    outputs = [wf.table_md().with_suffix(s) for s in (".md", ".csv", ".html")]
+    before = {p: p.read_bytes() for p in outputs}
+    metrics = wf.run_dir("fedavg") / "metrics.parquet"
+    good = metrics.read_bytes()
+    metrics.write_bytes(good[: len(good) // 2])
+    try:
+        res = wf.snakemake()
+        out = output_of(res)
+        assert res.returncode != 0 and job_counts(out) == {"table": 1, "all": 1}, out[-3000:]
+        assert "metrics.parquet" in out
+        assert {p: p.read_bytes() for p in outputs} == before  # the last good table, whole
+    finally:
+        metrics.write_bytes(good)
+    res = wf.snakemake()
+    assert res.returncode == 0 and job_counts(output_of(res)) == {"table": 1, "all": 1}, output_of(res)[-3000:]
+    assert nothing_to_do(wf.snakemake("-n"))
+
+
+@pytest.mark.slow
+def test_a_code_change_alone_is_said_at_the_end_of_every_run_and_in_the_tables_note(wf):
+    """Issue 46, item 3: a change that alters no setting reruns no run, yet the runs it leaves
+    made by another code version are named by every plain run (also one with nothing to do) and
+    by the table's "Code versions" note (the table is built again for it)."""
+    with wf.edited("fnlcore/fl/settings.py", "class TrainSettings:\n", "class TrainSettings:  # edited\n"):
+        counts, out = _dry(wf)
+        assert counts == {"table": 1, "all": 1}, out[-3000:]
+        res = wf.snakemake()
+        assert res.returncode == 0 and job_counts(output_of(res)) == {"table": 1, "all": 1}, output_of(res)[-3000:]
+        assert "2 of 2 runs of these tables were made by another code version" in output_of(res)
+        footer = wf.table_md().read_text().split("**Code versions.** ")[1]
+        assert footer.startswith("2 of 2 runs were made by another code version than the one that built this table")
+        again = wf.snakemake()
+        assert nothing_to_do(again), output_of(again)[-3000:]
+        assert "2 of 2 runs of these tables were made by another code version" in output_of(again)
+    # the code the runs were made with again: the table loses its note, and nothing is said
+    res = wf.snakemake()
+    assert res.returncode == 0 and job_counts(output_of(res)) == {"table": 1, "all": 1}, output_of(res)[-3000:]
+    assert "Code versions" not in wf.table_md().read_text()
+    again = wf.snakemake()
+    assert nothing_to_do(again) and "another code version" not in output_of(again), output_of(again)[-3000:]

@@ -40,6 +40,7 @@ try:
             settings=sm.params.settings, method=sm.params.method, seed=int(w.seed),
             metrics=sm.output.metrics, clients=sm.output.clients, model=sm.output.model,
             checkpoint=sm.params.checkpoint, relabels=sm.output.relabels, device=str(sm.config.get("device", "auto")),
+            results_dir=str(sm.config.get("results_dir", "results")),  # the folder the workflow locks
         )
         status = train_job(spec, progress=round_reporter(log.info), attempt=attempt, time_budget_s=budget)
 finally:

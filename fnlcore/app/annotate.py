@@ -81,6 +81,22 @@ class AnnotatorSettings:
         return cls(**{k: getattr(spec, _PREFIX + k) for k in _SPEC_FIELDS})
 
 
+def annotator_training(settings: AnnotatorSettings, image_size: tuple[int, int], channels: int) -> TrainSettings:
+    """Every training setting an annotator trains with: its own settings over TrainSettings' defaults
+    for the images' geometry. A changed TrainSettings default changes this, and so the annotator's
+    identity and its noise set's (:func:`fnlcore.app.identity.annotator_identity`, ``noise_identity``)."""
+    name = resolve_model_name(settings.model, channels, tuple(image_size))
+    # 'auto' takes ImageNet weights where the architecture has them and the images are RGB
+    # (fednoro.md A3: a pretrained ResNet-18); a model named explicitly trains from scratch.
+    pretrained = settings.model == "auto" and channels == 3 and MODELS[name].pretrained_weights
+    return TrainSettings(
+        model=name, pretrained=bool(pretrained), rounds=1, local_epochs=settings.epochs,
+        batch_size=settings.batch_size, optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay,
+        augmentation="none" if min(image_size) <= TINY_IMAGE_SIDE else "affine_flip",
+        normalize="imagenet" if pretrained else "half", eval_batch_size=512,
+    )
+
+
 def annotator_context(
     labels: np.ndarray,
     num_classes: int,
@@ -92,10 +108,8 @@ def annotator_context(
     device: torch.device,
 ) -> RunContext:
     """One client holding every given sample, as the engine sees a federated client."""
-    name = resolve_model_name(settings.model, channels, image_size)
-    # 'auto' takes ImageNet weights where the architecture has them and the images are RGB
-    # (fednoro.md A3: a pretrained ResNet-18); a model named explicitly trains from scratch.
-    pretrained = settings.model == "auto" and channels == 3 and MODELS[name].pretrained_weights
+    training = annotator_training(settings, image_size, channels)
+    name = training.model
     if images is not None:
         source = ImageSource(device, images=images)
     else:
@@ -106,13 +120,7 @@ def annotator_context(
         train=source, test=source, y_true=y, given=y, y_test=y,
         clients=[torch.arange(len(source), dtype=torch.int64)], num_classes=num_classes,
     )
-    augmentation = "none" if min(image_size) <= TINY_IMAGE_SIDE else "affine_flip"
-    normalize = "imagenet" if pretrained else "half"
-    training = TrainSettings(
-        model=name, pretrained=pretrained, rounds=1, local_epochs=settings.epochs, batch_size=settings.batch_size,
-        optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay,
-        augmentation=augmentation, normalize=normalize, eval_batch_size=512,
-    )
+    normalize, augmentation = training.normalize, training.augmentation
     pipeline = make_pipeline(normalize, augmentation, channels, "annotator")
     return RunContext(training, data, pipeline, device, name, tuple(image_size), channels, settings.seed, log=lambda m: None)
 

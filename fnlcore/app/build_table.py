@@ -153,6 +153,10 @@ def _written_together(outputs: Mapping[str, str]) -> Iterator[dict[str, Path]]:
     with contextlib.ExitStack() as stack:
         tmp = {k: stack.enter_context(atomic_path(outputs[k])) for k in order}
         yield tmp
+        # All written. The last good table stays in place until here (the rule's outputs are
+        # update(): a failed job keeps it); its csv goes first, so a kill during the renames
+        # leaves no csv, never a csv beside another build's Markdown.
+        Path(outputs[_LAST]).unlink(missing_ok=True)
 
 
 def _code_note(pt: PaperTable, metrics_files: Sequence[str]) -> str:

@@ -83,6 +83,36 @@ def train_identity(training: Any, method: Any, dataset: str) -> str:
     return settings_identity(training, method, extra)
 
 
+def annotator_identity(settings: Any, dataset: str) -> str:
+    """The identity of one of ``dataset``'s H-IDN annotators: its settings (fnlcore.app.annotate.AnnotatorSettings)
+    and every resolved training setting it trains with, digested as a run's are."""
+    from .annotate import annotator_training
+
+    return settings_identity(settings, annotator_training(settings, *_geometry(dataset)))
+
+
+def noise_identity(spec: Any, dataset: str) -> str:
+    """The identity of a noise set: its spec and, for a model that draws from annotator networks
+    (H-IDN), every resolved setting they train with, as in :func:`annotator_identity`."""
+    if spec.annotator_slug() is None:
+        return settings_identity(spec)
+    from .annotate import AnnotatorSettings, annotator_training
+
+    settings = AnnotatorSettings.from_noise_spec(spec)
+    return settings_identity(spec, annotator_training(settings, *_geometry(dataset)))
+
+
+def _geometry(dataset: str) -> tuple[tuple[int, int], int]:
+    """(image size, channels) of a registered dataset: what picks an annotator's network and pipeline."""
+    from ..datasets import DATASETS
+
+    try:
+        info = DATASETS[dataset]
+    except KeyError:
+        raise ValueError(f"dataset {dataset!r} is not registered; registered: {sorted(DATASETS)}") from None
+    return tuple(info.image_size), int(info.channels)
+
+
 def _fields(obj: Any, fields: Iterable[dataclasses.Field]) -> dict[str, Any]:
     # an int given for a float field (lr: 1) is the same setting as its float
     out = {}

@@ -22,7 +22,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .. import schemas
 from ..errors import ConfigError
@@ -232,17 +232,22 @@ def _expand_table(
             if dataset_options.setdefault(real, opts) != opts:
                 raise ConfigError(f"{cw}: dataset_options for {real!r} differ between the columns of one table")
         pdict, pkey = _column_partition(t, c, cw, where, scale, inherited)
-        pspec = _wrap(f"{cw}.partition", partition_spec_from_dict, pdict)
+        # the paper's own entry (the scale's num_clients cap applied) checked first, then the scale's values
+        forced = scale.partitions.get(pdict.get("name"), {})
+        original = dict(c.get("partition", t["partition"]))
+        own = {k: (original[k] if k in forced else v) for k, v in pdict.items() if k not in forced or k in original}
+        pspec = _from_scale(scale, f"partitions.{pdict.get('name')}", forced, f"{cw}.partition",
+                            partition_spec_from_dict, own)
         ndict = dict(c.get("noise", {"name": "clean"}))
-        ndict.update(scale.noises.get(ndict.get("name"), {}))
-        nspec = _wrap(f"{cw}.noise", noise_spec_from_dict, ndict)
+        forced = scale.noises.get(ndict.get("name"), {})
+        nspec = _from_scale(scale, f"noises.{ndict.get('name')}", forced, f"{cw}.noise", noise_spec_from_dict, ndict)
         for k, r in enumerate(t["rows"]):
             if r.get("status", "implemented") != "implemented":
                 continue
             rw = f"{where}.rows[{k}] ({r.get('label')})"
             tdict = {**t["training"], **c.get("training", {}), **r.get("training", {})}
             table_rounds = _wrap(f"{rw}.training", TrainSettings.from_dict, tdict).rounds
-            training = _wrap(f"{rw}.training", TrainSettings.from_dict, {**tdict, **scale.training})
+            training = _from_scale(scale, "training", scale.training, f"{rw}.training", TrainSettings.from_dict, tdict)
             # a column may set defaults for hyper-parameters that depend on its dataset (FedNoRo's
             # warm-up, FedDiv's L_reg on non-IID columns); a value the row sets itself wins
             mdict = {**(c.get("methods") or {}).get(r["method"].get("name"), {}), **r["method"]}
@@ -281,6 +286,18 @@ def _expand_table(
         dataset_options={k: v for k, v in dataset_options.items() if v},
         source=where,
     )
+
+
+def _from_scale(scale: Scale, key: str, overrides: Mapping[str, Any], where: str, build: Callable[[dict], Any],
+                given: Mapping[str, Any]) -> Any:
+    """``build({**given, **overrides})``, where ``overrides`` are the scale file's values under ``key``.
+    ``given`` (the paper's own values) is checked first, naming the paper's key; then a value that
+    fails only with the scale's overrides is named as the scale file's key, not the paper's row."""
+    built = _wrap(where, build, dict(given))
+    if not overrides:
+        return built
+    scale_file = scale.source or f"scale {scale.name}"
+    return _wrap(f"{scale_file}: {key} (applied to {where})", build, {**given, **overrides})
 
 
 def _column_partition(t: dict, c: dict, cw: str, where: str, scale: Scale,

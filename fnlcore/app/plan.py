@@ -188,8 +188,31 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
     )
     _add_tables(plan, config.get("tables", []) or [], settings)
     _check_dataset_blocks(plan, per_ds)
+    _check_dataset_options(plan, per_ds)
     _check_clients_fit(plan)
     return plan
+
+
+def _check_dataset_options(plan: Plan, per_ds: Mapping[str, Any]) -> None:
+    """Options a dataset refuses, named before any job with where they were set (the config's
+    data block, the scale file, a table's dataset_options), where the dataset can check them
+    before preparation (the in-memory sets' sizes)."""
+    from ..datasets import expected_shape, get_dataset
+    from .papers import Scale
+
+    scale = Scale.load(plan.scale) if plan.tables else None
+    for name, ds in plan.datasets.items():
+        info = get_dataset(name)
+        if not info.in_memory or (info.shape_for is None and info.split_sizes is None):
+            continue
+        try:
+            expected_shape(info, ds.options)
+        except ConfigError as err:
+            sources = [f"data.datasets.{name}.options"] if (per_ds.get(name) or {}).get("options") else []
+            if scale is not None and scale.dataset_options.get(name):
+                sources.append(f"{scale.source or 'scale ' + scale.name}: dataset_options.{name}")
+            sources += [f"{t.source}: dataset_options.{name}" for t in plan.tables if t.dataset_options.get(name)]
+            raise ConfigError(f"{' and '.join(sources) or f'dataset {name!r}'}: {err}") from None
 
 
 def _add_tables(plan: Plan, selected: list[str], settings) -> None:
@@ -213,7 +236,7 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
             raise ConfigError(f"tables[{i}]: {name!r} is not a table of {paper!r}; valid: {valid}")
         for t in chosen:
             if t not in plan.tables:
-                if t.reported is not None:  # read by the table job, which starts by deleting the old table
+                if t.reported is not None:  # read by the table job: a bad file is named before any job
                     _at(f"{t.source}.reported", check_reported, t.reported, t.spec)
                 plan.tables.append(t)
     table_options = _table_dataset_options(plan.tables)
@@ -225,7 +248,10 @@ def _add_tables(plan: Plan, selected: list[str], settings) -> None:
             where = f"table {t.name}, row {tr.row!r}, column {tr.column!r}"
             _check_partition_fits(where, r.partition, info)
             _check_noise_fits(where, r.noise, info)
-            _check_method_fits(where, r.method, info, r.training)
+            # a model (or engine) the scale file sets is named as the scale's key
+            set_by_scale = sorted(set(scale.training) & {"model", "pretrained", "engine"})
+            twhere = f"{scale.source}: training.{'/'.join(set_by_scale)} (applied to {where})" if set_by_scale else where
+            _check_method_fits(twhere, r.method, info, r.training)
             _register(plan.partitions, r.partition, where)
             keys = plan.partition_keys.setdefault((info.name, r.partition.slug()), [])
             if tr.partition_key and tr.partition_key not in keys:

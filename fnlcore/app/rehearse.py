@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from ..safe_files import open_regular
 from ..provenance import code_version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +164,7 @@ def _events(path: Path) -> list[dict]:
 def _phase(cmd: list[str], log: Path, events: Path, phase: int, timeout_s: float) -> tuple[str, float]:
     """Run one phase; phase 1 is killed (SIGKILL) once its first checkpoint is recorded.
     Returns (how it ended, peak RSS of the process in MB as the kernel saw it)."""
-    with open(log, "ab") as out:
+    with open_regular(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     t0, peak = time.monotonic(), 0.0
     while proc.poll() is None:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from ..safe_files import open_regular
+
 WEIGHTS_ERROR = "pretrained weights"  # how fnlcore.models' download errors begin
 # Passes over every client before training.rounds (FedCorr's pre-processing, FedDiv's warm-up), at
 # most: the first pass and one that follows a pass enter every code path, and what a pass holds
@@ -65,7 +67,7 @@ class Events:
         self.path, self.phase = path, phase
 
     def emit(self, kind: str, **fields) -> None:
-        with open(self.path, "a") as f:
+        with open_regular(self.path, "a") as f:
             f.write(json.dumps({"event": kind, "phase": self.phase, **fields}) + "\n")
             f.flush()
             os.fsync(f.fileno())

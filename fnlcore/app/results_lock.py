@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Iterable
 
 from ..errors import FNLError, StorageError
+from ..safe_files import open_regular
 
 LOCK_NAME = ".fnl-lock"
 RUN_LOCK_SUFFIX = ".lock"
@@ -187,11 +188,14 @@ def busy_message(checkpoint: str | os.PathLike, holder: str) -> str:
     )
 
 
-# Why waiting for such a job costs more than stopping it: Snakemake marks a job's outputs
-# incomplete when the job starts and clears the mark when it sees the job end; a killed
-# Snakemake sees nothing, so `rerun-incomplete` (profiles/default) reruns the finished run.
-_WAITING = ("Waiting until such a job ends is safe too, but its Snakemake, killed, left the run's outputs marked "
-            "incomplete: the next command then trains that run again from the start")
+# What waiting for such a job costs: Snakemake marks a job's outputs incomplete when the job starts
+# and clears the mark when it sees the job end; a killed Snakemake sees nothing, so
+# `rerun-incomplete` (profiles/default) reruns the finished run's job. The job keeps its final
+# checkpoint when the workflow that started it is gone (fnlcore.app.train), so that rerun only
+# rewrites the outputs.
+_WAITING = ("Waiting until such a job ends is safe too: its Snakemake, killed, left the run's outputs marked "
+            "incomplete, so the next command runs its job again, which rewrites them from the run's final "
+            "checkpoint without training")
 
 
 def note_refused_start(log_path: str | os.PathLike, err: RunBusy, journal: str | os.PathLike | None = None) -> None:
@@ -256,8 +260,8 @@ def busy_runs_message(busy: list[tuple[str, str]], what: str) -> str:
 def lock_holder(path: str | os.PathLike) -> str | None:
     """Who holds the lock file ``path`` now, as recorded in it; None when no live process does
     (or the file system cannot tell). Probes with a shared lock held for an instant."""
-    try:
-        fh = open(path, encoding="utf-8")
+    try:  # a link at the name is no lock of ours: never follow it
+        fh = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), encoding="utf-8")
     except OSError:
         return None
     with fh:
@@ -275,7 +279,7 @@ def _open_locked(path: Path, what: str):
     """``(open file, whether its exclusive flock was taken)``, or ``(None, False)`` where the file
     system cannot lock; a full disk is a StorageError naming ``what``."""
     try:
-        fh = open(path, "a+", encoding="utf-8")
+        fh = open_regular(path, "a+")  # a link planted at the name is refused, never followed
     except OSError as err:
         _raise_if_disk_full(err, path.parent, what)
         raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -45,6 +46,33 @@ def other_code_warning(plan) -> list[str]:
         return []
     return [f"Warning: {len(other)} of {len(done)} runs of these tables were made by another code version than "
             "this one; `fnl status` and the tables' footers name them."]
+
+
+def warn_when_nothing_to_do(workflow, plan) -> None:
+    """Say :func:`other_code_warning` also when a run has nothing to do: Snakemake then returns
+    before its ``onsuccess`` hook, yet after a code change alone that is exactly the run whose user
+    must hear that the results were made by another code version. A no-op where Snakemake's logging
+    API differs (the hook's message still comes whenever a job runs)."""
+    try:
+        from snakemake.common import NOTHING_TO_BE_DONE_MSG
+        from snakemake.logging import logger
+    except ImportError:
+        return
+    logger.handlers[:] = [h for h in logger.handlers if not isinstance(h, _AfterNothingToDo)]
+    logger.addHandler(_AfterNothingToDo(workflow, plan, NOTHING_TO_BE_DONE_MSG))
+
+
+class _AfterNothingToDo(logging.Handler):
+    def __init__(self, workflow, plan, message: str) -> None:
+        super().__init__(logging.INFO)
+        self.workflow, self.plan, self.message = workflow, plan, message
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg != self.message or getattr(self.workflow, "dryrun", True):
+            return
+        lines = other_code_warning(self.plan)
+        if lines:
+            print("\n".join(["", *lines, ""]), file=sys.stderr)
 
 
 def report_command(argv: Sequence[str], cwd: str) -> str:

@@ -31,6 +31,7 @@ from ..fl.time_budget import TimeBudget
 from ..io import atomic_path, write_parquet
 from ..provenance import MADE_BY_KEY, file_digest, made_by
 from .failures import failure_marker, run_attempt
+from .results_lock import results_holder
 
 
 def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
@@ -159,6 +160,7 @@ class RunSpec:
     checkpoint: str
     relabels: str | None = None
     device: str = "auto"
+    results_dir: str | None = None  # the workflow's results folder (its lock tells whether it still runs)
 
 
 def train_run(spec: RunSpec, progress=None, stop_after: int | None = None, attempt: int = 1,
@@ -194,11 +196,18 @@ def write_metrics(metrics: pd.DataFrame, path: str | os.PathLike) -> None:
     write_parquet(metrics, path, metadata={MADE_BY_KEY: json.dumps(made_by(), sort_keys=True).encode()})
 
 
+def _orphaned(results_dir: str | None, started_under: str | None) -> bool:
+    """True when the workflow that held the results folder as this job started (its lock's holder
+    line) no longer holds it: its Snakemake was killed and this job outlived it."""
+    return started_under is not None and results_holder(results_dir) != started_under
+
+
 def _train(spec: RunSpec, progress, stop_after, budget=None) -> pd.DataFrame:
     from ..datasets import load_prepared
     from ..methods import METHODS
 
     check_device(spec.device)  # a config error (not retried), not PyTorch's message
+    started_under = results_holder(spec.results_dir) if spec.results_dir else None  # the workflow running it
     dev = resolve_device(spec.device)
     settings = spec.settings
     ds = load_prepared(spec.data_dir)
@@ -225,6 +234,14 @@ def _train(spec: RunSpec, progress, stop_after, budget=None) -> pd.DataFrame:
     with atomic_path(spec.model, suffix=".pt") as tmp:
         torch.save({"state_dict": method.eval_model().state_dict(), "model": ctx.model_name,
                     "method": spec.method.to_dict()}, tmp)
+    if _orphaned(spec.results_dir, started_under):
+        # Its Snakemake was killed while it ran, leaving the outputs marked incomplete: the next
+        # workflow runs this job again. The final checkpoint stays, so that job resumes at the last
+        # round and writes the same outputs in seconds instead of training the run again.
+        log(f"the workflow that started this job no longer runs; checkpoint {spec.checkpoint} kept: "
+            "the next workflow reruns this job (its Snakemake marked it incomplete), which rewrites these "
+            "outputs from it without training")
+        return metrics
     sim.remove_checkpoint()  # outputs are complete; the checkpoint is no longer needed
     run_journal(spec.checkpoint).unlink(missing_ok=True)  # its lines are in this job's log
     return metrics

@@ -16,7 +16,6 @@ call :func:`prepare_cifar` with their own :class:`RemoteFile`.
 from __future__ import annotations
 
 import io
-import pickle
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..safe_pickle import UNPICKLE_ERRORS, NumpyUnpickler
 from .base import DatasetInfo, PrepareContext, register, validate_options, write_prepared
 from .download import RemoteFile
 
@@ -94,22 +94,11 @@ CIFAR100_CLASSES = tuple(
 )
 
 
-class _BatchUnpickler(pickle.Unpickler):
+class _BatchUnpickler(NumpyUnpickler):
     """Unpickler for the CIFAR batches: dicts, lists, bytes and numpy arrays only."""
 
-    _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self._ALLOWED:
-            raise pickle.UnpicklingError(f"unexpected global {module}.{name} in a CIFAR batch")
-        if module == "numpy.core.multiarray":  # the batches were pickled by numpy 1.x; same function
-            module = "numpy._core.multiarray"
-        return super().find_class(module, name)
+    allowed = NumpyUnpickler.numpy_globals()  # the batches were pickled by numpy 1.x (numpy.core)
+    refusal = "unexpected global in a CIFAR batch:"
 
 
 def _str_keys(d: Any, where: str) -> dict[str, Any]:
@@ -129,7 +118,7 @@ def _load_member(tar: tarfile.TarFile, member: str, archive: Path) -> dict[str, 
     try:
         with fh:
             return _str_keys(_BatchUnpickler(io.BytesIO(fh.read()), encoding="bytes").load(), where)
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, OSError, zlib.error) as exc:
+    except UNPICKLE_ERRORS + (OSError, zlib.error) as exc:
         raise DataError(f"{where}: cannot unpickle ({exc}); wrong or corrupted archive") from None
 
 

@@ -113,7 +113,11 @@ def planned_cache_files(data_dir: str | Path, dataset: str, options: dict[str, A
         return []
     meta = Path(data_dir) / META_FILE
     if meta.is_file():
-        size = tuple(json.loads(meta.read_text())["image_size"])
+        try:
+            size = tuple(json.loads(meta.read_text())["image_size"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{meta}: cannot read the prepared dataset's image size ({type(exc).__name__}: {exc}); "
+                            "prepare the dataset again (delete the file and rerun)") from None
     else:
         size = image_size_setting((options or {}).get("image_size")) or info.image_size
     files = []

@@ -50,6 +50,8 @@ def stratified_split(labels: np.ndarray, test_size: float = 0.25, seed: int = 0)
 def _shape_for(options) -> DataShape:
     """Sizes under ``test_size`` (scikit-learn rounds the test part up) without loading the images."""
     opts = validate_options(NAME, options, OPTIONS)
+    if not 0.0 < float(opts["test_size"]) < 1.0:  # as the split checks it, before any job
+        raise ConfigError(f"dataset 'digits': option test_size must lie in (0, 1), got {opts['test_size']}")
     n_test = math.ceil(1797 * float(opts["test_size"]))
     return DataShape(1797 - n_test, n_test, 1, (8, 8), 10, False)
 

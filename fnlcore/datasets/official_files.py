@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ import pandas as pd
 
 from ..assignment import ClientAssignment
 from ..errors import ChecksumError, ConfigError, DataError
-from ..safe_pickle import AllowListUnpickler
+from ..safe_pickle import UNPICKLE_ERRORS, NumpyUnpickler
 from .download import RemoteFile, fetch
 
 __all__ = [
@@ -322,30 +321,16 @@ def _check_softlabel(path: Path, entry: OfficialFile) -> None:
 # -- FedMLP client index files -------------------------------------------------
 
 
-# The only globals a numpy pickle of a dict of sets/lists of ints needs. numpy 1.x
-# wrote ``numpy.core.*``; numpy 2 names the same functions ``numpy._core.*``.
+# The only globals a numpy pickle of a dict of sets/lists of ints needs, numpy's built the safe way.
 def _allowed_globals() -> dict[tuple[str, str], Any]:
-    mu = np._core.multiarray
-    table: dict[tuple[str, str], Any] = {
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-        ("builtins", "set"): set,
-        ("builtins", "frozenset"): frozenset,
-        ("builtins", "list"): list,
-        ("builtins", "dict"): dict,
-        ("builtins", "tuple"): tuple,
-        ("builtins", "int"): int,
-        ("__builtin__", "set"): set,
-        ("__builtin__", "frozenset"): frozenset,
-        ("__builtin__", "int"): int,
-    }
-    for mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        table[(mod, "_reconstruct")] = mu._reconstruct
-        table[(mod, "scalar")] = mu.scalar
+    table: dict[tuple[str, str], Any] = NumpyUnpickler.numpy_globals(scalars=True)
+    for mod in ("builtins", "__builtin__"):  # Python 3's and Python 2's names
+        table.update({(mod, "set"): set, (mod, "frozenset"): frozenset, (mod, "int"): int})
+    table.update({("builtins", "list"): list, ("builtins", "dict"): dict, ("builtins", "tuple"): tuple})
     return table
 
 
-class _IndexUnpickler(AllowListUnpickler):
+class _IndexUnpickler(NumpyUnpickler):
     """Unpickler that refuses every global outside the allow-list (no code can run)."""
 
     allowed = _allowed_globals()
@@ -377,7 +362,7 @@ def read_client_index_npy(path: str | os.PathLike) -> list[np.ndarray]:
                     f"expected a pickled object (dtype object, shape ()), found dtype {dtype} shape {shape}"
                 )
             obj = _IndexUnpickler(fh, encoding="latin1").load()
-    except (OSError, ValueError, EOFError, pickle.UnpicklingError, AttributeError, TypeError, IndexError) as exc:
+    except UNPICKLE_ERRORS + (OSError,) as exc:
         raise DataError(f"{p}: not a client index file (a pickled dict of index sets): {exc}") from None
     if isinstance(obj, np.ndarray):
         obj = obj.item() if obj.shape == () else obj

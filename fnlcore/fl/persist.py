@@ -38,6 +38,7 @@ import torch
 
 from ..errors import ConfigError, DataError
 from ..io import atomic_path, ensure_free_space
+from ..safe_pickle import weights_only_refusal
 from .state import State, snapshot
 
 
@@ -169,16 +170,7 @@ def load_safely(path: str | Path | IO[bytes]) -> Any:
     return from_safe_form(torch.load(path, map_location="cpu", weights_only=True))
 
 
-def refusal(err: BaseException) -> str:
-    """One line for a refused load: which global the file asked for (torch's message is a page long)."""
-    text = str(err)
-    _, marker, rest = text.partition("WeightsUnpickler error:")
-    if isinstance(err, pickle.UnpicklingError) and marker:
-        what = (rest.strip().splitlines() or ["?"])[0].split(" Please use")[0].strip().rstrip(".")
-        return (f"refused, nothing in it was run: it holds more than tensors and plain data ({what}); "
-                "a checkpoint of an older fnlcore version or a crafted file")
-    lines = text.strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+refusal = weights_only_refusal  # one line for a refused load (fnlcore.safe_pickle)
 
 
 def persistent_names(cls) -> tuple[str, ...]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
+import re
 from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlparse
@@ -13,6 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..registry import Registry
+from ..safe_pickle import weights_only_refusal
 from . import cifar_resnet, small
 
 
@@ -87,19 +90,24 @@ def imagenet_state_dict(weights) -> dict:
     """A torchvision weights enum's state dict, from torch.hub's cache or downloaded there.
 
     Without internet the download fails; the ConfigError then names the file and the
-    folder to put it in by hand (torchvision checks its hash either way).
+    folder to put it in by hand. The file is checked against its published hash either way:
+    torch.hub checks a download, and a file already in the cache (put there by hand, or by
+    anyone who can write a shared TORCH_HOME) is checked here, before it is read.
     """
     import torch.hub
 
     filename = os.path.basename(urlparse(weights.url).path)
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
+    cached = os.path.join(folder, filename)
+    if os.path.exists(cached):
+        _check_published_hash(cached, weights.url)
     try:
         # weights_only: the cached file may sit in a shared TORCH_HOME; loading never runs code
         return weights.get_state_dict(progress=False, check_hash=True, weights_only=True)
     except pickle.UnpicklingError as e:
         raise ConfigError(
-            f"pretrained weights: {os.path.join(folder, filename)} holds more than tensors ({e}) and was "
-            f"not loaded; delete it and download {filename} again from {weights.url}"
+            f"pretrained weights: {os.path.join(folder, filename)} holds more than tensors and was not loaded "
+            f"({weights_only_refusal(e)}); delete it and download {filename} again from {weights.url}"
         ) from None
     except OSError as e:  # URLError, HTTPError, socket errors, unwritable cache
         raise ConfigError(
@@ -113,6 +121,30 @@ def imagenet_state_dict(weights) -> dict:
             f"pretrained weights: {filename} failed torchvision's hash check ({e}); copy a complete "
             f"{filename} from {weights.url} into {folder}"
         ) from None
+
+
+def _published_hash(url: str) -> str | None:
+    """The sha256 prefix a torchvision weight file's name publishes (``resnet18-f37072fd.pth``),
+    as torch.hub's ``check_hash`` reads it; None where the name has none."""
+    m = re.search(r"-([a-f0-9]+)\.", os.path.basename(urlparse(url).path))
+    return m.group(1) if m else None
+
+
+def _check_published_hash(path: str, url: str) -> None:
+    expected = _published_hash(url)
+    if expected is None:
+        raise ConfigError(f"pretrained weights: {os.path.basename(path)} publishes no hash in its name, so "
+                          f"{path} cannot be checked and was not loaded")
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    if not h.hexdigest().startswith(expected):
+        raise ConfigError(
+            f"pretrained weights: {path} does not match its published hash (sha256 {h.hexdigest()[:len(expected)]}..., "
+            f"published {expected}...) and was not loaded: it is not the file published at {url}, or it is "
+            f"incomplete; delete it and download it again (or copy the published file there)"
+        )
 
 
 def _resnet_tv(arch):

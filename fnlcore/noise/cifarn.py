@@ -59,7 +59,6 @@ import contextlib
 import io
 import os
 import pickle
-import struct
 import sys
 import zipfile
 import zlib
@@ -72,7 +71,8 @@ import numpy as np
 
 from ..datasets.download import RemoteFile, fetch, verify_file
 from ..errors import ChecksumError, ConfigError, DataError
-from ..safe_pickle import AllowListUnpickler
+from ..safe_files import open_regular
+from ..safe_pickle import UNPICKLE_ERRORS, NumpyUnpickler
 from ..spec import param
 from .checks import check_num_classes, single_labels
 from .result import NoiseResult, make_result
@@ -189,25 +189,12 @@ def human_label_file(dataset: str) -> HumanLabelFile:
 # -- reading a torch.save archive of numpy arrays, without torch and without running code ----------
 
 
-def _latin1_encode(text: Any, encoding: str = "latin1") -> bytes:
-    """``_codecs.encode`` as a protocol-2 pickle uses it (bytes written as latin-1 text); nothing else."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise pickle.UnpicklingError(f"refusing _codecs.encode({type(text).__name__}, {encoding!r}): only latin-1 text")
-    return text.encode("latin1")
-
-
 def _allowed_globals() -> dict[tuple[str, str], Any]:
-    reconstruct = np._core.multiarray._reconstruct
-    return {
-        ("numpy.core.multiarray", "_reconstruct"): reconstruct,  # numpy 1.x's name, as in the published files
-        ("numpy._core.multiarray", "_reconstruct"): reconstruct,  # numpy 2's name for the same function
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-        ("_codecs", "encode"): _latin1_encode,
-    }
+    # numpy 1.x's names (as in the published files), numpy 2's, and the latin-1 _codecs.encode
+    return NumpyUnpickler.numpy_globals()
 
 
-class _LabelUnpickler(AllowListUnpickler):
+class _LabelUnpickler(NumpyUnpickler):
     """Builds dicts, lists, ints, strings and numpy arrays; refuses every other global and any storage."""
 
     allowed = _allowed_globals()
@@ -216,8 +203,7 @@ class _LabelUnpickler(AllowListUnpickler):
         raise pickle.UnpicklingError("the file holds tensor storages; CIFAR-N's label files hold numpy arrays only")
 
 
-_READ_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-                MemoryError, struct.error, RecursionError)
+_READ_ERRORS = UNPICKLE_ERRORS
 
 
 def read_human_label_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -309,7 +295,7 @@ def load_human_labels(dataset: str, path: str | os.PathLike, true_labels: np.nda
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Exclusive lock: parallel noise jobs fetch into one raw folder, and a ``.part`` is not safe to share."""
-    with open(path, "a") as fh:
+    with open_regular(path, "a") as fh:  # a planted link is refused, never followed
         if fcntl is not None:
             fcntl.flock(fh, fcntl.LOCK_EX)
         yield  # closing the file releases the lock

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..assignment import ClientAssignment
 from ..errors import DataError
+from ..io import read_npz, rebuild_advice
 from ..rng import legacy_rng
 from . import flips, schedules
 from .checks import single_labels
@@ -140,6 +141,10 @@ def assemble_soft_labels(probs_files: list[str], num_samples: int, num_classes: 
     """Stack the annotators' per-client probabilities into one (n, C) table (NaN elsewhere)."""
     soft = np.full((num_samples, num_classes), np.nan, dtype=np.float64)
     for f in probs_files:
-        with np.load(f) as z:
+        z = read_npz(f, ("sample_id", "probs"))
+        try:
             soft[z["sample_id"]] = z["probs"]
+        except (IndexError, ValueError) as err:  # another set's or class count's probabilities
+            raise DataError(f"{f}: its probabilities do not fit {num_samples} samples x {num_classes} classes "
+                            f"({err}): {rebuild_advice(f)}") from None
     return soft
