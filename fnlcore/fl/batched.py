@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import RunContext
-from ..syncs import step_region
+from ..syncs import host_side, step_region
 from .data import trim_last_batch
 from .client import epoch_order
 from .stacked import StackedNet, stacked_optimizer
@@ -159,9 +159,15 @@ def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple[tuple,
     return tuple(out), first
 
 
-def _at_step(grids: tuple, t: int, w: int) -> list[torch.Tensor]:
-    """Step t's leaves: per-sample (K * w, ...) client after client, per-batch (K,)."""
-    return [g[t] if g.dim() == 2 else g[t, :, :w].reshape(-1, *g.shape[3:]) for g in grids]
+def _at_step(grids: tuple, t: int, w: int, host: int = 0) -> list[torch.Tensor]:
+    """Step t's leaves: per-sample (K * w, ...) client after client, per-batch (K,); the first ``host``
+    grids are host tensors (their slicing is host work)."""
+    def leaf(g):
+        return g[t] if g.dim() == 2 else g[t, :, :w].reshape(-1, *g.shape[3:])
+
+    with host_side():
+        on_host = [leaf(g) for g in grids[:host]]
+    return on_host + [leaf(g) for g in grids[host:]]
 
 
 def _unflatten(like: tuple, flat: list[torch.Tensor]) -> tuple:
@@ -254,10 +260,12 @@ def train_clients(
     index_dev = tl.index.to(ctx.device, non_blocking=True)
     mask_dev = tl.mask.to(ctx.device, non_blocking=True)
     step_dev = tl.epoch_step.to(ctx.device, non_blocking=True)
-    # The view parameters stay on the host (the views decide from them there and copy what they
-    # need); a method's own draws (a mixup's lambda and partners) go to the device once per chunk.
-    views_leaves = len(_flatten(tl.like[0])) if phase.augment == "raw" and tl.like else len(tl.aug)
-    grids = tuple(g if i < views_leaves else g.to(ctx.device, non_blocking=True) for i, g in enumerate(tl.aug))
+    # The train view's parameters (crop offsets, flips, affine matrices; it decides nothing on the host)
+    # and a method's own draws (a mixup's lambda and partners) go to the device once per chunk, not a
+    # copy each per step. A raw phase's view parameters stay on the host: the views decide from them
+    # there and copy what they need.
+    host_leaves = len(_flatten(tl.like[0])) if phase.augment == "raw" and tl.like else 0
+    grids = tuple(g if i < host_leaves else g.to(ctx.device, non_blocking=True) for i, g in enumerate(tl.aug))
     ids_host = clients_ids if clients_ids is not None else torch.arange(k)
     ids = ids_host.to(ctx.device, non_blocking=True)
     names = tuple(phase.train) if models is not None else ()
@@ -272,7 +280,7 @@ def train_clients(
             w = tl.width[t]
             idx = index_dev[t, :, :w]
             x = images.index_select(0, idx.reshape(-1))
-            drawn = _unflatten(tl.like, _at_step(grids, t, w)) if grids else tl.like
+            drawn = _unflatten(tl.like, _at_step(grids, t, w, host_leaves)) if grids else tl.like
             mask = None if tl.full[t] else mask_dev[t, :, :w]
             # Augmentation in full precision (outside autocast, as the sequential engine): bf16 would
             # round the interpolated and blended pixel values.

@@ -41,6 +41,14 @@ STACKABLE = ("Conv2d", "Linear", "BatchNorm2d", "Flatten") + tuple(t.__name__ fo
 # On the CPU, a convolution with more input channels per group than this runs as K convolutions.
 SPLIT_CONV_CHANNELS = 64
 
+# The device type whose code paths the choices by device below take (None: the tensors' own);
+# fnlcore.fl.opcount.gpu_paths sets "cuda" to count a GPU's ops on a CPU.
+DEVICE_PATHS: str | None = None
+
+
+def _paths(device: torch.device) -> str:
+    return DEVICE_PATHS or device.type
+
 
 class _Rows:
     """The step's row mask shared by the BatchNorm layers: (B, K) float, or None when every row is real."""
@@ -67,7 +75,7 @@ class StackedConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.split is None:
-            self.split = x.device.type == "cpu" and self.weight.shape[2] > SPLIT_CONV_CHANNELS
+            self.split = _paths(x.device) == "cpu" and self.weight.shape[2] > SPLIT_CONV_CHANNELS
         if self.split:  # unbind/chunk: one gradient gather each, not K full-size zero-filled ones
             biases = self.bias.unbind(0) if self.bias is not None else [None] * self.k
             outs = [
@@ -321,7 +329,7 @@ def _clients(like: list[torch.Tensor]) -> torch.Tensor:
 def _concatenated(like: list[torch.Tensor]) -> bool:
     """Whether per-client work goes over the concatenation of the tensors: on a GPU, where a launch per
     tensor costs more than the extra passes over memory; not on the CPU, where it is the other way round."""
-    return like[0].device.type != "cpu"
+    return _paths(like[0].device) != "cpu"
 
 
 def per_client(values: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
