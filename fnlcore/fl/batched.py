@@ -34,6 +34,7 @@ from .client import epoch_order
 from .stacked import StackedNet, stacked_optimizer
 from .copies import StackedCopies
 from .step import StackedBatch, flatten as _flatten
+from .graphs import StepRunner, graphable
 
 
 
@@ -226,6 +227,7 @@ def train_clients(
     copies: dict[str, StackedNet] | None = None,
     before_step: AfterStep | None = None,
     epoch_lr: Callable[[int], float] | None = None,
+    fixed_shapes: bool | None = None,
 ) -> tuple[list, list[float]]:
     """Train K copies of ``global_model`` on the K clients' samples; returns their states and mean losses.
 
@@ -240,7 +242,10 @@ def train_clients(
     ``drawn``: the clients' batches and random parameters drawn already (:func:`draw_client`).
     ``copies``: the method's client networks, K stacked copies each (loaded), for ``sb.copies``.
     ``before_step(sb, stepped)``: runs after the gradient, before the optimiser step; ``epoch_lr(epoch)``:
-    the learning rate of a local epoch (each client steps at its own epoch's).
+    the learning rate of a local epoch (each client steps at its own epoch's). ``fixed_shapes``: a plain
+    chunk (:func:`fnlcore.fl.graphs.graphable`) runs the capture-ready step (every step the full batch wide,
+    padded rows masked, inputs in fixed buffers; None: when ``training.cuda_graphs`` is on, which also
+    captures it on CUDA).
     """
     s = ctx.settings
     k = len(clients)
@@ -253,7 +258,10 @@ def train_clients(
     net.load_groups([m.state_dict() for m in group])
     net.train()
     params = net.trainable()
-    opt = stacked_optimizer(s, params, s.lr_at(round_index if phase.lr_round is None else phase.lr_round))
+    fixed = (s.cuda_graphs if fixed_shapes is None else fixed_shapes) and graphable(
+        loss_fn, phase.augment, models, copies, before_step, after_step, epoch_lr)
+    opt = stacked_optimizer(s, params, s.lr_at(round_index if phase.lr_round is None else phase.lr_round),
+                            capturable=fixed)
     epochs = s.local_epochs if phase.epochs is None else phase.epochs
     tl = build_timeline(ctx, clients, epochs, phase.batch_size or s.batch_size, draw_fn(ctx, phase), drawn)
     images = ctx.data.train.images
@@ -275,7 +283,19 @@ def train_clients(
     autocast = ctx.autocast()
     raw = phase.augment == "raw"
     refs = _flatten(tl.like[1]) if raw and tl.like else []  # the declared draws' leaves: a 0-dim one is per batch
+    if fixed:
+        runner = _fixed_step(ctx, tl, net, params, opt, loss_fn, ids, jobs, round_index, grids)
+        width = tl.index.shape[2]
     for t in range(tl.steps):
+        if fixed:  # the capture-ready step: the full batch wide, padded rows masked (fnlcore.fl.graphs)
+            with step_region():
+                masked = not (tl.full[t] and tl.width[t] == width)
+                inputs = {"idx": index_dev[t], "step": step_dev[t]}
+                inputs.update((f"draw{i}", leaf) for i, leaf in enumerate(_at_step(grids, t, width)))
+                if masked:
+                    inputs["mask"] = mask_dev[t]
+                step_losses.append(runner.step(inputs, masked).detach().float())
+            continue
         with step_region():
             w = tl.width[t]
             idx = index_dev[t, :, :w]
@@ -317,6 +337,30 @@ def train_clients(
     else:
         states = [[net.client_state(j * k + i) for j in range(g)] for i in range(k)]
     return states, _mean_losses(step_losses, tl)
+
+
+def _fixed_step(ctx: RunContext, tl: Timeline, net: StackedNet, params, opt, loss_fn, ids, jobs, round_index: int,
+                grids: tuple) -> StepRunner:
+    """The StepRunner of a plain chunk: the engine's step (train view, forward, loss, gradient, optimiser)
+    on a step's fixed buffers (``idx`` (K, B), ``step`` (K,), ``draw<i>`` the train view's parameters at
+    full width, ``mask`` (K, B) when some row is padded)."""
+    images, autocast = ctx.data.train.images, ctx.autocast()
+
+    def body(buf: dict, masked: bool) -> torch.Tensor:
+        idx = buf["idx"]
+        mask = buf["mask"] if masked else None
+        x = images.index_select(0, idx.reshape(-1))
+        drawn = _unflatten(tl.like, [buf[f"draw{i}"] for i in range(len(grids))]) if grids else tl.like
+        view = ctx.pipeline.apply_train(x, drawn)  # in full precision, as the ordinary step
+        sb = StackedBatch(None, idx, mask, ids, view, buf["step"], net, round_index, jobs=jobs)
+        with autocast:
+            sb.logits = sb.forward(view)
+            losses = loss_fn(sb)
+        grads = torch.autograd.grad(losses.sum(), params)
+        opt.step(grads, None if mask is None else mask[:, 0])  # a client with a batch has a real row 0
+        return losses
+
+    return StepRunner(body, graphs=ctx.settings.cuda_graphs and ctx.device.type == "cuda")
 
 
 def draw_fn(ctx: RunContext, phase: ChunkPhase) -> DrawFn:
