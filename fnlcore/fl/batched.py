@@ -345,6 +345,9 @@ def _fixed_step(ctx: RunContext, tl: Timeline, net: StackedNet, params, opt, los
     on a step's fixed buffers (``idx`` (K, B), ``step`` (K,), ``draw<i>`` the train view's parameters at
     full width, ``mask`` (K, B) when some row is padded)."""
     images, autocast = ctx.data.train.images, ctx.autocast()
+    graphs = ctx.settings.cuda_graphs and ctx.device.type == "cuda"
+    if graphs and ctx.settings.precision == "bf16":  # autocast's cast cache cannot live across graph replays
+        autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16, cache_enabled=False)
 
     def body(buf: dict, masked: bool) -> torch.Tensor:
         idx = buf["idx"]
@@ -360,7 +363,7 @@ def _fixed_step(ctx: RunContext, tl: Timeline, net: StackedNet, params, opt, los
         opt.step(grads, None if mask is None else mask[:, 0])  # a client with a batch has a real row 0
         return losses
 
-    return StepRunner(body, graphs=ctx.settings.cuda_graphs and ctx.device.type == "cuda")
+    return StepRunner(body, graphs=graphs)
 
 
 def draw_fn(ctx: RunContext, phase: ChunkPhase) -> DrawFn:
