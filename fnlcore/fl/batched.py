@@ -272,8 +272,10 @@ def train_clients(
     # and a method's own draws (a mixup's lambda and partners) go to the device once per chunk, not a
     # copy each per step. A raw phase's view parameters stay on the host: the views decide from them
     # there and copy what they need.
+    # (contiguous there: a step's slice of a per-sample grid is then a view, not a copy)
     host_leaves = len(_flatten(tl.like[0])) if phase.augment == "raw" and tl.like else 0
-    grids = tuple(g if i < host_leaves else g.to(ctx.device, non_blocking=True) for i, g in enumerate(tl.aug))
+    grids = tuple(g if i < host_leaves else g.to(ctx.device, non_blocking=True).contiguous()
+                  for i, g in enumerate(tl.aug))
     ids_host = clients_ids if clients_ids is not None else torch.arange(k)
     ids = ids_host.to(ctx.device, non_blocking=True)
     names = tuple(phase.train) if models is not None else ()
