@@ -27,7 +27,6 @@ its optimisers work per tensor there, over concatenations on a GPU), so a CPU co
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -226,7 +225,3 @@ def paper_shapes() -> list:
 
     return [parse_shape_key(k) for k in sorted(shipped_shapes())]
 
-
-def small(shape, batch_size: int = 2):
-    """The shape at a small batch (the counts do not depend on the batch size)."""
-    return dataclasses.replace(shape, batch_size=batch_size)
