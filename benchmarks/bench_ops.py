@@ -34,16 +34,15 @@ ENGINES = (("sequential", "sequential", False), ("batched", "batched", False), (
 
 
 def _counter():
-    """fnlcore.fl.opcount, the working tree's when the imported fnlcore (a baseline) predates it."""
-    try:
-        from fnlcore.fl import opcount
-    except ImportError:
-        import importlib.util
+    """The working tree's fnlcore.fl.opcount, in whichever fnlcore is imported (a baseline counts the same way)."""
+    import importlib.util
 
-        spec = importlib.util.spec_from_file_location("fnlcore.fl.opcount", ROOT / "fnlcore" / "fl" / "opcount.py")
-        opcount = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = opcount
-        spec.loader.exec_module(opcount)
+    import fnlcore.fl  # noqa: F401 (its package, for the module's relative imports)
+
+    spec = importlib.util.spec_from_file_location("fnlcore.fl.opcount", ROOT / "fnlcore" / "fl" / "opcount.py")
+    opcount = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = opcount
+    spec.loader.exec_module(opcount)
     return opcount
 
 

@@ -21,6 +21,7 @@ clients' logits (K, B, classes), sample ids, real-row mask, train views and stac
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -324,7 +325,7 @@ def train_clients(
                 if not raw:
                     sb.logits = sb.forward(view)
                 losses = loss_fn(sb)
-            grads = torch.autograd.grad(losses.sum(), params)
+            grads = torch.autograd.grad(losses, params, _seed(losses))
             stepped = mask_dev[t, :, 0]  # a client with a batch has a real row 0
             if before_step is not None:
                 before_step(sb, stepped)
@@ -339,6 +340,17 @@ def train_clients(
     else:
         states = [[net.client_state(j * k + i) for j in range(g)] for i in range(k)]
     return states, _mean_losses(step_losses, tl)
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.ones(k, dtype=dtype, device=device)
+
+
+def _seed(losses: torch.Tensor) -> torch.Tensor:
+    """The gradient of the summed (K,) losses with respect to each: ones, made once (not a ``sum`` and a
+    ``ones_like`` a step)."""
+    return _ones(losses.shape[0], losses.dtype, losses.device)
 
 
 def _fixed_step(ctx: RunContext, tl: Timeline, net: StackedNet, params, opt, loss_fn, ids, jobs, round_index: int,
@@ -361,7 +373,7 @@ def _fixed_step(ctx: RunContext, tl: Timeline, net: StackedNet, params, opt, los
         with autocast:
             sb.logits = sb.forward(view)
             losses = loss_fn(sb)
-        grads = torch.autograd.grad(losses.sum(), params)
+        grads = torch.autograd.grad(losses, params, _seed(losses))
         opt.step(grads, None if mask is None else mask[:, 0])  # a client with a batch has a real row 0
         return losses
 
