@@ -22,6 +22,7 @@ the device synchronises its stream).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -92,7 +93,13 @@ def crop_at(
     # window (oy_i, ox_i) of sample i is one gather indexed per sample, not per pixel
     # (about 4x faster than a 4-D pixel index on the CPU).
     windows = xp.unfold(2, th, 1).unfold(3, tw, 1)
-    return windows[torch.arange(n, device=x.device), :, oy, ox]
+    return windows[_rows(n, x.device), :, oy, ox]
+
+
+@lru_cache(maxsize=32)
+def _rows(n: int, device: torch.device) -> torch.Tensor:
+    """0..n-1 on ``device``, made once per (n, device): the crop's row index, not a new tensor per batch."""
+    return torch.arange(n, device=device)
 
 
 def center_crop(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

@@ -93,7 +93,9 @@ def test_quick_device_check_runs_every_section_without_snakemake_or_jsonschema(t
     timing = tables["timing.csv"]
     assert {r["case"] for r in timing} == {c.name for c in benchmark.PAPER_CASES}
     assert {(r["engine"], r["layout"], r["precision"]) for r in timing} == {
-        (e, lay, p) for e in benchmark.ENGINES for lay in benchmark.LAYOUTS for p in benchmark.PRECISIONS}
+        (e, lay, p) for e in benchmark.engines(torch.device("cpu")) for lay in benchmark.LAYOUTS
+        for p in benchmark.PRECISIONS}
+    assert benchmark.GRAPHS in benchmark.engines(torch.device("cuda"))  # graphs on/off where there are graphs
     assert all(r["status"] == "ok" and float(r["s_per_round"]) > 0 for r in timing)
 
     # (d): a calibration file `fnl plan --calibration` reads, with where it was measured

@@ -5,8 +5,10 @@ bare loop of ``benchmarks/bench_engine.py`` as a library module (the command nev
 ``benchmarks/``). One :class:`Case` is a method, model, input shape, clients and batch size on
 random uint8 images (a round's time depends on the shapes and settings, not on the pixels).
 
-Every variant — bare loop, sequential engine, batched engine, each in NCHW and channels-last
-memory, fp32 and bf16 — gets its own runner; after one untimed warm-up round each, a repetition
+Every variant — bare loop, sequential engine, batched engine (on CUDA also with
+``training.cuda_graphs``: ``batched_graphs``, with ``diff_vs_batched`` the largest difference of its
+global model from the batched engine's after the same first round), each in NCHW and
+channels-last memory, fp32 and bf16 — gets its own runner; after one untimed warm-up round each, a repetition
 runs one round of every variant back to back (the order rotating, so a drifting clock or a busy
 neighbour weighs on all alike), and the ratios are taken per repetition, then their median.
 
@@ -31,6 +33,12 @@ import torch
 import torch.nn.functional as F
 
 ENGINES = ("bare", "sequential", "batched")
+GRAPHS = "batched_graphs"  # the batched engine with training.cuda_graphs (a CUDA device only)
+
+
+def engines(device: torch.device) -> tuple[str, ...]:
+    """The engine variants timed on ``device``: CUDA graphs where there are any."""
+    return ENGINES + ((GRAPHS,) if torch.device(device).type == "cuda" else ())
 LAYOUTS = ("nchw", "channels_last")
 PRECISIONS = ("fp32", "bf16")
 
@@ -99,8 +107,8 @@ def _settings(case: Case, engine: str, layout: str, precision: str):
     return TrainSettings(
         model=case.model, rounds=100_000, local_epochs=1, batch_size=case.batch, lr=case.lr, momentum=case.momentum,
         augmentation=case.augmentation, normalize="imagenet" if case.channels == 3 else "half",
-        engine="sequential" if engine == "bare" else engine, channels_last=layout == "channels_last",
-        precision=precision,
+        engine="sequential" if engine == "bare" else "batched" if engine == GRAPHS else engine,
+        channels_last=layout == "channels_last", precision=precision, cuda_graphs=engine == GRAPHS,
     )
 
 
@@ -196,8 +204,8 @@ def make_runner(case: Case, engine: str, layout: str, precision: str, device: to
 
 
 ROW_COLUMNS = ("case", "engine", "layout", "precision", "model", "clients", "batch", "steps_per_round", "reps",
-               "s_per_round", "s_per_step", "speedup_vs_sequential", "efficiency_vs_bare", "batched_ran", "status",
-               "error")
+               "s_per_round", "s_per_step", "speedup_vs_sequential", "efficiency_vs_bare", "batched_ran",
+               "diff_vs_batched", "status", "error")
 
 
 def time_case(case: Case, device: torch.device, reps: int, deadline: float,
@@ -208,7 +216,7 @@ def time_case(case: Case, device: torch.device, reps: int, deadline: float,
 
     ``speedup_vs_sequential`` = t(sequential) / t(variant); ``efficiency_vs_bare`` = t(bare) / t(variant)
     (the engine's samples/s over the bare loop's, as ``benchmarks/bench_engine.py`` reports it)."""
-    keys = [(e, lay, p) for lay in LAYOUTS for p in PRECISIONS for e in ENGINES]
+    keys = [(e, lay, p) for lay in LAYOUTS for p in PRECISIONS for e in engines(device)]
     runners, errors = {}, {}
     for key in keys:  # built and warmed up one at a time: a variant that cannot run fails alone
         if time.monotonic() > deadline:
@@ -221,6 +229,9 @@ def time_case(case: Case, device: torch.device, reps: int, deadline: float,
         except Exception as err:  # noqa: BLE001 (recorded in its row)
             errors[key] = f"{type(err).__name__}: {err}"[:300]
             log(f"  {case.name} {'/'.join(key)}: {errors[key]}")
+    # graphs on against off after the same warm-up round from the same start: equal up to float rounding
+    diffs = {key: _max_diff(runners[key], runners[("batched", *key[1:])]) for key in runners
+             if key[0] == GRAPHS and ("batched", *key[1:]) in runners}
     times: dict[tuple, list[float]] = {k: [] for k in runners}
     live = list(runners)
     for rep in range(reps):
@@ -234,7 +245,14 @@ def time_case(case: Case, device: torch.device, reps: int, deadline: float,
                 errors[key] = f"{type(err).__name__}: {err}"[:300]
                 live.remove(key)
                 times.pop(key, None)
-    return [_row(case, key, times, errors, runners) for key in keys]
+    return [{**_row(case, key, times, errors, runners), "diff_vs_batched": _round(diffs.get(key), 9)}
+            for key in keys]
+
+
+def _max_diff(a: "EngineRunner", b: "EngineRunner") -> float:
+    """The largest absolute difference of two runners' global models."""
+    sa, sb = a.method.global_model.state_dict(), b.method.global_model.state_dict()
+    return max((float((sa[k].double() - sb[k].double()).abs().max()) for k in sa if sa[k].numel()), default=0.0)
 
 
 def _ratio(times: dict, ref: tuple, key: tuple) -> float | None:

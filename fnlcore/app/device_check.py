@@ -19,7 +19,8 @@ with a note):
   (:func:`fnlcore.syncs.step_region`); everywhere the project's own counter
   (:class:`fnlcore.syncs.SyncCounter`), which is what a CPU can measure (``syncs.csv``);
 * (b) seconds per round of a bare loop and both engines at the papers' shapes, NCHW and
-  channels-last, fp32 and bf16 (:mod:`fnlcore.app.benchmark`; ``timing.csv``);
+  channels-last, fp32 and bf16, on CUDA also the batched engine with CUDA graphs, and its difference
+  from the batched engine without (:mod:`fnlcore.app.benchmark`; ``timing.csv``);
 * (d) the device's step costs for every step shape the project ships, in ``fnl plan``'s
   calibration format (``step_costs.json``, ``step_costs.csv``);
 * (e) a rehearsal (:mod:`fnlcore.app.rehearse`: start, checkpoint, kill, resume) of the six
@@ -773,7 +774,7 @@ def _sync_note(device: torch.device) -> str:
 
 
 TIMING_SHOWN = ("case", "engine", "layout", "precision", "s_per_round", "s_per_step", "speedup_vs_sequential",
-                "efficiency_vs_bare", "reps", "status")
+                "efficiency_vs_bare", "diff_vs_batched", "reps", "status")
 
 
 @section_function("timing")
@@ -787,7 +788,11 @@ def check_timing(check: Check, section: Section, deadline: float) -> None:
         "Seconds per round (the round's local training of every client and the server step, no evaluation), "
         "median over interleaved repetitions after one warm-up round per variant. `speedup_vs_sequential` = "
         "t(sequential) / t(variant), `efficiency_vs_bare` = t(bare loop) / t(variant) (> 1: faster than the "
-        "bare loop), both per repetition at the same layout and precision, then the median.",
+        "bare loop), both per repetition at the same layout and precision, then the median. On CUDA, "
+        "`batched_graphs` is the batched engine with `training.cuda_graphs: true` (its steps captured and "
+        "replayed as CUDA graphs); `diff_vs_batched` the largest absolute difference of its global model from "
+        "the batched engine's after the same first round (equal up to float rounding: then graphs can be "
+        "turned on where they are faster).",
         *[f"- `{c.name}`: {c.label}; {c.model}, {c.channels}x{c.size}x{c.size}, {c.clients} clients x "
           f"{c.per_client} samples, batch {c.batch}, {c.method} rounds" for c in cases],
     ]

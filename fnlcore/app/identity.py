@@ -25,6 +25,9 @@ from ..provenance import _plain, _stable_str
 # the decoded cache (train jobs read it, not the preparation) and whether downloaded archives
 # are kept after extraction.
 _TRAINING_NOT_IDENTITY = ("checkpoint_every",)
+# Training fields added after runs existed, with the value they had before: in the identity only at
+# another value, so adding one reruns no job (a later change of its default moves the identity).
+_TRAINING_IF_SET = {"cuda_graphs": False}
 _DATASET_OPTIONS_NOT_IDENTITY = ("decoded_cache", "keep_archives")
 # What a registered dataset declares that its prepared files depend on (not, e.g., its sizes
 # for cost estimates or the augmentation training takes for 'auto').
@@ -61,7 +64,8 @@ def resolved_settings(value: Any) -> Any:
         keep = [f for f in dataclasses.fields(value) if f.metadata.get("slug", True)]
         return {"kind": value.kind, "name": value.name, **_fields(value, keep)}
     if isinstance(value, TrainSettings):
-        keep = [f for f in dataclasses.fields(value) if f.name not in _TRAINING_NOT_IDENTITY]
+        keep = [f for f in dataclasses.fields(value) if f.name not in _TRAINING_NOT_IDENTITY
+                and not (f.name in _TRAINING_IF_SET and getattr(value, f.name) == _TRAINING_IF_SET[f.name])]
         return {"kind": "training", **_fields(value, keep)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"kind": type(value).__name__, **_fields(value, dataclasses.fields(value))}

@@ -106,7 +106,8 @@ class Scale:
     source: str = ""  # the file it was read from, for errors that name a key of it
 
     # Training settings that change how a run executes, not its numbers (beyond float rounding).
-    EXECUTION_ONLY = frozenset({"engine", "batched_clients", "channels_last", "eval_batch_size", "checkpoint_every"})
+    EXECUTION_ONLY = frozenset({"engine", "batched_clients", "channels_last", "cuda_graphs", "eval_batch_size",
+                                "checkpoint_every"})
 
     @property
     def compares_with_paper(self) -> bool:

@@ -21,6 +21,7 @@ clients' logits (K, B, classes), sample ids, real-row mask, train views and stac
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,12 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from .context import RunContext
-from ..syncs import step_region
+from ..syncs import host_side, step_region
 from .data import trim_last_batch
 from .client import epoch_order
 from .stacked import StackedNet, stacked_optimizer
 from .copies import StackedCopies
 from .step import StackedBatch, flatten as _flatten
+from .graphs import StepRunner, graphable
 
 
 
@@ -159,9 +161,15 @@ def _layout_params(draws: list[list[tuple]], mask: torch.Tensor) -> tuple[tuple,
     return tuple(out), first
 
 
-def _at_step(grids: tuple, t: int, w: int) -> list[torch.Tensor]:
-    """Step t's leaves: per-sample (K * w, ...) client after client, per-batch (K,)."""
-    return [g[t] if g.dim() == 2 else g[t, :, :w].reshape(-1, *g.shape[3:]) for g in grids]
+def _at_step(grids: tuple, t: int, w: int, host: int = 0) -> list[torch.Tensor]:
+    """Step t's leaves: per-sample (K * w, ...) client after client, per-batch (K,); the first ``host``
+    grids are host tensors (their slicing is host work)."""
+    def leaf(g):
+        return g[t] if g.dim() == 2 else g[t, :, :w].reshape(-1, *g.shape[3:])
+
+    with host_side():
+        on_host = [leaf(g) for g in grids[:host]]
+    return on_host + [leaf(g) for g in grids[host:]]
 
 
 def _unflatten(like: tuple, flat: list[torch.Tensor]) -> tuple:
@@ -220,6 +228,7 @@ def train_clients(
     copies: dict[str, StackedNet] | None = None,
     before_step: AfterStep | None = None,
     epoch_lr: Callable[[int], float] | None = None,
+    fixed_shapes: bool | None = None,
 ) -> tuple[list, list[float]]:
     """Train K copies of ``global_model`` on the K clients' samples; returns their states and mean losses.
 
@@ -234,7 +243,10 @@ def train_clients(
     ``drawn``: the clients' batches and random parameters drawn already (:func:`draw_client`).
     ``copies``: the method's client networks, K stacked copies each (loaded), for ``sb.copies``.
     ``before_step(sb, stepped)``: runs after the gradient, before the optimiser step; ``epoch_lr(epoch)``:
-    the learning rate of a local epoch (each client steps at its own epoch's).
+    the learning rate of a local epoch (each client steps at its own epoch's). ``fixed_shapes``: a plain
+    chunk (:func:`fnlcore.fl.graphs.graphable`) runs the capture-ready step (every step the full batch wide,
+    padded rows masked, inputs in fixed buffers; None: when ``training.cuda_graphs`` is on, which also
+    captures it on CUDA).
     """
     s = ctx.settings
     k = len(clients)
@@ -247,17 +259,24 @@ def train_clients(
     net.load_groups([m.state_dict() for m in group])
     net.train()
     params = net.trainable()
-    opt = stacked_optimizer(s, params, s.lr_at(round_index if phase.lr_round is None else phase.lr_round))
+    fixed = (s.cuda_graphs if fixed_shapes is None else fixed_shapes) and graphable(
+        loss_fn, phase.augment, models, copies, before_step, after_step, epoch_lr)
+    opt = stacked_optimizer(s, params, s.lr_at(round_index if phase.lr_round is None else phase.lr_round),
+                            capturable=fixed)
     epochs = s.local_epochs if phase.epochs is None else phase.epochs
     tl = build_timeline(ctx, clients, epochs, phase.batch_size or s.batch_size, draw_fn(ctx, phase), drawn)
     images = ctx.data.train.images
     index_dev = tl.index.to(ctx.device, non_blocking=True)
     mask_dev = tl.mask.to(ctx.device, non_blocking=True)
     step_dev = tl.epoch_step.to(ctx.device, non_blocking=True)
-    # The view parameters stay on the host (the views decide from them there and copy what they
-    # need); a method's own draws (a mixup's lambda and partners) go to the device once per chunk.
-    views_leaves = len(_flatten(tl.like[0])) if phase.augment == "raw" and tl.like else len(tl.aug)
-    grids = tuple(g if i < views_leaves else g.to(ctx.device, non_blocking=True) for i, g in enumerate(tl.aug))
+    # The train view's parameters (crop offsets, flips, affine matrices; it decides nothing on the host)
+    # and a method's own draws (a mixup's lambda and partners) go to the device once per chunk, not a
+    # copy each per step. A raw phase's view parameters stay on the host: the views decide from them
+    # there and copy what they need.
+    # (contiguous there: a step's slice of a per-sample grid is then a view, not a copy)
+    host_leaves = len(_flatten(tl.like[0])) if phase.augment == "raw" and tl.like else 0
+    grids = tuple(g if i < host_leaves else g.to(ctx.device, non_blocking=True).contiguous()
+                  for i, g in enumerate(tl.aug))
     ids_host = clients_ids if clients_ids is not None else torch.arange(k)
     ids = ids_host.to(ctx.device, non_blocking=True)
     names = tuple(phase.train) if models is not None else ()
@@ -267,12 +286,24 @@ def train_clients(
     autocast = ctx.autocast()
     raw = phase.augment == "raw"
     refs = _flatten(tl.like[1]) if raw and tl.like else []  # the declared draws' leaves: a 0-dim one is per batch
+    if fixed:
+        runner = _fixed_step(ctx, tl, net, params, opt, loss_fn, ids, jobs, round_index, grids)
+        width = tl.index.shape[2]
     for t in range(tl.steps):
+        if fixed:  # the capture-ready step: the full batch wide, padded rows masked (fnlcore.fl.graphs)
+            with step_region():
+                masked = not (tl.full[t] and tl.width[t] == width)
+                inputs = {"idx": index_dev[t], "step": step_dev[t]}
+                inputs.update((f"draw{i}", leaf) for i, leaf in enumerate(_at_step(grids, t, width)))
+                if masked:
+                    inputs["mask"] = mask_dev[t]
+                step_losses.append(runner.step(inputs, masked).detach().float())
+            continue
         with step_region():
             w = tl.width[t]
             idx = index_dev[t, :, :w]
             x = images.index_select(0, idx.reshape(-1))
-            drawn = _unflatten(tl.like, _at_step(grids, t, w)) if grids else tl.like
+            drawn = _unflatten(tl.like, _at_step(grids, t, w, host_leaves)) if grids else tl.like
             mask = None if tl.full[t] else mask_dev[t, :, :w]
             # Augmentation in full precision (outside autocast, as the sequential engine): bf16 would
             # round the interpolated and blended pixel values.
@@ -294,7 +325,7 @@ def train_clients(
                 if not raw:
                     sb.logits = sb.forward(view)
                 losses = loss_fn(sb)
-            grads = torch.autograd.grad(losses.sum(), params)
+            grads = torch.autograd.grad(losses, params, _seed(losses))
             stepped = mask_dev[t, :, 0]  # a client with a batch has a real row 0
             if before_step is not None:
                 before_step(sb, stepped)
@@ -309,6 +340,44 @@ def train_clients(
     else:
         states = [[net.client_state(j * k + i) for j in range(g)] for i in range(k)]
     return states, _mean_losses(step_losses, tl)
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.ones(k, dtype=dtype, device=device)
+
+
+def _seed(losses: torch.Tensor) -> torch.Tensor:
+    """The gradient of the summed (K,) losses with respect to each: ones, made once (not a ``sum`` and a
+    ``ones_like`` a step)."""
+    return _ones(losses.shape[0], losses.dtype, losses.device)
+
+
+def _fixed_step(ctx: RunContext, tl: Timeline, net: StackedNet, params, opt, loss_fn, ids, jobs, round_index: int,
+                grids: tuple) -> StepRunner:
+    """The StepRunner of a plain chunk: the engine's step (train view, forward, loss, gradient, optimiser)
+    on a step's fixed buffers (``idx`` (K, B), ``step`` (K,), ``draw<i>`` the train view's parameters at
+    full width, ``mask`` (K, B) when some row is padded)."""
+    images, autocast = ctx.data.train.images, ctx.autocast()
+    graphs = ctx.settings.cuda_graphs and ctx.device.type == "cuda"
+    if graphs and ctx.settings.precision == "bf16":  # autocast's cast cache cannot live across graph replays
+        autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16, cache_enabled=False)
+
+    def body(buf: dict, masked: bool) -> torch.Tensor:
+        idx = buf["idx"]
+        mask = buf["mask"] if masked else None
+        x = images.index_select(0, idx.reshape(-1))
+        drawn = _unflatten(tl.like, [buf[f"draw{i}"] for i in range(len(grids))]) if grids else tl.like
+        view = ctx.pipeline.apply_train(x, drawn)  # in full precision, as the ordinary step
+        sb = StackedBatch(None, idx, mask, ids, view, buf["step"], net, round_index, jobs=jobs)
+        with autocast:
+            sb.logits = sb.forward(view)
+            losses = loss_fn(sb)
+        grads = torch.autograd.grad(losses, params, _seed(losses))
+        opt.step(grads, None if mask is None else mask[:, 0])  # a client with a batch has a real row 0
+        return losses
+
+    return StepRunner(body, graphs=graphs)
 
 
 def draw_fn(ctx: RunContext, phase: ChunkPhase) -> DrawFn:

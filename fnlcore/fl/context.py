@@ -16,6 +16,7 @@ from ..models import Classifier, build_model
 from ..models.builder import default_model_for
 from .data import FederatedData
 from .device import set_math_policy
+from .graphs import check_device as check_graphs_device
 from .pipeline import InputPipeline
 from .settings import TrainSettings
 
@@ -45,6 +46,7 @@ class RunContext:
         self.rng = np.random.RandomState(self.seed)
         self.shuffle_gen = torch.Generator(device="cpu").manual_seed(self.seed)
         self.aug_gen = torch.Generator(device="cpu").manual_seed(self.seed + 1)
+        check_graphs_device(self.settings, self.device)
         if self.device.type == "cuda":
             set_math_policy(self.settings.precision)
 

@@ -11,6 +11,7 @@ import torch
 from .. import augment
 from ..errors import ConfigError
 from ..randaugment import RandAugmentSpec, apply_rand_augment, draw_rand_augment
+from ..syncs import host_side
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -161,6 +162,12 @@ class InputPipeline:
         return self._apply_geometric(x, params, padding_mode)
 
     def _draw_geometric(self, n: int, gen: torch.Generator | None, device, size: tuple[int, int] | None) -> tuple:
+        if gen is not None and gen.device.type == "cpu":  # draws from a host generator are host tensors
+            with host_side():
+                return self._draw_geometric_on(n, gen, device, size)
+        return self._draw_geometric_on(n, gen, device, size)
+
+    def _draw_geometric_on(self, n: int, gen: torch.Generator | None, device, size: tuple[int, int] | None) -> tuple:
         if self.augmentation == "crop_flip":
             size = size or self.input_size
             target = self.crop_size or size

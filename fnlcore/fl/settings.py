@@ -68,6 +68,10 @@ class TrainSettings:
     batched_clients: int = 0
     precision: str = "fp32"  # fp32 | tf32 | bf16 (fnlcore.fl.device.set_math_policy)
     channels_last: bool = False  # models and input batches in channels-last memory (faster convs on GPUs)
+    # The batched engine's plain steps captured as CUDA graphs and replayed (fnlcore/fl/graphs.py): fixed
+    # shapes (padded, masked rows), inputs in fixed buffers, a capturable optimiser. CUDA only (a run on
+    # another device is refused); off until fnl device-check has measured it equal and faster on a GPU.
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         def bad(key, why):
@@ -104,6 +108,8 @@ class TrainSettings:
             bad("engine", f"valid: {', '.join(ENGINES)}")
         if self.precision not in PRECISIONS:
             bad("precision", f"valid: {', '.join(PRECISIONS)}")
+        if self.cuda_graphs and self.engine == "sequential":
+            bad("cuda_graphs", "captures the batched engine's steps: needs engine batched or auto")
         if int(self.batched_clients) < 0:
             bad("batched_clients", "must be >= 0 (0: as many of the round's clients as the device's memory holds)")
         if self.momentum < 0 or self.weight_decay < 0:

@@ -42,6 +42,14 @@ STACKABLE = ("Conv2d", "Linear", "BatchNorm2d", "Flatten") + tuple(t.__name__ fo
 # On the CPU, a convolution with more input channels per group than this runs as K convolutions.
 SPLIT_CONV_CHANNELS = 64
 
+# The device type whose code paths the choices by device below take (None: the tensors' own);
+# fnlcore.fl.opcount.gpu_paths sets "cuda" to count a GPU's ops on a CPU.
+DEVICE_PATHS: str | None = None
+
+
+def _paths(device: torch.device) -> str:
+    return DEVICE_PATHS or device.type
+
 
 class _Rows:
     """The step's row mask shared by the BatchNorm layers: (B, K) float, or None when every row is real."""
@@ -68,7 +76,7 @@ class StackedConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.split is None:
-            self.split = x.device.type == "cpu" and self.weight.shape[2] > SPLIT_CONV_CHANNELS
+            self.split = _paths(x.device) == "cpu" and self.weight.shape[2] > SPLIT_CONV_CHANNELS
         if self.split:  # unbind/chunk: one gradient gather each, not K full-size zero-filled ones
             biases = self.bias.unbind(0) if self.bias is not None else [None] * self.k
             outs = [
@@ -322,14 +330,15 @@ def _clients(like: list[torch.Tensor]) -> torch.Tensor:
 def _concatenated(like: list[torch.Tensor]) -> bool:
     """Whether per-client work goes over the concatenation of the tensors: on a GPU, where a launch per
     tensor costs more than the extra passes over memory; not on the CPU, where it is the other way round."""
-    return like[0].device.type != "cpu"
+    return _paths(like[0].device) != "cpu"
 
 
 def per_client(values: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     """(K,) ``values`` over each (K, ...) tensor of ``like``, in its dtype. Concatenated: full-size views of
     one buffer, as CUDA's multi-tensor kernels run a tensor at a time when an operand is a broadcast."""
     if not _concatenated(like):
-        return [values.to(t.dtype).view(-1, *([1] * (t.dim() - 1))) for t in like]
+        typed = {dt: values.to(dt) for dt in {t.dtype for t in like}}  # one conversion a dtype, not a tensor
+        return [typed[t.dtype].view(-1, *([1] * (t.dim() - 1))) for t in like]
     index = _clients(like)
     spread = {dt: _unflatten_dense_tensors(values.to(dt).index_select(0, index), like)
               for dt in {t.dtype for t in like}}
@@ -360,9 +369,11 @@ class StackedSGD:
     buffer starts at zero, so the first step's m*0 + g is exactly the g torch starts from.
     """
 
-    def __init__(self, params: list[torch.Tensor], lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+    def __init__(self, params: list[torch.Tensor], lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 capturable: bool = False):
         self.params, self.lr, self.momentum, self.weight_decay = params, lr, momentum, weight_decay
         self.bufs = [torch.zeros_like(p) for p in params] if momentum else None
+        self.capturable = capturable  # state updated in place (a CUDA graph replays on fixed addresses)
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor], active: torch.Tensor | None = None) -> None:
@@ -370,7 +381,9 @@ class StackedSGD:
         if self.bufs is not None:
             new_bufs = list(torch._foreach_mul(self.bufs, self.momentum))  # a scalar: out of place (above)
             torch._foreach_add_(new_bufs, d)
-            if active is None:
+            if active is None and self.capturable:
+                torch._foreach_copy_(self.bufs, new_bufs)
+            elif active is None:
                 self.bufs = new_bufs
             else:
                 select_clients_(active, self.bufs, new_bufs)
@@ -394,9 +407,10 @@ class StackedAdam:
 
     def __init__(
         self, params: list[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-        weight_decay: float = 0.0,
+        weight_decay: float = 0.0, capturable: bool = False,
     ):
         self.params, self.lr, self.betas, self.eps, self.weight_decay = params, lr, betas, eps, weight_decay
+        self.capturable = capturable  # state updated in place (a CUDA graph replays on fixed addresses)
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
         k = params[0].shape[0]
@@ -420,18 +434,24 @@ class StackedAdam:
         update = torch._foreach_mul(per_client(step_size, p), new_m)
         torch._foreach_div_(update, denom)
         if active is None:  # the new moments replace the old ones
-            self.m, self.v = new_m, new_v
+            if self.capturable:
+                torch._foreach_copy_(self.m, new_m)
+                torch._foreach_copy_(self.v, new_v)
+            else:
+                self.m, self.v = new_m, new_v
             torch._foreach_sub_(p, update)
         else:
             for dst, new in ((self.m, new_m), (self.v, new_v), (p, torch._foreach_sub(p, update))):
                 select_clients_(active, dst, new)
 
 
-def stacked_optimizer(settings, params: list[torch.Tensor], lr: float):
-    """The run's optimiser (TrainSettings: sgd | adam, momentum, weight decay) on stacked parameters."""
+def stacked_optimizer(settings, params: list[torch.Tensor], lr: float, capturable: bool = False):
+    """The run's optimiser (TrainSettings: sgd | adam, momentum, weight decay) on stacked parameters;
+    ``capturable``: its state updated in place (a step a CUDA graph can replay)."""
     if settings.optimizer == "adam":
-        return StackedAdam(params, lr, (settings.beta1, settings.beta2), weight_decay=settings.weight_decay)
-    return StackedSGD(params, lr, settings.momentum, settings.weight_decay)
+        return StackedAdam(params, lr, (settings.beta1, settings.beta2), weight_decay=settings.weight_decay,
+                           capturable=capturable)
+    return StackedSGD(params, lr, settings.momentum, settings.weight_decay, capturable=capturable)
 
 
 def stacked_input(x: torch.Tensor, k: int) -> torch.Tensor:

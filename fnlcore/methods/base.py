@@ -38,6 +38,7 @@ from ..registry import Registry
 from ..fl import sampling
 from ..fl.batched import StackedBatch, clients_cross_entropy
 from ..fl.client import Batch, ClientUpdate, LocalJob, Phase, Stage
+from ..fl.graphs import capturable
 from ..fl.context import RunContext
 from ..fl.persist import ClientStore, load_method_state, method_state, persistent_names
 from ..fl.state import RunningAverage, load
@@ -83,6 +84,7 @@ class FLMethod:
     # Attributes that carry across rounds, saved and restored by the engine (fnlcore.fl.persist).
     persistent: ClassVar[tuple[str, ...]] = ()
 
+    @capturable  # reads only the batch's device tensors (a CUDA graph may replay it: fnlcore.fl.graphs)
     def loss(self, sb: StackedBatch) -> torch.Tensor:
         """The local objective of K clients' step (:class:`~fnlcore.fl.batched.StackedBatch`) -> (K,)
         losses; the sequential engine runs it at K = 1 on the plain model (:mod:`fnlcore.fl.one_client`).
