@@ -119,11 +119,14 @@ def test_plain_chunks_only():
 def test_cuda_graphs_is_off_by_default_and_refused_off_cuda():
     assert TrainSettings().cuda_graphs is False
     with pytest.raises(ConfigError, match="cuda_graphs.*engine batched or auto"):
-        TrainSettings(cuda_graphs=True)
+        TrainSettings(engine="sequential", cuda_graphs=True)
+    assert TrainSettings(cuda_graphs=True).engine == "default"  # auto on a GPU: allowed, refused off CUDA below
     with pytest.raises(ConfigError, match="must be true or false"):
         TrainSettings(engine="batched", cuda_graphs="yes")
     with pytest.raises(ConfigError, match="needs a CUDA device; this run's device is cpu"):
         make_ctx(TrainSettings(engine="batched", cuda_graphs=True), seed=0)
+    with pytest.raises(ConfigError, match="needs a CUDA device; this run's device is cpu"):
+        make_ctx(TrainSettings(cuda_graphs=True), seed=0)
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adam"])

@@ -109,7 +109,8 @@ class TrainSettings:
         if self.precision not in PRECISIONS:
             bad("precision", f"valid: {', '.join(PRECISIONS)}")
         if self.cuda_graphs and self.engine == "sequential":
-            bad("cuda_graphs", "captures the batched engine's steps: needs engine batched or auto")
+            bad("cuda_graphs", "captures the batched engine's steps: needs engine batched or auto (or default: auto on "
+                "a GPU)")
         if int(self.batched_clients) < 0:
             bad("batched_clients", "must be >= 0 (0: as many of the round's clients as the device's memory holds)")
         if self.momentum < 0 or self.weight_decay < 0:

@@ -422,13 +422,16 @@ class StackedAdam:
         self.steps += 1 if active is None else active.to(self.steps.dtype)
         t = self.steps.clamp_min(1)
         step_size = self.lr / (1 - b1 ** t)  # (K,) float64, as torch computes it in Python floats
-        bc2_sqrt = numerics.sqrt(1 - b2 ** t)
+        # the CPU's exact roots (torch's CPU square root depends on the CPU maker: fnlcore.numerics), the GPU's
+        # own kernels (also what fnlcore.fl.opcount counts for a GPU on the CPU)
+        cpu = _paths(self.steps.device) == "cpu"
+        bc2_sqrt = numerics.sqrt(1 - b2 ** t) if cpu else torch.sqrt(1 - b2 ** t)
         p = self.params
         g = torch._foreach_add(grads, p, alpha=self.weight_decay) if self.weight_decay else grads
         new_m = list(torch._foreach_lerp(self.m, g, 1 - b1))
         new_v = list(torch._foreach_mul(self.v, b2))  # scalars: out of place (above)
         torch._foreach_addcmul_(new_v, g, g, value=1 - b2)
-        denom = numerics.foreach_sqrt(new_v)  # torch's CPU square root depends on the CPU maker
+        denom = numerics.foreach_sqrt(new_v) if cpu else torch._foreach_sqrt(new_v)
         torch._foreach_div_(denom, per_client(bc2_sqrt, p))
         denom = torch._foreach_add(denom, self.eps)
         update = torch._foreach_mul(per_client(step_size, p), new_m)
