@@ -14,6 +14,10 @@ agree on
 * every float (scores, per-client estimates, the final evaluated model's tensors) within
   ``ATOL + RTOL * |sequential|`` (see TOLERANCE below for the measurements behind them).
 
+Every case runs in a child process under portable numerics (tests/portable.py, as the golden set;
+``portable_contract`` says why): the contract decides the same on every x86-64 CPU, its
+discrete metrics (accuracy) included, because every float it compares is the same bits there.
+
 Each batching stage of the table must be entered by the batched run (its loss called on K clients):
 a stage the setting never reaches is a failure that names the stage, not a silent pass. The
 hyper-parameters are the golden run's, except that a round-valued field the 8 rounds never reach
@@ -49,7 +53,8 @@ from .test_syncs import assert_sync_free
 
 VARIANT = "long"  # the golden setting that enters every stage (relabelling, detection, sampling)
 
-# TOLERANCE: a float passes when |batched - sequential| <= ATOL + RTOL * |sequential|.
+# TOLERANCE: a float passes when |batched - sequential| <= ATOL + RTOL * |sequential|. (Measured natively,
+# before the contract moved under portable numerics, where it passes unchanged.)
 # On the digits MLP (no BatchNorm) the stacked network's batched matrix products round differently
 # from the plain model's, and nothing else does: measured over every case (1 torch thread, x86-64),
 # every metric and client_results float is bit-equal, and the final model differs by at most
