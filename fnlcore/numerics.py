@@ -35,92 +35,38 @@ def _apply(ufunc, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(np.asarray(ufunc(x.detach().numpy())))
 
 
-class _Sqrt(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = _apply(np.sqrt, x)
-        ctx.save_for_backward(y)
-        return y
+def _portable(ufunc, torch_fn, grad):
+    """torch_fn computed by NumPy's ``ufunc`` on CPU floats, with ``grad(x, y, dy)`` as its backward."""
 
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return grad / (2 * y)
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = _apply(ufunc, x)
+            ctx.save_for_backward(x, y)
+            return y
 
+        @staticmethod
+        def backward(ctx, dy):
+            return grad(*ctx.saved_tensors, dy)
 
-class _Exp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = _apply(np.exp, x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return grad * y
-
-
-class _Log(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return _apply(np.log, x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad / x
-
-
-class _Sin(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return _apply(np.sin, x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * cos(x)
-
-
-class _Cos(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return _apply(np.cos, x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return -grad * sin(x)
-
-
-def _portable(fn, torch_fn):
     def call(x: torch.Tensor) -> torch.Tensor:
         if not _on_numpy(x):
             return torch_fn(x)
         if x.requires_grad and torch.is_grad_enabled():
-            return fn.apply(x)
-        return fn.forward(_NoCtx, x)
+            return Function.apply(x)
+        return _apply(ufunc, x)
 
     call.__name__ = torch_fn.__name__
     call.__doc__ = f"torch.{torch_fn.__name__}, the same bits on every CPU (fnlcore.numerics)."
     return call
 
 
-class _NoCtx:  # forward outside autograd: nothing to save
-    @staticmethod
-    def save_for_backward(*_):
-        pass
-
-
-sqrt = _portable(_Sqrt, torch.sqrt)
-exp = _portable(_Exp, torch.exp)
-log = _portable(_Log, torch.log)
-sin = _portable(_Sin, torch.sin)
-cos = _portable(_Cos, torch.cos)
+# torch's own backward formulas, with this module's functions where they need one
+sqrt = _portable(np.sqrt, torch.sqrt, lambda x, y, dy: dy / (2 * y))
+exp = _portable(np.exp, torch.exp, lambda x, y, dy: dy * y)
+log = _portable(np.log, torch.log, lambda x, y, dy: dy / x)
+sin = _portable(np.sin, torch.sin, lambda x, y, dy: dy * cos(x))
+cos = _portable(np.cos, torch.cos, lambda x, y, dy: -dy * sin(x))
 
 
 def foreach_sqrt(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
