@@ -34,11 +34,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import EXIT_CONTINUE, ConfigError
+from ..errors import EXIT_CONTINUE, ConfigError, FNLError
 from .runs import RUN_FILES
 
 GROUP_RECORD = "{results}/groups/{group}.json"
 IDENTITY_FILE = "identity.json"
+LOG_FILE = "run.log"  # the run's log as its group's child wrote it (Snakemake deletes a job's log before it runs)
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
@@ -115,11 +116,15 @@ def mark_staged(spec, identity: str) -> None:
     write_json({"identity": identity}, staged_dir(spec.checkpoint) / IDENTITY_FILE)
 
 
-def publish_staged(spec, identity: str) -> bool:
-    """Link (copy, across file systems) the run's complete staged outputs onto its outputs; False
-    (nothing written) when its staging is not complete for ``identity``."""
+def publish_staged(spec, identity: str, log: str | os.PathLike | None = None) -> bool:
+    """Link (copy, across file systems) the run's complete staged outputs onto its outputs, and its
+    staged log onto ``log``; False (nothing written) when its staging is not complete for ``identity``."""
     if not staged_complete(spec, identity):
         return False
+    staged_log = staged_dir(spec.checkpoint) / LOG_FILE
+    if log is not None and staged_log.is_file():
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(staged_log, log)
     for src, dst in _outputs(spec):
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(f"{dst}.publishing")
@@ -130,6 +135,24 @@ def publish_staged(spec, identity: str) -> bool:
             shutil.copyfile(src, tmp)
         os.replace(tmp, dst)  # metrics first: the table reads only complete runs, and Snakemake checks all four
     return True
+
+
+class GroupedRunNotTrained(FNLError):
+    """A grouped run's train job found no complete staged outputs of its group's job."""
+
+
+def publish_for_train_job(spec, identity: str, grouped: bool, log: str | os.PathLike) -> bool:
+    """What a ``train`` job does first: publish the run's staged outputs where a group trained it
+    (True: nothing to train). A grouped run without them is an error naming the fix; an ungrouped
+    one (False) trains as usual."""
+    if publish_staged(spec, identity, log):
+        return True
+    if grouped:
+        raise GroupedRunNotTrained(
+            f"run {Path(spec.metrics).parent} has no complete outputs from its run group's job in "
+            f"{staged_dir(spec.checkpoint)} (trained with other settings, or deleted): run the workflow again "
+            "with --forcerun train_group (its group's job trains it), or set run_groups: 1 to train it by itself")
+    return False
 
 
 # -- one run of a group (a child process) --------------------------------------------------------
@@ -173,8 +196,9 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
             log.info("run %s, attempt %d, in a run group", Path(member.spec.metrics).parent, attempt)
             status = train_job(staged_spec(member.spec), progress=round_reporter(log.info), attempt=attempt,
                                time_budget_s=budget)
-            if status == 0:
-                mark_staged(member.spec, member.identity)
+        if status == 0:
+            shutil.copyfile(member.log, staged_dir(member.spec.checkpoint) / LOG_FILE)
+            mark_staged(member.spec, member.identity)
         return status
     finally:
         if run_lock is not None:
