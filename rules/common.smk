@@ -5,7 +5,7 @@ import sys
 from fnlcore import paths
 from fnlcore.app.plan import build_plan
 from fnlcore.app.resources import train_resources
-from fnlcore.app.run_group import GROUP_RECORD, Member, form_run_groups
+from fnlcore.app.run_group import GROUP_RECORD, Member, form_run_groups, group_request
 from fnlcore.app.runs import CHECKPOINT, RUN, RUN_FILES, TABLE, TABLE_FILES
 from fnlcore.datasets import DATASETS
 from fnlcore.errors import ConfigError
@@ -269,24 +269,31 @@ def group_identities(w):
     return [m.identity for m in group_members(w)]
 
 
-def _group_sum(w, what):
+def _group_request(w):
+    """Summed over the group's runs, each as its own train job would ask (--set-resources train:... too)."""
     res = train_resources(PLAN, workflow)
-    return sum(getattr(res, what)(r) for r in _group_runs(w))
+    given = workflow.resource_settings.overwrite_resources.get("train", {})
+    given = {k: getattr(v, "raw", v) for k, v in given.items()}
+    runs = [
+        tuple(
+            int(given[k]) if k in given else getattr(res, k)(r)
+            for k in ("mem_mb", "disk_mb", "runtime")
+        )
+        for r in _group_runs(w)
+    ]
+    return group_request(runs, res.cap.max_mem_mb, res.cap.max_runtime)
 
 
 def group_mem_mb(w):
-    return _group_sum(w, "mem_mb")
+    return _group_request(w)["mem_mb"]
 
 
 def group_disk_mb(w):
-    return _group_sum(w, "disk_mb")
+    return _group_request(w)["disk_mb"]
 
 
 def group_runtime(w):
-    """The runs' summed time (side by side they share one device), at most the site's cap: a
-    group cut by it stops with checkpoints (exit 75) and its next attempt continues."""
-    res = train_resources(PLAN, workflow)
-    return min(_group_sum(w, "runtime"), res.cap.max_runtime)
+    return _group_request(w)["runtime"]
 
 
 def run_threads():

@@ -74,6 +74,15 @@ def form_run_groups(runs: Sequence[Any], size: int, results: str) -> list[RunGro
     return groups
 
 
+def group_request(runs: Sequence[tuple[int, int, int]], max_mem_mb: int | None, max_runtime: int) -> dict[str, int]:
+    """A group job's request from its runs' (mem_mb, disk_mb, runtime): side by side on one device
+    their memory and disk add up, and so (at worst, a saturated device) does their time; each at most
+    the site's cap. A group cut by the time cap stops with checkpoints (exit 75) and continues."""
+    mem = sum(r[0] for r in runs)
+    return {"mem_mb": mem if max_mem_mb is None else min(mem, max_mem_mb),
+            "disk_mb": sum(r[1] for r in runs), "runtime": min(sum(r[2] for r in runs), max_runtime)}
+
+
 # -- a run's staged outputs ----------------------------------------------------------------------
 
 
