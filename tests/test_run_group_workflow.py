@@ -1,0 +1,80 @@
+"""Run groups through the workflow (config key ``run_groups``; docs/cluster.md "Run groups").
+
+Four runs of the demo table (its clean column, 16 rounds, a checkpoint every round) are one
+group. Snakemake and its jobs are killed (SIGKILL to the process group) once some of the group's
+runs have finished and others not; the same command then completes: no finished run is trained
+again (its staged outputs keep their mtimes, its log has one training), every unfinished one
+resumes from its checkpoint, and every run's metrics equal the same run trained by itself
+(``run_groups: 1``, another folder)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fnlcore.app.run_group import form_run_groups, staged_dir
+
+from .workflow_support import (
+    expected_plan,
+    kill_group,
+    load_test_config,
+    output_of,
+    run_snakemake,
+    start_snakemake,
+    wait_until,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _group(configfile: Path):
+    plan = expected_plan(configfile)
+    groups = form_run_groups(plan.runs(), plan.run_groups, plan.results_dir)
+    (clean,) = [g for g in groups if all(r.noise.slug() == "clean" for r in g.runs)]
+    assert len(clean.runs) == 4
+    return plan, clean
+
+
+def test_a_killed_group_job_resumes_its_unfinished_runs_only_and_grouped_runs_equal_runs_alone(tmp_path):
+    grouped, alone = tmp_path / "grouped", tmp_path / "alone"
+    cfg = write_config(grouped, {**load_test_config("kill_resume"), "run_groups": 4})
+    plan, group = _group(cfg)
+    targets = [r.files(plan.results_dir)["metrics"] for r in group.runs]
+    ckpts = [grouped / r.checkpoint(plan.results_dir) for r in group.runs]
+
+    def finished():  # runs whose staging is complete (its identity mark is written last)
+        return [run for run, ckpt in zip(group.runs, ckpts) if (staged_dir(ckpt) / "identity.json").is_file()]
+
+    record = grouped / group.record(plan.results_dir)
+    proc = start_snakemake(grouped, cfg, "--", *targets, output=tmp_path / "first.log")
+    try:
+        wait_until(lambda: 0 < len(finished()) < 4 and not record.exists(), proc,
+                   context=lambda: (tmp_path / "first.log").read_text()[-3000:])
+    finally:
+        kill_group(proc)
+    done = {r.files(plan.results_dir)["metrics"] for r in finished()}
+    assert 0 < len(done) < 4 and not record.exists()
+    staged_times = {p: p.stat().st_mtime_ns for r, c in zip(group.runs, ckpts)
+                    if r.files(plan.results_dir)["metrics"] in done for p in staged_dir(c).iterdir()}
+
+    res = run_snakemake(grouped, cfg, "--rerun-incomplete", "--", *targets)
+    assert res.returncode == 0, output_of(res)[-4000:]
+    assert record.exists()
+    assert {p: p.stat().st_mtime_ns for p in staged_times} == staged_times  # no finished run written again
+    for run, ckpt in zip(group.runs, ckpts):
+        metrics = run.files(plan.results_dir)["metrics"]
+        log = (grouped / metrics.replace("/runs/", "/logs/runs/", 1)).parent.with_suffix(".log").read_text()
+        assert log.count("engine: ") == (1 if metrics in done else 2), log  # trained once, or once per job
+        assert ("resumed from" in log) == (metrics not in done), log
+        assert os.path.samefile(grouped / metrics, staged_dir(ckpt) / "metrics.parquet")
+
+    cfg_alone = write_config(alone, {**load_test_config("kill_resume"), "run_groups": 1})
+    res = run_snakemake(alone, cfg_alone, "--", *targets)
+    assert res.returncode == 0, output_of(res)[-4000:]
+    for metrics in targets:
+        a, b = pd.read_parquet(grouped / metrics), pd.read_parquet(alone / metrics)
+        pd.testing.assert_frame_equal(a.drop(columns="seconds"), b.drop(columns="seconds"), check_exact=True)
