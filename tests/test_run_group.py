@@ -24,6 +24,7 @@ from fnlcore.app.results_lock import lock_holder
 from fnlcore.app.run_group import (
     Member,
     form_run_groups,
+    group_request,
     publish_staged,
     staged_complete,
     staged_dir,
@@ -194,3 +195,9 @@ def test_runs_are_grouped_by_dataset_and_training_settings_in_plan_order():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigError, match="run_groups"):
             form_run_groups(runs, bad, "results")
+
+
+def test_a_group_asks_for_its_runs_summed_needs_capped_by_the_site():
+    runs = [(2000, 100, 30), (3000, 200, 50)]
+    assert group_request(runs, None, 1440) == {"mem_mb": 5000, "disk_mb": 300, "runtime": 80}
+    assert group_request(runs, 4000, 60) == {"mem_mb": 4000, "disk_mb": 300, "runtime": 60}
