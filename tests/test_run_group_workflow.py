@@ -20,6 +20,7 @@ from fnlcore.app.run_group import form_run_groups, staged_dir
 
 from .workflow_support import (
     expected_plan,
+    job_counts,
     kill_group,
     load_test_config,
     output_of,
@@ -85,3 +86,30 @@ def test_a_killed_group_job_resumes_its_unfinished_runs_only_and_grouped_runs_eq
     for metrics in targets:
         a, b = pd.read_parquet(grouped / metrics), pd.read_parquet(alone / metrics)
         pd.testing.assert_frame_equal(a.drop(columns="seconds"), b.drop(columns="seconds"), check_exact=True)
+
+
+def _dry_run(workdir: Path, *args: str):
+    cfg = write_config(workdir, load_test_config("kill_resume"))
+    return run_snakemake(workdir, cfg, "-n", "--set-threads", "train=1", "--set-resources", "train:mem_mb=2000", *args)
+
+
+def test_a_group_job_asks_for_one_gpu_and_its_runs_summed_memory_and_the_runs_jobs_for_none(tmp_path):
+    res = _dry_run(tmp_path, "--config", "run_groups=4")
+    out = output_of(res)
+    assert res.returncode == 0, out[-4000:]
+    assert job_counts(out)["train_group"] == 3 and job_counts(out)["train"] == 12
+
+    def resources(rule):
+        import re
+
+        found = re.findall(rf"^rule {rule}:\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
+        return [dict(item.split("=", 1) for item in line.split(", ")) for line in found]
+
+    assert all(r["mem_mb"] == "8000" and r["gpu"] == "1" for r in resources("train_group"))
+    assert all(r["gpu"] == "0" for r in resources("train"))
+
+
+def test_run_groups_and_snakemakes_groups_of_train_are_refused_together(tmp_path):
+    res = _dry_run(tmp_path, "--config", "run_groups=2", "--groups", "train=pack", "--group-components", "pack=2")
+    assert res.returncode != 0
+    assert "run_groups and --groups train=... both pack training runs" in output_of(res)
