@@ -7,6 +7,7 @@ group without losing the finished ones; a time limit gives exit 75."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -86,13 +87,12 @@ def _assert_same_run(got: RunSpec, expect: RunSpec) -> None:
 
 def test_each_grouped_run_equals_the_same_run_trained_alone(tmp_path):
     data_dir, noise = _prepared_digits(tmp_path)
-    members = [_member(tmp_path, data_dir, noise, "a", "fedavg", 0), _member(tmp_path, data_dir, noise, "b", "fedavg", 1),
+    members = [_member(tmp_path, data_dir, noise, "a", "fedavg", 0),
+               _member(tmp_path, data_dir, noise, "b", "fedavg", 1),
                _member(tmp_path, data_dir, noise, "c", "fedprox", 0)]
     record = tmp_path / "groups" / "g.json"
     lines: list[str] = []
     assert train_group(members, record, log=lines.append) == 0
-    import json
-
     runs = json.loads(record.read_text())["runs"]
     assert [r["status"] for r in runs] == ["trained"] * 3
     # side by side, from the runs' own logs (first and last line): every run had begun before any ended
