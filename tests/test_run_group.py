@@ -212,3 +212,16 @@ def test_a_group_asks_for_its_runs_summed_needs_capped_by_the_site():
     runs = [(2000, 100, 30), (3000, 200, 50)]
     assert group_request(runs, None, 1440) == {"mem_mb": 5000, "disk_mb": 300, "runtime": 80}
     assert group_request(runs, 4000, 60) == {"mem_mb": 4000, "disk_mb": 300, "runtime": 60}
+
+
+def test_fnl_cell_trains_its_runs_ungrouped_whatever_the_users_run_groups():
+    """A run group would train other cells' runs too: the cell's --config (which wins over a configfile's) sets 1."""
+    from fnlcore import cli
+
+    class PT:
+        paper, table = "demo", "demo"
+
+    cmd = cli.cell_command(PT, "paper", "results", ["a/metrics.parquet"], ["--configfile", "my.yaml"])
+    config = cmd[cmd.index("--config"):cmd.index("--cores")]
+    assert "run_groups=1" in config
+    assert cmd.index("run_groups=1") < cmd.index("--configfile")
