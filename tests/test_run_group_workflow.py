@@ -5,7 +5,8 @@ group. Snakemake and its jobs are killed (SIGKILL to the process group) once som
 runs have finished and others not; the same command then completes: no finished run is trained
 again (its staged outputs keep their files and bytes, its log has one training), every unfinished one
 resumes from its checkpoint, and every run's metrics equal the same run trained by itself
-(``run_groups: 1``, another folder)."""
+(``run_groups: 1``, another folder). Turning grouping off then trains nothing: the runs' own jobs
+publish what the group staged."""
 
 from __future__ import annotations
 
@@ -79,6 +80,17 @@ def test_a_killed_group_job_resumes_its_unfinished_runs_only_and_grouped_runs_eq
         assert log.count("engine: ") == (1 if metrics in done else 2), log  # trained once, or once per job
         assert ("resumed from" in log) == (metrics not in done), log
         assert os.path.samefile(grouped / metrics, staged_dir(ckpt) / "metrics.parquet")
+
+    # grouping turned off (as `fnl cell` runs): the runs' train jobs rerun (their input changed) and
+    # publish the staged outputs; nothing is trained
+    logs = {m: (grouped / m.replace("/runs/", "/logs/runs/", 1)).parent.with_suffix(".log") for m in targets}
+    before = {m: log.read_text() for m, log in logs.items()}
+    res = run_snakemake(grouped, cfg, "--config", "run_groups=1", "--", *targets)
+    assert res.returncode == 0, output_of(res)[-4000:]
+    assert job_counts(output_of(res)) == {"train": 4}
+    assert {m: log.read_text() for m, log in logs.items()} == before
+    for run, ckpt in zip(group.runs, ckpts):
+        assert os.path.samefile(grouped / run.files(plan.results_dir)["metrics"], staged_dir(ckpt) / "metrics.parquet")
 
     cfg_alone = write_config(alone, {**load_test_config("kill_resume"), "run_groups": 1})
     res = run_snakemake(alone, cfg_alone, "--", *targets)
