@@ -299,7 +299,8 @@ def group_runtime(w):
 def run_threads():
     """Each run's CPU threads: rule train's (1, or --set-threads train=N)."""
     given = workflow.resource_settings.overwrite_threads.get("train", 1)
-    return int(getattr(given, "raw", given))  # a Resource when given on the command line
+    # a Resource when given on the command line
+    return int(getattr(given, "raw", given))
 
 
 def group_threads(w):
