@@ -10,6 +10,9 @@ scratch, in fresh folders with the repository's Slurm profile, once per variant:
 - ``unpacked``: one Slurm job per training run;
 - ``group``: ``--groups train=pack --group-components pack=N`` (README, rules/train.smk): Snakemake
   puts N runs into one Slurm job;
+- ``rungroups``: the workflow's own run groups (config key ``run_groups=N``, docs/cluster.md "Run
+  groups"): one ``train_group`` Slurm job per N runs of the same training settings trains them side
+  by side, one process each; the runs' ``train`` jobs then link the outputs on the submit host;
 - ``launcher``: the data, partitions and noise through Slurm (``--omit-from train``), then one
   ``sbatch`` per N runs whose job runs a plain local Snakemake with ``--cores C`` on those runs
   (C = min(N, --cores)), then the table through Slurm. This is not in the workflow: it is what a
@@ -47,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/((?:rule|group)_[A-Za-z0-9_]+)/")
 METRICS = re.compile(r"results/runs/\S+?/metrics\.parquet")
 LOG_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d) ", re.M)
-VARIANTS = ("unpacked", "group", "launcher")
+VARIANTS = ("unpacked", "group", "rungroups", "launcher")
 TINY = """\
 num_clients: 3
 seeds: [0]
@@ -57,9 +60,9 @@ noises:
 """
 
 
-def snakemake(wd: Path, *args: str) -> subprocess.CompletedProcess:
+def snakemake(wd: Path, *args: str, config: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--config", "scale=scale.yaml", "data_grid=[]", "tables=[demo]",
+           "--config", "scale=scale.yaml", "data_grid=[]", "tables=[demo]", *config,
            "--set-threads", "train=1", "--set-resources", "train:mem_mb=2000", *args]
     res = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:
@@ -103,6 +106,14 @@ def runs_by_job(wd: Path) -> dict[str, set[str]]:
     for log in (wd / ".snakemake" / "slurm_logs").glob("*_train/**/*.log"):
         jobs.setdefault(log.stem, set()).update(METRICS.findall(log.read_text(errors="replace")))
     return jobs
+
+
+def runs_by_group(wd: Path) -> dict[str, set[str]]:
+    """Run group -> its runs (metrics paths), from the train_group jobs' records (fnlcore.app.run_group)."""
+    import json
+
+    return {rec.stem: {r["run"] + "/metrics.parquet" for r in json.loads(rec.read_text())["runs"]}
+            for rec in (wd / "results" / "groups").glob("*.json")}
 
 
 def active_at_least(intervals: list[tuple[float, float]], k: int) -> float:
@@ -163,6 +174,10 @@ def build(variant: str, pack: int, cores: int | None, rounds: int, poll: int) ->
         t0 = time.time()
         if variant == "launcher":
             rc, by_job = launcher(wd, pack, cores, slurm, jobs)
+        elif variant == "rungroups":
+            res = snakemake(wd, *slurm, config=(f"run_groups={pack}",))
+            count_jobs(res.stdout + res.stderr, jobs)
+            rc, by_job = res.returncode, runs_by_group(wd)
         else:
             extra = ["--groups", "train=pack", "--group-components", f"pack={pack}"] if variant == "group" else []
             res = snakemake(wd, *slurm, *extra)
@@ -223,7 +238,7 @@ def main() -> None:
     for b in builds:
         s = summary(b)
         train = sum(n for name, n in b["jobs"].items()
-                    if name in ("rule_train", "launcher_train") or name.startswith("group_"))
+                    if name in ("rule_train", "rule_train_group", "launcher_train") or name.startswith("group_"))
         frac = f"{s['two_s'] / s['busy_s']:.0%}" if s["busy_s"] else "-"
         jfrac = f"{s['job_two_s'] / s['job_wall_s']:.0%}" if s["job_wall_s"] else "-"
         print(f"| {b['variant']} | {b['load']:.1f} | {b['wall']:.0f} | {sum(b['jobs'].values())} | {train} "

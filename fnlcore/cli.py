@@ -202,7 +202,9 @@ def cell_command(pt, scale: str, results: str, targets: list[str], extra: list[s
     cores = [] if any(a == p or a.startswith(p + "=") for a in extra for p in _PARALLELISM) else ["--cores", "1"]
     return [
         sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *targets,
+        # run_groups=1: only this cell's runs train (a run group would train other cells' runs too)
         "--config", f"tables=[\"{pt.paper}/{pt.table}\"]", f"scale={scale}", "data_grid=[]", f"results_dir={results}",
+        "run_groups=1",
         *cores, *extra,
     ]
 

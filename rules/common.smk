@@ -5,6 +5,7 @@ import sys
 from fnlcore import paths
 from fnlcore.app.plan import build_plan
 from fnlcore.app.resources import train_resources
+from fnlcore.app.run_group import GROUP_RECORD, Member, form_run_groups, group_request
 from fnlcore.app.runs import CHECKPOINT, RUN, RUN_FILES, TABLE, TABLE_FILES
 from fnlcore.datasets import DATASETS
 from fnlcore.errors import ConfigError
@@ -168,11 +169,149 @@ def _train_grouped() -> bool:
 
 
 def _train_gpu(wildcards) -> int:
-    return 0 if _train_grouped() else 1
+    # a run of a run group (run_groups) is trained by its train_group job, which holds the GPU
+    return 0 if _train_grouped() or run_group_record(wildcards) else 1
 
 
 def _train_gres(wildcards) -> str:
     return "gpu:1" if _train_grouped() else ""
+
+
+# Run groups (config key run_groups; fnlcore/app/run_group.py, docs/cluster.md): one train_group
+# job trains N runs of the same dataset and training settings side by side on its one device,
+# into each run's staging folder; each run's own train job then links the outputs into place,
+# so every run stays its own tracked output set.
+RUN_GROUPS = {g.gid: g for g in form_run_groups(PLAN.runs(), PLAN.run_groups, RESULTS)}
+_GROUP_OF_RUN = {
+    run.files(RESULTS)["metrics"]: g for g in RUN_GROUPS.values() for run in g.runs
+}
+
+
+class _RunWildcards(dict):
+    """A planned run's path fields as the rules' helpers read wildcards (w.dataset, w.items())."""
+
+    __getattr__ = dict.__getitem__
+
+
+def run_group_record(w):
+    """The record of the run group that trains this run ([] when it trains by itself)."""
+    g = _GROUP_OF_RUN.get(pattern(RUN, RUN_FILES["metrics"], **dict(w.items())))
+    if g is not None and _train_grouped():  # known once the command line is parsed
+        raise ValueError(
+            "run_groups and --groups train=... both pack training runs; use run_groups (its runs run "
+            "side by side, docs/cluster.md) and drop --groups for train"
+        )
+    return [g.record(RESULTS)] if g is not None else []
+
+
+def run_group(w):
+    try:
+        return RUN_GROUPS[w.group]
+    except KeyError:
+        raise ValueError(
+            f"run group {w.group!r} is not one of the configuration's (key run_groups; its records: "
+            f"{pattern(GROUP_RECORD)})"
+        )
+
+
+def _group_runs(w):
+    return [_RunWildcards(run.fields()) for run in run_group(w).runs]
+
+
+def group_inputs(w):
+    """Every input of the group's runs (rule train's, once each)."""
+    files = []
+    for r in _group_runs(w):
+        files += data_inputs(r) + [noise_parquet(r)]
+        files += planned_cache_files(
+            data_dir(r),
+            r.dataset,
+            dataset_settings(r.dataset).options,
+            training_settings(r.train).image_transform,
+        )
+    return list(dict.fromkeys(files))
+
+
+def train_log(w):
+    return pattern(
+        "{results}/logs/runs/{dataset}/{partition}/pseed{pseed}/{noise}/nseed{nseed}/{train}/{method}/seed{seed}.log",
+        **dict(w.items()),
+    )
+
+
+def group_members(w):
+    """What each run's own train job would get (workflow_scripts/train.py), for its child process."""
+    from fnlcore.app.train import RunSpec
+    from fnlcore.progress import run_tag
+
+    members = []
+    for r in _group_runs(w):
+        out = {k: pattern(RUN, suffix, **r) for k, suffix in RUN_FILES.items()}
+        spec = RunSpec(  # positional: a line starting with `checkpoint=` is Snakemake syntax
+            data_dir(r),
+            noise_parquet(r),
+            partition_spec(r.partition).num_clients,
+            training_settings(r.train),
+            method_params(r.method),
+            int(r.seed),
+            out["metrics"],
+            out["clients"],
+            out["model"],
+            pattern(CHECKPOINT, **r),
+            relabels=out["relabels"],
+            device=str(config.get("device", "auto")),
+            results_dir=str(config.get("results_dir", "results")),
+        )
+        identity = train_identity(
+            training_settings(r.train), method_params(r.method), r.dataset
+        )
+        members.append(
+            Member(spec, identity, train_log(r), run_tag(r.method, r.noise, r.seed))
+        )
+    return members
+
+
+def group_identities(w):
+    """Tracked (plain values): a changed setting of any run reruns its group, which trains that run only."""
+    return [m.identity for m in group_members(w)]
+
+
+def _group_request(w):
+    """Summed over the group's runs, each as its own train job would ask (--set-resources train:... too)."""
+    res = train_resources(PLAN, workflow)
+    given = workflow.resource_settings.overwrite_resources.get("train", {})
+    given = {k: getattr(v, "raw", v) for k, v in given.items()}
+    runs = [
+        tuple(
+            int(given[k]) if k in given else getattr(res, k)(r)
+            for k in ("mem_mb", "disk_mb", "runtime")
+        )
+        for r in _group_runs(w)
+    ]
+    return group_request(runs, res.cap.max_mem_mb, res.cap.max_runtime)
+
+
+def group_mem_mb(w):
+    return _group_request(w)["mem_mb"]
+
+
+def group_disk_mb(w):
+    return _group_request(w)["disk_mb"]
+
+
+def group_runtime(w):
+    return _group_request(w)["runtime"]
+
+
+def run_threads():
+    """Each run's CPU threads: rule train's (1, or --set-threads train=N)."""
+    given = workflow.resource_settings.overwrite_threads.get("train", 1)
+    # a Resource when given on the command line
+    return int(getattr(given, "raw", given))
+
+
+def group_threads(w):
+    return run_threads() * len(run_group(w).runs)
 
 
 # -- tables (rules/tables.smk) --------------------------------------------------------
@@ -203,6 +342,7 @@ wildcard_constraints:
     noise=r"[A-Za-z0-9.\-_]+",
     annotator=r"[A-Za-z0-9.\-_]+",
     pseed=r"\d+",
+    group=r"[a-z0-9_]+-[0-9a-f]{12}",
     nseed=r"\d+",
     client=r"\d+",
     seed=r"\d+",

@@ -18,6 +18,7 @@ rule train:
             dataset_settings(w.dataset).options,
             training_settings(w.train).image_transform,
         ),
+        group=run_group_record,
     output:
         metrics=pattern(RUN, RUN_FILES["metrics"]),
         clients=pattern(RUN, RUN_FILES["clients"]),
@@ -54,5 +55,43 @@ rule train:
         identity=lambda w: train_identity(
             training_settings(w.train), method_params(w.method), w.dataset
         ),
+        # trained by its run group's job (rule train_group): this job only publishes its outputs
+        grouped=lambda w: bool(run_group_record(w)),
     script:
         "../workflow_scripts/train.py"
+
+
+# Run groups (config key run_groups, docs/cluster.md "Run groups"): one job trains a group's runs
+# side by side on one device, each in a child process of its own (fnlcore.app.run_group); a
+# finished run is kept in its staging folder and never trained again (kill, scancel, exit 75,
+# retries). Each run's train job above then only links its outputs, on the submit host.
+if RUN_GROUPS:
+
+    localrules:
+        train,
+
+
+rule train_group:
+    """Train a run group's runs side by side on one device (config key run_groups)."""
+    input:
+        group_inputs,
+    output:
+        pattern(GROUP_RECORD),
+    log:
+        pattern("{results}/logs/groups/{group}.log"),
+    retries: train_resources(PLAN, workflow).retries * max(1, PLAN.run_groups)
+    conda:
+        "../envs/fnl.yaml"
+    threads: group_threads
+    resources:
+        attempt=lambda wildcards, attempt: attempt,
+        mem_mb=group_mem_mb,
+        disk_mb=group_disk_mb,
+        runtime=group_runtime,
+        gpu=1,
+    params:
+        members=group_members,
+        identities=group_identities,
+        run_threads=run_threads(),
+    script:
+        "../workflow_scripts/train_group.py"

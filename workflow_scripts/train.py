@@ -24,6 +24,7 @@ except RunBusy as busy:
     sys.exit(1)
 
 from fnlcore.app.resources import time_budget_s  # noqa: E402 (after the run's lock)
+from fnlcore.app.run_group import publish_for_train_job  # noqa: E402 (after the run's lock)
 from fnlcore.app.train import RunSpec, train_job, train_job_log  # noqa: E402 (after the run's lock)
 from fnlcore.progress import round_reporter, run_tag  # noqa: E402 (after the run's lock)
 
@@ -33,16 +34,20 @@ attempt = int(sm.resources.get("attempt", 1))
 # Each console line names its run: parallel jobs' lines interleave there (fnlcore.progress).
 # A run continued from its checkpoint, or a retry, keeps its earlier jobs' lines in the log.
 try:
-    with train_job_log(sm.log[0], sm.params.checkpoint, attempt, tag=run_tag(w.method, w.noise, w.seed)) as log:
-        log.info("run %s, attempt %d", sm.output.metrics.rsplit("/", 1)[0], attempt)
-        spec = RunSpec(
-            data_dir=sm.params.data_dir, noise_parquet=sm.input.noise, num_clients=sm.params.num_clients,
-            settings=sm.params.settings, method=sm.params.method, seed=int(w.seed),
-            metrics=sm.output.metrics, clients=sm.output.clients, model=sm.output.model,
-            checkpoint=sm.params.checkpoint, relabels=sm.output.relabels, device=str(sm.config.get("device", "auto")),
-            results_dir=str(sm.config.get("results_dir", "results")),  # the folder the workflow locks
-        )
-        status = train_job(spec, progress=round_reporter(log.info), attempt=attempt, time_budget_s=budget)
+    spec = RunSpec(
+        data_dir=sm.params.data_dir, noise_parquet=sm.input.noise, num_clients=sm.params.num_clients,
+        settings=sm.params.settings, method=sm.params.method, seed=int(w.seed),
+        metrics=sm.output.metrics, clients=sm.output.clients, model=sm.output.model,
+        checkpoint=sm.params.checkpoint, relabels=sm.output.relabels, device=str(sm.config.get("device", "auto")),
+        results_dir=str(sm.config.get("results_dir", "results")),  # the folder the workflow locks
+    )
+    # a run its group's job trained (config key run_groups): link its outputs and its log into place
+    if publish_for_train_job(spec, sm.params.identity, sm.params.grouped, sm.log[0]):
+        status = 0
+    else:
+        with train_job_log(sm.log[0], sm.params.checkpoint, attempt, tag=run_tag(w.method, w.noise, w.seed)) as log:
+            log.info("run %s, attempt %d", sm.output.metrics.rsplit("/", 1)[0], attempt)
+            status = train_job(spec, progress=round_reporter(log.info), attempt=attempt, time_budget_s=budget)
 finally:
     if run_lock is not None:
         run_lock.release()  # after the outputs (a kill releases it too: the kernel does)

@@ -67,6 +67,7 @@ class Plan:
     noises: dict[str, Any]  # slug -> NoiseSpec
     label_sets: list[NoisyLabelSet]
     scale: str = "paper"
+    run_groups: int = 1  # runs a train_group job trains side by side (fnlcore.app.run_group); 1: none
     tables: list = field(default_factory=list)  # fnlcore.app.papers.PaperTable
     trainings: dict[str, Any] = field(default_factory=dict)  # slug -> TrainSettings
     methods: dict[str, Any] = field(default_factory=dict)  # slug -> MethodParams
@@ -184,6 +185,7 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
         noises=noises,
         label_sets=label_sets,
         scale=str(config.get("scale", "paper")),
+        run_groups=_run_groups(config.get("run_groups", 1)),
         partition_keys=grid_keys,
     )
     _add_tables(plan, config.get("tables", []) or [], settings)
@@ -213,6 +215,13 @@ def _check_dataset_options(plan: Plan, per_ds: Mapping[str, Any]) -> None:
                 sources.append(f"{scale.source or 'scale ' + scale.name}: dataset_options.{name}")
             sources += [f"{t.source}: dataset_options.{name}" for t in plan.tables if t.dataset_options.get(name)]
             raise ConfigError(f"{' and '.join(sources) or f'dataset {name!r}'}: {err}") from None
+
+
+def _run_groups(size: Any) -> int:
+    from .run_group import form_run_groups
+
+    form_run_groups([], size, "")  # a ConfigError naming the key unless a whole number >= 1
+    return int(size)
 
 
 def _add_tables(plan: Plan, selected: list[str], settings) -> None:
