@@ -1,4 +1,4 @@
-"""Ops dispatched per local step, for every paper training shape and engine (fnlcore.fl.opcount).
+"""Ops dispatched per local step, for every paper training shape and engine (fnlcore.app.opcount).
 
     python benchmarks/bench_ops.py                          # every shape, both engines (batched: CPU and GPU paths)
     python benchmarks/bench_ops.py --baseline DIR           # and the fnlcore copy in DIR/fnlcore, before -> after
@@ -8,12 +8,12 @@ A GPU step at the papers' sizes is host-bound: its time follows the ops the host
 47-64 us each on an H200), not their arithmetic. This counts them, over a steady step of one FedAvg
 local update (forward, loss, backward, optimiser step; the first step of an update is in
 ``first``): ``device`` = kernel + create + copy ops (what reaches the device), then each kind
-(see fnlcore/fl/opcount.py), and ``device`` per sample (one step trains clients x batch samples
+(see fnlcore/app/opcount.py), and ``device`` per sample (one step trains clients x batch samples
 on the batched engine, batch samples on the sequential one). The shapes are every shape of
 benchmarks/step_costs.json; counts do not depend on the batch size (tests/test_op_counts.py), so
 they are made at batch 2 and images of at most 32 x 32 (unless --real-size) and reported per
 sample at the shape's batch. ``batched@gpu`` takes the batched engine's CUDA code paths on the
-CPU (fnlcore.fl.opcount.gpu_paths): no per-client split of wide convolutions, optimisers over
+CPU (fnlcore.app.opcount.gpu_paths): no per-client split of wide convolutions, optimisers over
 concatenations. The sequential engine's torch.optim runs its per-tensor loops on the CPU and its
 multi-tensor (foreach) ones on a GPU: its CPU optimiser counts are higher than a GPU's.
 Counts are exact and the same on every run: no timing, no repetitions.
@@ -34,12 +34,12 @@ ENGINES = (("sequential", "sequential", False), ("batched", "batched", False), (
 
 
 def _counter():
-    """The working tree's fnlcore.fl.opcount, in whichever fnlcore is imported (a baseline counts the same way)."""
+    """The working tree's fnlcore.app.opcount, in whichever fnlcore is imported (a baseline counts the same way)."""
     import importlib.util
 
     import fnlcore.fl  # noqa: F401 (its package, for the module's relative imports)
 
-    spec = importlib.util.spec_from_file_location("fnlcore.fl.opcount", ROOT / "fnlcore" / "fl" / "opcount.py")
+    spec = importlib.util.spec_from_file_location("fnlcore.app.opcount", ROOT / "fnlcore" / "app" / "opcount.py")
     opcount = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = opcount
     spec.loader.exec_module(opcount)

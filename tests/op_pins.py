@@ -4,7 +4,7 @@ A GPU step is host-bound (its time follows the ops the host dispatches), so a ch
 a step is a slow-down on a GPU even where a CPU cannot see it. ``tests/pins/op_counts.json`` holds,
 for every paper training shape (benchmarks/step_costs.json's, at a small batch, image size and class
 count: the counts depend on none of them) and engine, the ops of a steady local step by kind
-(:mod:`fnlcore.fl.opcount`); the test recounts and compares.
+(:mod:`fnlcore.app.opcount`); the test recounts and compares.
 
 When a change MEANS to change a count (fewer ops: good; more: say why in the commit), re-record:
 
@@ -28,7 +28,7 @@ ENGINES = {"sequential": ("sequential", False), "batched": ("batched", False), "
 
 def pin_shapes() -> dict[str, object]:
     """key -> StepShape: every paper shape at batch 2, images of at most 32 x 32 and 2 classes, once each."""
-    from fnlcore.fl.opcount import paper_shapes
+    from fnlcore.app.opcount import paper_shapes
 
     out = {}
     for s in paper_shapes():
@@ -43,7 +43,7 @@ def count(shape, label: str):
     """The shape's ops on one engine: 2 steps of 1 client (sequential) or of 2 stacked clients (batched),
     None where the batched engine cannot stack the model (VGG-16's dropout)."""
     from fnlcore.errors import ConfigError
-    from fnlcore.fl.opcount import count_steps
+    from fnlcore.app.opcount import count_steps
 
     engine, gpu = ENGINES[label]
     try:

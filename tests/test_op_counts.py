@@ -1,4 +1,4 @@
-"""Ops dispatched per local step (fnlcore.fl.opcount), pinned per paper shape and engine.
+"""Ops dispatched per local step (fnlcore.app.opcount), pinned per paper shape and engine.
 
 A GPU step's time follows the number of ops the host dispatches, so an op added to a step is a
 slow-down on a GPU that no CPU timing shows: each paper shape's steady-step counts, by kind, must
@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from fnlcore.fl.opcount import OpCounter, count_steps, kind_of
+from fnlcore.app.opcount import OpCounter, count_steps, kind_of
 from fnlcore.syncs import host_side, step_region
 
 from .op_pins import ENGINES, PINS_FILE, RECORD_COMMAND, count, pin_shapes

@@ -108,10 +108,11 @@ def test_pass_clients_cuts_fedcorrs_passes_and_keeps_every_client_of_the_rounds(
 
 def test_a_configuration_that_breaks_fails_and_names_its_cells(toy, tmp_path):
     run = toy.run
-    broken = dataclasses.replace(run, training=dataclasses.replace(run.training, lr=1e38))  # overflows the optimiser
+    broken = dataclasses.replace(run, training=dataclasses.replace(run.training, lr=1e38))  # weights overflow
     bad = dataclasses.replace(toy, run=broken)
     row = rehearse_one(bad, Options(rounds=2, eval_samples=16, threads=1), tmp_path / "work", tmp_path)
-    assert row["status"] == "fail" and "overflow" in row["error"]
+    # torch's unfused Adam refused the step ("overflow"); the fused one takes it and the outputs turn infinite
+    assert row["status"] == "fail" and ("overflow" in row["error"] or "NaN or infinite" in row["error"]), row["error"]
     _, md = write_rehearsal([row], tmp_path / "out", "toy")
     text = md.read_text()
     assert "Not passed" in text and all(c in text for c in toy.cells)

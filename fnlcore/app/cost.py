@@ -48,6 +48,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import ConfigError
+from .step_shape import StepShape
 
 CALIBRATION_VERSION = 1
 # Other processes' load per core above which a measured step time is called unreliable.
@@ -55,30 +56,6 @@ HIGH_LOAD_PER_CORE = 0.5
 # Test samples of the evaluation probe on a CPU: a 1,024-image batch of 224-pixel images takes
 # minutes there, and per-sample time hardly changes above a few dozen images on a CPU.
 CPU_EVAL_PROBE = 64
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """Everything a local step's time depends on (besides the device)."""
-
-    model: str
-    channels: int
-    image_size: tuple[int, int]
-    num_classes: int
-    multi_label: bool
-    batch_size: int
-    augmentation: str
-    optimizer: str
-    precision: str
-    channels_last: bool
-    eval_batch_size: int
-
-    def key(self) -> str:
-        h, w = self.image_size
-        return (
-            f"{self.model}|{self.channels}x{h}x{w}|C{self.num_classes}{'ml' if self.multi_label else ''}|b{self.batch_size}"
-            f"|{self.augmentation}|{self.optimizer}|{self.precision}{'|cl' if self.channels_last else ''}|eb{self.eval_batch_size}"
-        )
 
 
 @dataclass(frozen=True)
@@ -538,7 +515,7 @@ def _fit_here(plan, calibration: Calibration, pricing: Pricing, options) -> Pric
     import dataclasses
 
     from .gpu_cost import DeviceModel, batched_measurements
-    from .resources import _short
+    from .shipped import short_device as _short
 
     for run in plan.runs():
         calibration.cost(step_shape(run, options.get(run.dataset)))
@@ -700,7 +677,7 @@ def gpu_step_costs(shapes, description: str, paths: list, counts, memory_bytes: 
     a shape it never measured the estimate of its :class:`~fnlcore.app.gpu_cost.DeviceModel`, marked
     ``estimated``; never another device's cost. Fewer than two measured shapes: no model, no estimates."""
     from .gpu_cost import DeviceModel, batched_measurements, measured_on
-    from .resources import SHIPPED_DIR, SHIPPED_STEP_COSTS, _short
+    from .shipped import SHIPPED_DIR, SHIPPED_STEP_COSTS, short_device as _short
 
     shipped = Path(SHIPPED_DIR) / SHIPPED_STEP_COSTS
     found = measured_on(description, paths)

@@ -100,11 +100,12 @@ def shipped_counts(path: str | os.PathLike | None = None) -> dict[str, dict[str,
 
 class ShapeCounts:
     """Counts per shape key: the shipped ones, the cache's (``path``), and counted now for the rest
-    (saved to the cache)."""
+    (saved to the cache unless ``write`` is off: the workflow reads it and writes nothing, as a dry run must)."""
 
     def __init__(self, path: str | os.PathLike | None = None, shipped: Mapping[str, Mapping[str, Any]] | None = None,
-                 progress=None):
+                 progress=None, write: bool = True):
         self.path = Path(path) if path else None
+        self.write = write
         self.known: dict[str, dict[str, Any]] = dict(shipped_counts() if shipped is None else shipped)
         if self.path is not None and self.path.exists():
             self.known.update(_read(self.path))
@@ -118,7 +119,7 @@ class ShapeCounts:
                 self.progress(f"counting ops and FLOPs of {key} (not in {SHIPPED_COUNTS.name}; seconds)")
             self.known[key] = count_shape(shape)
             self.counted.append(key)
-            if self.path is not None:
+            if self.path is not None and self.write:
                 self.save(self.path, {k: self.known[k] for k in self.counted} | (
                     _read(self.path) if self.path.exists() else {}))
         return self.known[key]

@@ -49,7 +49,7 @@ def floor_seconds(flops: float) -> float:
 
 def shape_from_key(key: str):
     """The :class:`~fnlcore.app.cost.StepShape` of a shape key (``StepShape.key``'s inverse)."""
-    from .cost import StepShape
+    from .step_shape import StepShape
 
     parts = key.split("|")
     try:
@@ -78,7 +78,7 @@ class BatchedRow:
 
 
 def _shipped_file() -> Path:
-    from .resources import SHIPPED_DIR, SHIPPED_STEP_COSTS
+    from .shipped import SHIPPED_DIR, SHIPPED_STEP_COSTS
 
     return SHIPPED_DIR / SHIPPED_STEP_COSTS
 
@@ -95,7 +95,7 @@ def _raw(path: str | os.PathLike | None) -> dict:
 
 def batched_measurements(path: str | os.PathLike | None = None) -> dict[str, list[BatchedRow]]:
     """device description -> its measured batched rounds (``batched`` of the step-cost file)."""
-    from .cost import StepShape
+    from .step_shape import StepShape
 
     names = {f.name for f in fields(StepShape)}
     out: dict[str, list[BatchedRow]] = {}
@@ -110,7 +110,7 @@ def batched_measurements(path: str | os.PathLike | None = None) -> dict[str, lis
 
 def device_memory_mb(device: str, path: str | os.PathLike | None = None) -> int | None:
     """The recorded memory (MiB) of a GPU of ``device``'s model (any torch version), None where not recorded."""
-    from .resources import _short
+    from .shipped import short_device as _short
 
     mem = next((v for d, v in (_raw(path).get("memory_mb") or {}).items() if _short(d) == _short(device)), None)
     return int(mem) if mem else None
@@ -205,7 +205,7 @@ def gpu_descriptions(paths: list[str | os.PathLike]) -> list[str]:
 
 def find_gpu(name: str, paths: list[str | os.PathLike]) -> str:
     """The description of the GPU named ``name`` (``h200``: a case-blind part of its name)."""
-    from .resources import _short
+    from .shipped import short_device as _short
 
     found = [d for d in gpu_descriptions(paths) if name.lower() in _short(d).lower()]
     if not found:
@@ -218,7 +218,7 @@ def find_gpu(name: str, paths: list[str | os.PathLike]) -> str:
 def measured_on(device: str, paths: list[str | os.PathLike]) -> dict[str, tuple[float, float, str]]:
     """shape key -> (s per step, s per test sample, where) measured on GPUs of ``device``'s model
     (any torch version) in ``paths``, the first path's winning."""
-    from .resources import _short
+    from .shipped import short_device as _short
 
     out: dict[str, tuple[float, float, str]] = {}
     for p in paths:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from .shipped import SHIPPED_DIR, SHIPPED_STEP_COSTS, short_device as _short
 
 MEM_HEADROOM = 1.3
 MEM_MARGIN_MB = 1024
@@ -220,20 +221,12 @@ def load_step_costs(path: str | os.PathLike, gpu: bool) -> dict[str, tuple[float
 
 # -- what the project ships ----------------------------------------------------------------------
 
-#: Measurements shipped with the project: a user's own (``RESULTS/plan/``) override them per key.
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-SHIPPED_STEP_COSTS = "step_costs.json"
 OWN = "measured here"
 DEFAULT = "default"
 
 
 def _kind(device: str) -> str:
     return "gpu" if str(device).startswith("cuda") else "cpu"
-
-
-def _short(device: str) -> str:
-    """A device description without its torch version (``cpu:Xeon|1 threads``)."""
-    return str(device).split("|torch")[0]
 
 
 def shipped_rehearsals(shipped_dir: str | os.PathLike | None = None) -> list[Path]:
@@ -525,7 +518,7 @@ class TrainResources:
         except ConfigError:
             return costs, sources, None  # no GPU measured anywhere: unmeasured shapes get the whole job length
         shapes = {s.key(): s for s in (step_shape(r, options.get(r.dataset)) for r in self.plan.runs())}
-        counts = ShapeCounts(Path(self.results_dir) / "plan" / "shape_counts.json")
+        counts = ShapeCounts(Path(self.results_dir) / "plan" / "shape_counts.json", write=False)  # fnl plan fills it
         memory = (device_memory_mb(gpu, files[1]) or 0) * 2**20 or None
         pricing, found = gpu_step_costs(shapes.values(), gpu, files, counts, memory)
         for key, (entry, src) in found.items():

@@ -43,7 +43,7 @@ STACKABLE = ("Conv2d", "Linear", "BatchNorm2d", "Flatten") + tuple(t.__name__ fo
 SPLIT_CONV_CHANNELS = 64
 
 # The device type whose code paths the choices by device below take (None: the tensors' own);
-# fnlcore.fl.opcount.gpu_paths sets "cuda" to count a GPU's ops on a CPU.
+# fnlcore.app.opcount.gpu_paths sets "cuda" to count a GPU's ops on a CPU.
 DEVICE_PATHS: str | None = None
 
 
@@ -423,7 +423,7 @@ class StackedAdam:
         t = self.steps.clamp_min(1)
         step_size = self.lr / (1 - b1 ** t)  # (K,) float64, as torch computes it in Python floats
         # the CPU's exact roots (torch's CPU square root depends on the CPU maker: fnlcore.numerics), the GPU's
-        # own kernels (also what fnlcore.fl.opcount counts for a GPU on the CPU)
+        # own kernels (also what fnlcore.app.opcount counts for a GPU on the CPU)
         cpu = _paths(self.steps.device) == "cpu"
         bc2_sqrt = numerics.sqrt(1 - b2 ** t) if cpu else torch.sqrt(1 - b2 ** t)
         p = self.params

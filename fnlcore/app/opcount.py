@@ -157,7 +157,7 @@ class StepOps:
 @contextlib.contextmanager
 def gpu_paths():
     """The batched engine's CUDA code paths on any device (:mod:`fnlcore.fl.stacked`'s device choices)."""
-    from . import stacked
+    from ..fl import stacked
 
     old = stacked.DEVICE_PATHS
     stacked.DEVICE_PATHS = "cuda"
@@ -191,7 +191,7 @@ def count_steps(shape, engine: str, device: torch.device | str = "cpu", clients:
     ``engine``: ``clients`` clients of ``steps`` full batches each, at ``batch_size`` (default the
     shape's: the counts do not depend on it, tests/test_op_counts.py checks so). ``gpu``: the
     batched engine's CUDA paths (:func:`gpu_paths`)."""
-    from ..app.train import build_context
+    from .train import build_context
     from ..methods import METHODS
     from .settings import TrainSettings
     from .simulation import Simulation
@@ -225,7 +225,7 @@ def count_steps(shape, engine: str, device: torch.device | str = "cpu", clients:
 
 def paper_shapes() -> list:
     """The StepShapes of every paper training shape the project ships step costs for (fnl plan's)."""
-    from ..app.device_check import parse_shape_key, shipped_shapes
+    from .device_check import parse_shape_key, shipped_shapes
 
     return [parse_shape_key(k) for k in sorted(shipped_shapes())]
 
