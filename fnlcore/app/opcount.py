@@ -169,7 +169,7 @@ def gpu_paths():
 
 def shape_data(shape, clients: int, per_client: int, device: torch.device, seed: int = 0):
     """Random uint8 images and labels of a StepShape, ``per_client`` samples for each of ``clients``."""
-    from .data import FederatedData, ImageSource
+    from ..fl.data import FederatedData, ImageSource
 
     gen = torch.Generator().manual_seed(seed)
     n = clients * per_client
@@ -193,8 +193,8 @@ def count_steps(shape, engine: str, device: torch.device | str = "cpu", clients:
     batched engine's CUDA paths (:func:`gpu_paths`)."""
     from .train import build_context
     from ..methods import METHODS
-    from .settings import TrainSettings
-    from .simulation import Simulation
+    from ..fl.settings import TrainSettings
+    from ..fl.simulation import Simulation
 
     device = torch.device(device)
     b = batch_size or shape.batch_size
