@@ -13,7 +13,8 @@ Measured on an AVX-512 machine (README "Tests"): without them, ``ATEN_CPU_CAPABI
 OpenBLAS or NumPy's dispatch changes none. One library cannot be pinned by any variable: MKL's
 vector math (torch's CPU sqrt, exp, log, ...), whose kernel follows the CPU's maker. The code
 avoids it (fnlcore.numerics) and the worker proves it: every call runs under
-tests/vml_guard.py, which fails the call the moment a VML-backed op runs on CPU floats.
+tests/vml_guard.py (unless started with ``vml_guard=False``), which fails the call the moment a
+VML-backed op runs on CPU floats.
 ``python -m tests.cross_cpu`` runs recorded cases under emulated CPUs (qemu-user) and natively
 and reports any difference. This module imports neither torch nor numpy.
 """
@@ -88,14 +89,15 @@ class PortableWorker:
     raises ``PortableWorkerError`` here with the child's traceback.
     """
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, vml_guard: bool = True):
         self.target = target  # "module:function"
+        self.vml_guard = vml_guard  # every call under tests/vml_guard.py (it makes a call ~2x slower)
         self._proc: subprocess.Popen | None = None
 
     def _start(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.portable", self.target],
+                [sys.executable, "-m", "tests.portable", self.target, *([] if self.vml_guard else ["--no-vml-guard"])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True,
                 cwd=REPO_ROOT, env=portable_env(),
             )
@@ -140,7 +142,8 @@ def numerics_report() -> dict:
     }
 
 
-def _serve(target: str) -> None:
+def _serve(target: str, vml_guard: bool = True) -> None:
+    import contextlib
     import importlib
     import traceback
 
@@ -154,7 +157,7 @@ def _serve(target: str) -> None:
     sys.stdout = sys.stderr  # whatever the function prints must not break the protocol
     for line in sys.stdin:
         try:
-            with VMLGuard():
+            with VMLGuard() if vml_guard else contextlib.nullcontext():
                 reply = {"result": fn(*json.loads(line))}
         except Exception:  # the test that called reports it
             reply = {"error": traceback.format_exc()}
@@ -163,4 +166,4 @@ def _serve(target: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], "--no-vml-guard" not in sys.argv[2:])
