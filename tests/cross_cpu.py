@@ -29,6 +29,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from .golden import first_difference, load_golden
 from .portable import REPO_ROOT, portable_env
 
 DEFAULT_GOLDEN = ["fedavg", "fedprox", "fedcorr", "fedgr", "feddiv", "krum", "gce"]
@@ -84,20 +85,6 @@ def run_on(cpu: str, spec: dict) -> tuple[dict, float]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), time.monotonic() - t0
 
 
-def first_difference(a, b, where="") -> str | None:
-    if type(a) is not type(b):
-        return f"{where}: {a!r} vs {b!r}"
-    if isinstance(a, dict):
-        if list(a) != list(b):
-            return f"{where}: keys {list(a)} vs {list(b)}"
-        return next((d for k in a if (d := first_difference(a[k], b[k], f"{where}.{k}"))), None)
-    if isinstance(a, list):
-        if len(a) != len(b):
-            return f"{where}: {len(a)} vs {len(b)} entries"
-        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := first_difference(x, y, f"{where}[{i}]"))), None)
-    return None if a == b else f"{where}: {a!r} vs {b!r}"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.cross_cpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpus", nargs="+", default=DEFAULT_CPUS, help="'native' and qemu -cpu models")
@@ -116,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     spec = {"golden": args.golden, "variants": args.variants, "contract": args.contract, "canary": args.canary}
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         runs = dict(zip(args.cpus, pool.map(lambda c: run_on(c, spec), args.cpus)))
-    from .golden import load_golden
-
     golden = load_golden()
     ref_cpu = args.cpus[0]
     ref = runs[ref_cpu][0]

@@ -149,6 +149,29 @@ def run_case(name: str, multi: bool, variant: str = "short", engine: str = "sequ
     }
 
 
+def first_difference(want, got, where=""):
+    """The first field where two records differ, as "path: recorded X, now Y" (None when equal)."""
+    if type(want) is not type(got):
+        return f"{where}: {want!r} vs {got!r}"
+    if isinstance(want, dict):
+        if list(want) != list(got):
+            return f"{where}: keys {list(want)} vs {list(got)}"
+        for k in want:
+            d = first_difference(want[k], got[k], f"{where}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(want, list):
+        if len(want) != len(got):
+            return f"{where}: {len(want)} vs {len(got)} entries"
+        for i, (a, b) in enumerate(zip(want, got)):
+            d = first_difference(a, b, f"{where}[{i}]")
+            if d:
+                return d
+        return None
+    return None if want == got else f"{where}: recorded {want!r}, now {got!r}"
+
+
 def load_golden() -> dict:
     with open(GOLDEN_FILE) as fh:
         return json.load(fh)

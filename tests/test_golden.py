@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from .golden import case_id, golden_cases, load_golden
+from .golden import case_id, first_difference, golden_cases, load_golden
 from .portable import PortableWorker
 
 CASES = golden_cases()
@@ -21,28 +21,6 @@ GOLDEN = load_golden()
 def test_every_registered_method_has_a_golden_record():
     missing = [case_id(*c) for c in CASES if case_id(*c) not in GOLDEN]
     assert not missing, f"no golden record for {missing}: record with `python -m tests.golden <name>`"
-
-
-def _first_difference(want, got, where=""):
-    if type(want) is not type(got):
-        return f"{where}: {want!r} vs {got!r}"
-    if isinstance(want, dict):
-        if list(want) != list(got):
-            return f"{where}: keys {list(want)} vs {list(got)}"
-        for k in want:
-            d = _first_difference(want[k], got[k], f"{where}.{k}")
-            if d:
-                return d
-        return None
-    if isinstance(want, list):
-        if len(want) != len(got):
-            return f"{where}: {len(want)} vs {len(got)} entries"
-        for i, (a, b) in enumerate(zip(want, got)):
-            d = _first_difference(a, b, f"{where}[{i}]")
-            if d:
-                return d
-        return None
-    return None if want == got else f"{where}: recorded {want!r}, now {got!r}"
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +36,7 @@ def test_run_equals_the_golden_record(name, multi, variant, portable_runs):
     cid = case_id(name, multi, variant)
     if cid not in GOLDEN:
         pytest.fail(f"no golden record for {cid}")
-    diff = _first_difference(GOLDEN[cid], portable_runs.call(name, multi, variant))
+    diff = first_difference(GOLDEN[cid], portable_runs.call(name, multi, variant))
     assert diff is None, f"{cid} changed: {diff}"
 
 
@@ -75,4 +53,4 @@ def test_the_worker_runs_under_portable_numerics():
 def test_the_comparison_sees_a_changed_float():
     a = {"metrics": {"rows": [[0, (0.5).hex()]]}}
     b = {"metrics": {"rows": [[0, (0.5000000000000001).hex()]]}}
-    assert _first_difference(a, b) is not None and _first_difference(a, a) is None
+    assert first_difference(a, b) is not None and first_difference(a, a) is None
