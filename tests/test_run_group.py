@@ -26,6 +26,8 @@ from fnlcore.app.run_group import (
     Member,
     form_run_groups,
     group_request,
+    member_from_json,
+    member_to_json,
     publish_staged,
     staged_complete,
     staged_dir,
@@ -225,3 +227,12 @@ def test_fnl_cell_trains_its_runs_ungrouped_whatever_the_users_run_groups():
     config = cmd[cmd.index("--config"):cmd.index("--cores")]
     assert "run_groups=1" in config
     assert cmd.index("run_groups=1") < cmd.index("--configfile")
+
+
+def test_a_member_goes_to_its_child_as_plain_json_and_comes_back_equal(tmp_path):
+    """The group's process hands each child its run as JSON (nothing read can run code), and the
+    child rebuilds the very same run: settings and method parameters included."""
+    m = _member(tmp_path, "data", "noise.parquet", "a", method="fedprox", rounds=2)
+    m = replace(m, spec=replace(m.spec, settings=replace(m.spec.settings, lr_schedule="step", lr_milestones=(1, 2))))
+    text = json.dumps(member_to_json(m))
+    assert member_from_json(json.loads(text)) == m

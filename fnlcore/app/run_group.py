@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import shutil
 import signal
 import subprocess
@@ -227,10 +226,30 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _child_main() -> int:
-    """``python -m fnlcore.app.run_group``: one member, pickled by its group's process on stdin."""
-    job = pickle.load(sys.stdin.buffer)  # written by train_group just now, through a pipe: no file to swap
+    """``python -m fnlcore.app.run_group``: one member, as JSON from its group's process on stdin."""
+    job = json.loads(sys.stdin.buffer.read())  # plain data: nothing read can run code
     _die_with_parent(job["parent"])
-    return run_member(job["member"], job["attempt"], job["deadline"], job["threads"])
+    return run_member(member_from_json(job["member"]), job["attempt"], job["deadline"], job["threads"])
+
+
+def member_to_json(m: Member) -> dict[str, Any]:
+    """A member as plain data: its settings and method as the config entries that rebuild them."""
+    import dataclasses
+
+    spec = {f.name: getattr(m.spec, f.name) for f in dataclasses.fields(m.spec)}
+    spec["settings"] = dataclasses.asdict(m.spec.settings)
+    spec["method"] = m.spec.method.to_dict()
+    return {"spec": spec, "identity": m.identity, "log": m.log, "tag": m.tag}
+
+
+def member_from_json(d: dict[str, Any]) -> Member:
+    from ..fl.settings import TrainSettings
+    from ..methods import METHODS
+    from .train import RunSpec
+
+    spec = dict(d["spec"], settings=TrainSettings.from_dict(d["spec"]["settings"]),
+                method=METHODS.from_dict(d["spec"]["method"]))
+    return Member(RunSpec(**spec), d["identity"], d["log"], d["tag"])
 
 
 # -- the group -----------------------------------------------------------------------------------
@@ -261,8 +280,8 @@ def train_group(members: Sequence[Member], record: str | os.PathLike, attempt: i
         if staged_complete(m.spec, m.identity):
             log(f"{res.run}: already trained, not trained again")
             continue
-        payload = pickle.dumps({"member": m, "attempt": attempt, "deadline": deadline, "threads": threads,
-                                "parent": os.getpid()})
+        payload = json.dumps({"member": member_to_json(m), "attempt": attempt, "deadline": deadline,
+                               "threads": threads, "parent": os.getpid()}).encode()
         res.start = time.time()
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         proc = subprocess.Popen([sys.executable, "-m", "fnlcore.app.run_group"], stdin=subprocess.PIPE, env=env)
