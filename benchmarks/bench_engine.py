@@ -115,10 +115,12 @@ def engine_api(package: str = "fnlcore") -> SimpleNamespace:
         FederatedData=mod("fl.data").FederatedData,
         ImageSource=mod("fl.data").ImageSource,
         evaluate=mod("fl.local").evaluate,
-        train_epochs=_first(mod, ("fl.client", "train_epochs"), ("fl.local", "train_epochs")),
-        # contract v3: the engine trains a client (fl.client.train_client); older: method.local_update
-        train_client=_first(mod, ("fl.client", "train_client")),
-        Batch=_first(mod, ("fl.client", "Batch")),
+        # the sequential engine is fl.sequential and the contract fl.contract; a baseline from before
+        # that split has both in fl.client (older still: fl.local, or method.local_update)
+        train_epochs=_first(mod, ("fl.sequential", "train_epochs"), ("fl.client", "train_epochs"),
+                            ("fl.local", "train_epochs")),
+        train_client=_first(mod, ("fl.sequential", "train_client"), ("fl.client", "train_client")),
+        Batch=_first(mod, ("fl.contract", "Batch"), ("fl.client", "Batch")),
         build_context=build_context,
         METHODS=mod("methods").METHODS,
         method_from_dict=mod("methods").method_from_dict,
@@ -258,7 +260,10 @@ def client_update(method, r: int, k: int):
     """Client k's local update under either contract (v3: the engine's train_client; older: the method's)."""
     if hasattr(method, "local_update"):
         return method.local_update(r, k)
-    return importlib.import_module(type(method).__module__.split(".methods")[0] + ".fl.client").train_client(method, r, k)
+    package = type(method).__module__.split(".methods")[0]
+    train_client = _first(lambda name: importlib.import_module(f"{package}.{name}"),
+                          ("fl.sequential", "train_client"), ("fl.client", "train_client"))
+    return train_client(method, r, k)
 
 
 def engine_round(method, r: int, evaluate=None) -> RoundTimes:

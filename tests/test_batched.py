@@ -22,7 +22,7 @@ from fnlcore.fl.pipeline import InputPipeline
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.stacked import StackedAdam, StackedNet, StackedSGD, stacked_input
-from fnlcore.fl.client import LocalJob, Phase
+from fnlcore.fl.contract import LocalJob, Phase
 from fnlcore.fl.rounds import RoundEngine
 from fnlcore.methods.base import METHODS
 from fnlcore.models import build_model
@@ -200,14 +200,13 @@ def test_a_job_of_phases_on_distinct_networks_batches_each_phase_and_a_shared_ne
 
 def test_a_round_runs_batched_only_where_its_stage_batches(monkeypatch):
     """FedNoRo's stage table with stage 2 marked ``batches=False``: warm-up rounds batched, stage 2 sequential."""
-    from fnlcore.fl import batched, client
-    from fnlcore.fl.client import Stage
+    from fnlcore.fl import batched, sequential
 
     cls = METHODS["fednoro"]
     st = cls.stages["stage2"]
     monkeypatch.setattr(cls, "stages", {**cls.stages, "stage2": dataclasses.replace(st, batches=False)})
     calls = {"batched": [], "sequential": []}
-    train_clients, train_client = batched.train_clients, client.train_client
+    train_clients, train_client = batched.train_clients, sequential.train_client
     monkeypatch.setattr(batched, "train_clients", lambda ctx, *a, **k: calls["batched"].append(1) or train_clients(ctx, *a, **k))
     monkeypatch.setattr("fnlcore.fl.rounds.train_client",
                         lambda m, r, k: calls["sequential"].append(r) or train_client(m, r, k))

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fnlcore.errors import ConfigError
-from fnlcore.fl.client import train_client, train_epochs
+from fnlcore.fl.sequential import train_client, train_epochs
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.state import load, snapshot

@@ -151,7 +151,7 @@ def test_a_short_run_warms_up_then_co_divides_and_mixes(tmp_path, monkeypatch):
 
 
 def test_an_empty_unlabelled_set_falls_back_to_ce_on_all_data(monkeypatch):
-    from fnlcore.fl.client import train_client
+    from fnlcore.fl.sequential import train_client
     from fnlcore.methods.dividemix import DivideMix
 
     m, ctx = _method()
@@ -160,7 +160,7 @@ def test_an_empty_unlabelled_set_falls_back_to_ce_on_all_data(monkeypatch):
     monkeypatch.setattr(DivideMix, "divide", lambda self, net, idx: torch.ones(len(idx), device=ctx.device))
     before = {n: m.globals[n].state_dict()["head.weight"].clone() for n in m.networks}
     m.begin_round(1)
-    assert m.stage(1) == "dividemix"
+    assert m.stage_name(1) == "dividemix"
     upd = train_client(m, 1, 1)
     assert upd.uploads["train_loss"] > 0
     for n in m.networks:

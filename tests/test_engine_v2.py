@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from PIL import Image, ImageEnhance, ImageOps
 
 from fnlcore.errors import ConfigError
-from fnlcore.fl.client import train_epochs, train_streams
+from fnlcore.fl.contract import LocalJob, Phase, Stage
 from fnlcore.fl.pipeline import InputPipeline
+from fnlcore.fl.sequential import train_client, train_epochs, train_streams
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.state import snapshot
-from fnlcore.fl.client import LocalJob, Phase, Stage, train_client
 from fnlcore.methods.base import FLMethod, MethodParams
 from fnlcore.methods.fedavg import FedAvg, FedAvgParams
 from fnlcore.models import build_model

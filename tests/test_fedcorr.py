@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fnlcore.errors import ConfigError, FNLError
-from fnlcore.fl.client import ClientUpdate
+from fnlcore.fl.contract import ClientUpdate
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS
@@ -240,4 +240,4 @@ def test_fedcorr_la_runs_and_no_candidate_skips_fine_tuning():
     # A8: every client above clean_set_thres -> stage 2 becomes usual training
     m.noise_level[:] = 0.5
     m._choose_finetune_clients()
-    assert m.finetune_skipped and m.stage(4) == "usual" and len(m.select_clients(4)) == 4
+    assert m.finetune_skipped and m.stage_name(4) == "usual" and len(m.select_clients(4)) == 4

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from fnlcore.errors import ConfigError
+from fnlcore.fl.contract import ClientUpdate
 from fnlcore.fl.copies import OneCopy
 from fnlcore.fl.pipeline import InputPipeline
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.state import snapshot
 from fnlcore.methods import METHODS
-from fnlcore.methods.base import ClientUpdate
 from fnlcore.methods.fedgr import (
     FedGRParams,
     distill_kl_rows,

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
+from fnlcore.fl.contract import ClientUpdate
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.base import ClientUpdate, partial_bce
+from fnlcore.methods.base import partial_bce
 from fnlcore.methods.fedfixmatch import confident_pseudo_labels, unsupervised_loss
 
 from .engine_helpers import make_ctx

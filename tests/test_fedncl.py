@@ -148,7 +148,7 @@ def test_identical_clients_aggregate_to_their_model():
     ctx = make_ctx(SETTINGS, seed=0)
     method = FedNCL(FedNCLParams(correction_round=1), ctx)
     st = {k: v.clone() + (1 if v.is_floating_point() else 0) for k, v in method.global_model.state_dict().items()}
-    from fnlcore.methods.base import ClientUpdate
+    from fnlcore.fl.contract import ClientUpdate
 
     method.begin_round(0)
     method.aggregate(0, (ClientUpdate(k, 10, {"model": st}, {"train_loss": 1.0}) for k in range(4)))

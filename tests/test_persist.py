@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fnlcore.errors import ConfigError
-from fnlcore.fl.client import Stage
+from fnlcore.fl.contract import Stage
 from fnlcore.fl.persist import ClientStore, load_method_state
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation

@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from ..fl.context import RunContext, resolve_model_name
 from ..fl.data import FederatedData, ImageSource
 from ..fl.device import resolve_device
-from ..fl.client import train_epochs
 from ..fl.local import predict
 from ..fl.pipeline import make_pipeline
+from ..fl.sequential import train_epochs
 from ..fl.settings import TrainSettings
 from ..io import atomic_path, write_npz
 from ..models.builder import MODELS

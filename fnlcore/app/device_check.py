@@ -575,8 +575,8 @@ def run_tiny(name: str, engine: str, arrays: dict, run: TinyRun, device: torch.d
             kept[r] = _globals_copy(method)
         stage = method.current_stage(r)
         seen["batched"] += int(sim.engine.batched and stage.batchable)
-        if method.stage(r) not in seen["stages"]:
-            seen["stages"].append(method.stage(r))
+        if method.stage_name(r) not in seen["stages"]:
+            seen["stages"].append(method.stage_name(r))
 
     method.end_round = watched
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """The batched-clients engine: the selected clients of a round train together, as one computation.
 
-``train_clients`` is what :func:`~fnlcore.fl.client.train_epochs` is for one client, for K
+``train_clients`` is what :func:`~fnlcore.fl.sequential.train_epochs` is for one client, for K
 clients at once: the K local models are one :class:`~fnlcore.fl.stacked.StackedNet`, each
 step gathers every client's next batch into one tensor, runs one forward and one backward
 pass and one optimiser step over the stacked parameters.
@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from .context import RunContext
 from ..syncs import host_side, step_region
 from .data import trim_last_batch
-from .client import epoch_order
 from .stacked import StackedNet, stacked_optimizer
+from .contract import StackedBatch
 from .copies import StackedCopies
-from .step import StackedBatch, flatten as _flatten
+from .sequential import epoch_order
+from .step import StackedNetBatch, flatten as _flatten
 from .graphs import StepRunner, graphable
 
 
@@ -183,7 +183,7 @@ def _unflatten(like: tuple, flat: list[torch.Tensor]) -> tuple:
 
 @dataclass(frozen=True)
 class ChunkPhase:
-    """The one phase every client of a batched chunk trains (see fnlcore.fl.client.Phase).
+    """The one phase every client of a batched chunk trains (see fnlcore.fl.contract.Phase).
 
     ``augment`` "train" (the engine's train view, forwarded for the loss) or "raw" (the loss
     forwards the declared ``views``); ``draws`` the phase's declared per-batch draws;
@@ -311,13 +311,13 @@ def train_clients(
                 view_params, extra = drawn if drawn else ((), ())
                 views = {n: ctx.pipeline.apply_view(n.split(":", 1)[0], x, p) for n, p in zip(phase.views, view_params)}
                 extra = tuple(e if ref.dim() == 0 else e.view(k, w, *e.shape[1:]) for e, ref in zip(_flatten(extra), refs))
-                sb = StackedBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names,
+                sb = StackedNetBatch(None, idx, mask, ids, x, step_dev[t], net, round_index, views, extra, jobs, names,
                                   epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
                                   clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept,
                                   epochs=client_epochs[t])
             else:
                 view = ctx.pipeline.apply_train(x, drawn)
-                sb = StackedBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names,
+                sb = StackedNetBatch(None, idx, mask, ids, view, step_dev[t], net, round_index, jobs=jobs, networks=names,
                                   epoch_ends=tl.epoch_ends[t], epoch_step_host=tl.epoch_step[t],
                                   clients_host=ids_host, moved_host=tl.mask[t, :, 0], copies=kept,
                                   epochs=client_epochs[t])
@@ -369,7 +369,7 @@ def _fixed_step(ctx: RunContext, tl: Timeline, net: StackedNet, params, opt, los
         x = images.index_select(0, idx.reshape(-1))
         drawn = _unflatten(tl.like, [buf[f"draw{i}"] for i in range(len(grids))]) if grids else tl.like
         view = ctx.pipeline.apply_train(x, drawn)  # in full precision, as the ordinary step
-        sb = StackedBatch(None, idx, mask, ids, view, buf["step"], net, round_index, jobs=jobs)
+        sb = StackedNetBatch(None, idx, mask, ids, view, buf["step"], net, round_index, jobs=jobs)
         with autocast:
             sb.logits = sb.forward(view)
             losses = loss_fn(sb)
@@ -412,28 +412,3 @@ def _mean_losses(step_losses: list[torch.Tensor], tl: Timeline) -> list[float]:
                 count += 1
         out.append(total / max(count, 1))
     return out
-
-
-def clients_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """(K, B, C) logits, (K * B,) or (K, B) labels -> (K,) each client's mean cross-entropy over its
-    real rows. One unmasked client takes ``F.cross_entropy``'s own mean: the same gradient as the
-    masked mean, and the loss value (which Fed-NCL's decision reads) bit for bit the per-client
-    code's."""
-    k, b, c = logits.shape
-    if k == 1 and mask is None:
-        return F.cross_entropy(logits[0], y.reshape(-1)).unsqueeze(0)
-    return masked_mean(F.cross_entropy(logits.reshape(k * b, c), y.reshape(-1), reduction="none").view(k, b), mask)
-
-
-def masked_mean(per_sample: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """(K, B) per-sample losses -> (K,) means over each client's real rows (``mask`` (K, B), None: every
-    row); also one client's (B,) -> a scalar."""
-    if mask is None:
-        return per_sample.mean(-1)
-    zero = torch.zeros((), dtype=per_sample.dtype, device=per_sample.device)
-    return torch.where(mask, per_sample, zero).sum(-1) / mask.sum(-1).clamp_min(1).to(per_sample.dtype)
-
-
-def clients_mean(sb: StackedBatch, per_sample: torch.Tensor) -> torch.Tensor:
-    """(K * B,) per-sample values of a step, client after client -> (K,) each client's mean over its real rows."""
-    return masked_mean(per_sample.view(sb.idx.shape), sb.mask)

@@ -20,7 +20,7 @@ tests compare it with the engine's ordinary step (tests/test_capture_ready.py).
 
 Only a plain chunk is captured (:func:`graphable`): the train view, one network, no per-step hooks
 or rates, and a loss declared :func:`capturable` (it reads only the batch's device tensors: a host
-field of :class:`~fnlcore.fl.step.StackedBatch`, fixed at capture, would replay unchanged).
+field of :class:`~fnlcore.fl.contract.StackedBatch`, fixed at capture, would replay unchanged).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Batched prediction and test evaluation, shared by the engine and the methods' detection passes.
 
-The training loop is the engine's (:mod:`fnlcore.fl.client`).
+The training loop is the engine's (:mod:`fnlcore.fl.sequential`).
 
 An evaluation or detection pass builds its inputs in chunks of ``training.eval_batch_size``
 (the unit of its augmentation draws, which must not change); the model's forward of a chunk

@@ -1,4 +1,4 @@
-"""One client's step as a :class:`~fnlcore.fl.step.StackedBatch` of K = 1: how the sequential
+"""One client's step as a :class:`~fnlcore.fl.contract.StackedBatch` of K = 1: how the sequential
 engine runs a stage's one loss form.
 
 A method writes each stage's loss once, over K clients (``Stage.loss``: StackedBatch -> (K,)).
@@ -12,7 +12,7 @@ golden set holds it to that. Two things did move bits while the methods were mer
 loss form keeps clear of them: terms that read different views of one tensor (flat and
 (K, B, C)) sum their gradients in another order, and a hand-written KL rounds its gradient
 differently from ``F.kl_div``. The loss VALUE may differ in its last bit (reductions in another
-order); where a decision reads it, ``fl.batched.clients_cross_entropy`` keeps the per-client
+order); where a decision reads it, ``fl.contract.clients_cross_entropy`` keeps the per-client
 value (Fed-NCL).
 """
 
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .step import StackedBatch, flatten
+from .contract import StackedBatch
+from .step import flatten
 
 
 class OneClientBatch(StackedBatch):
@@ -65,7 +66,7 @@ class OneClientSteps:
 def one_client_batch(ctx, b, models: tuple[torch.nn.Module, ...], names: tuple[str, ...], raw: bool,
                      ends_epoch: bool, copies: dict | None = None, fixed: OneClientSteps | None = None
                      ) -> OneClientBatch:
-    """Sequential step ``b`` (:class:`~fnlcore.fl.client.Batch`) as the one loss form sees K = 1 clients:
+    """Sequential step ``b`` (:class:`~fnlcore.fl.contract.Batch`) as the one loss form sees K = 1 clients:
     sample ids (1, B) on the device, no mask, the views and draws with a leading client axis, the
     train view's logits (``raw``: None, the loss runs :meth:`forward` on the views it wants).
     ``fixed``: the phase's shared tensors (:class:`OneClientSteps`; made here when absent)."""

@@ -1,6 +1,6 @@
 """Which engine trains a round's clients, decided from what the method declares.
 
-The sequential engine (:func:`~fnlcore.fl.client.train_client`) trains clients one after
+The sequential engine (:func:`~fnlcore.fl.sequential.train_client`) trains clients one after
 another; the batched engine (:mod:`fnlcore.fl.batched`) trains them as one stacked
 computation. A round runs batched when ``training.engine`` allows it, the run suits it
 (:func:`batched_fits`) and the round's stage has a loss over K clients (``Stage.loss``, the one loss form);
@@ -14,8 +14,9 @@ from typing import Iterator
 import torch
 
 from ..errors import ConfigError
-from .client import ClientUpdate, LocalJob, OneForm, Phase, train_client
 from .context import RunContext
+from .contract import ClientUpdate, LocalJob, OneForm, Phase
+from .sequential import train_client
 from .state import load, snapshot
 
 
@@ -175,7 +176,7 @@ class RoundEngine:
             part_shapes, part_ids, part_drawn = shapes[at : at + chunk], ids[at : at + chunk], drawn[at : at + chunk]
             count = max(len(sh) for sh in part_shapes)
             if any(sh and len(sh) != count for sh in part_shapes):
-                raise ConfigError(f"{type(m).__name__}: stage {m.stage(r)!r}: its clients' jobs differ in their number "
+                raise ConfigError(f"{type(m).__name__}: stage {m.stage_name(r)!r}: its clients' jobs differ in their number "
                                   "of phases within one batched chunk")
             kept = self._kept(stage, len(part), held[at : at + chunk])
             if stage.begin is not None:
@@ -247,7 +248,7 @@ def client_phases(m, r: int, k: int, job: LocalJob, copies: bool = False) -> lis
     stage's ``after_step``, which both engines run. A stage that keeps client copies trains one phase."""
     from .batched import ChunkPhase
 
-    where = f"{type(m).__name__}: stage {m.stage(r)!r} has a loss over K clients (Stage.loss), but"
+    where = f"{type(m).__name__}: stage {m.stage_name(r)!r} has a loss over K clients (Stage.loss), but"
     phases = job.phases if job.phases is not None else [Phase()]
     if not isinstance(phases, (list, tuple)):
         raise ConfigError(f"{where} its prepare returned phases decided one after another (a generator, client {k}); "
@@ -284,7 +285,7 @@ def chunk_phase(m, r: int, shapes: list):
 
     real = [sh for sh in shapes if sh is not None]
     if any(sh != real[0] for sh in real[1:]):
-        raise ConfigError(f"{type(m).__name__}: stage {m.stage(r)!r} has a loss over K clients (Stage.loss), but its clients' "
+        raise ConfigError(f"{type(m).__name__}: stage {m.stage_name(r)!r} has a loss over K clients (Stage.loss), but its clients' "
                           "jobs differ in shape (augmentation, views, draws, epochs, batch size or learning-rate "
                           "round) within one batched chunk")
     return real[0] if real else ChunkPhase(train=(m.networks[0],))

@@ -198,7 +198,7 @@ class Simulation:
             m.end_round(r)
             for st in self.stores:  # what this round wrote goes to disk, out of memory
                 st.end_round()
-            row = {"round": r, "stage": m.stage(r), "clients": len(clients)}
+            row = {"round": r, "stage": m.stage_name(r), "clients": len(clients)}
             if m.should_evaluate(r):
                 row.update(evaluate(ctx, m.eval_model()))
             row.update(m.round_info)

@@ -5,7 +5,7 @@ Every module of this package is imported when METHODS is first read: adding a me
 See :mod:`fnlcore.methods.base` for the method contract.
 """
 
-from ..fl.client import Batch, ClientUpdate, LocalJob, Phase, Stage
+from ..fl.contract import Batch, ClientUpdate, LocalJob, Phase, Stage
 from ..fl.persist import ClientStore
 from .base import METHODS, FLMethod, MethodParams, method_from_dict, register
 from .costs import CostStage

@@ -4,7 +4,8 @@ A method is a hyper-parameter dataclass (:class:`MethodParams`, fields declared 
 :func:`param`), a subclass of :class:`FLMethod` registered with :func:`register`, and its
 stage table (:class:`Stage`): each stage's one loss form over K clients (:class:`StackedBatch`
 -> (K,) losses; the sequential engine runs it at K = 1 on the plain model), what a client
-prepares (:class:`LocalJob`, :class:`Phase`) and uploads, and the per-chunk hooks. The engine
+prepares (:class:`LocalJob`, :class:`Phase`) and uploads, and the per-chunk hooks; the contract is
+:mod:`fnlcore.fl.contract`, whose docstring a method author reads first. The engine
 owns the loop, the state, the batching and the devices; what it offers a loss or a server step
 is below; ``sqrt``, ``exp``, ``log``, ``sin`` and ``cos`` come from :mod:`numerics` (torch's own
 pick their CPU kernel by the CPU's maker). Shared method pieces (mixup, proximal terms, logit
@@ -17,20 +18,21 @@ from .. import numerics
 from ..augment import draw_device, on
 from ..errors import ConfigError, FNLError
 from ..fl import sampling
-from ..fl.batched import StackedBatch, clients_cross_entropy, clients_mean, masked_mean
+from ..fl.contract import (Batch, ClientUpdate, LocalJob, Phase, StackedBatch, Stage, clients_cross_entropy,
+                           clients_mean, masked_mean)
 from ..fl.copies import OneCopy, assign_clients_
 from ..fl.local import draw_predict, evaluate, forward_bounded, predict
 from ..fl.persist import ClientStore
 from ..fl.state import State, load, parameter_keys, per_tensor_distance, snapshot, weighted_average
 from ..registry import param
 from ..syncs import host_side
-from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .base import FLMethod, MethodParams, register
 from .costs import CostStage, warm_up_then
 
 __all__ = [
-    "assign_clients_", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
-    "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "clients_cross_entropy", "clients_mean",
-    "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param",
+    "assign_clients_", "Batch", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError",
+    "LocalJob", "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "clients_cross_entropy",
+    "clients_mean", "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param",
     "numerics", "parameter_keys", "per_tensor_distance", "predict", "register", "sampling", "snapshot", "warm_up_then",
     "weighted_average",
 ]

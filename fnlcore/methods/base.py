@@ -2,7 +2,7 @@
 
 A method is one module: a frozen hyper-parameter dataclass (subclass of :class:`MethodParams`)
 and a subclass of :class:`FLMethod`, registered with :func:`register`. The engine owns the loop,
-the state and the batching (:mod:`fnlcore.fl.simulation`, :mod:`fnlcore.fl.client`,
+the state and the batching (:mod:`fnlcore.fl.simulation`, :mod:`fnlcore.fl.sequential`,
 :mod:`fnlcore.fl.rounds`, :mod:`fnlcore.fl.persist`); a round is
 
     begin_round(r) -> select_clients(r) -> aggregate(r, <each client's ClientUpdate>) -> end_round(r)
@@ -12,9 +12,9 @@ A method declares:
 
 * ``networks``: its global networks (FedAvg: one; Co-teaching, DivideMix: two), each aggregated
   by name; ``client_networks``: working networks a client uses besides them (FedGR's EMA model);
-* ``stages``: its stage table, stage name -> :class:`~fnlcore.fl.client.Stage` (what to prepare
+* ``stages``: its stage table, stage name -> :class:`~fnlcore.fl.contract.Stage` (what to prepare
   for a client, the one loss form of a step over K clients, what a client uploads, the per-chunk
-  hooks), and ``stage(r)``: the stage of round r;
+  hooks), and ``stage_name(r)``: the name of round r's stage;
 * ``persistent``: the attributes that carry across rounds (tensors, arrays, samplers, per-client
   :class:`~fnlcore.fl.persist.ClientStore` objects); the engine checkpoints and restores them;
 * the server steps: ``aggregate(r, updates)`` over the round's updates (consumed once, in
@@ -36,8 +36,7 @@ import torch
 from ..errors import ConfigError
 from ..registry import Registry
 from ..fl import sampling
-from ..fl.batched import StackedBatch, clients_cross_entropy
-from ..fl.client import Batch, ClientUpdate, LocalJob, Phase, Stage
+from ..fl.contract import ClientUpdate, StackedBatch, Stage, clients_cross_entropy
 from ..fl.graphs import capturable
 from ..fl.context import RunContext
 from ..fl.persist import ClientStore, load_method_state, method_state, persistent_names
@@ -86,7 +85,7 @@ class FLMethod:
 
     @capturable  # reads only the batch's device tensors (a CUDA graph may replay it: fnlcore.fl.graphs)
     def loss(self, sb: StackedBatch) -> torch.Tensor:
-        """The local objective of K clients' step (:class:`~fnlcore.fl.batched.StackedBatch`) -> (K,)
+        """The local objective of K clients' step (:class:`~fnlcore.fl.contract.StackedBatch`) -> (K,)
         losses; the sequential engine runs it at K = 1 on the plain model (:mod:`fnlcore.fl.one_client`).
 
         Single-label: each client's mean cross-entropy on the given labels over its real rows.
@@ -101,7 +100,7 @@ class FLMethod:
             return partial_bce(sb.logits, y, self.pos_weights()[sb.clients], self.ctx.settings.batch_size, sb.mask)
         return clients_cross_entropy(sb.logits, self.labels(sb.idx.reshape(-1)), sb.mask)
 
-    # stage name -> what the stage does (fnlcore.fl.client.Stage); functions of this class body
+    # stage name -> what the stage does (fnlcore.fl.contract.Stage); functions of this class body
     stages: ClassVar[dict[str, Stage]] = {"main": Stage(loss=loss)}
 
     def __init_subclass__(cls, **kw) -> None:
@@ -109,6 +108,9 @@ class FLMethod:
         if "loss" in cls.__dict__ and "stages" not in cls.__dict__:
             raise TypeError(f"{cls.__name__} defines loss but no stage table: add "
                             "`stages = {\"main\": Stage(loss=loss)}` to its class body")
+        if callable(cls.__dict__.get("stage")):  # the old name: left alone it would silently never be called
+            raise TypeError(f"{cls.__name__} defines stage(r): the name of round r's stage is stage_name(r) now; "
+                            "rename the method")
 
     @classmethod
     def cost_stages(cls, params: MethodParams, settings, num_clients: int) -> list[CostStage]:
@@ -139,13 +141,13 @@ class FLMethod:
     def num_rounds(self) -> int:
         return self.ctx.settings.rounds
 
-    def stage(self, r: int) -> str:
-        """Round r's stage: its label in the metrics and its row of ``stages``."""
+    def stage_name(self, r: int) -> str:
+        """The name of round r's stage: its label in the metrics and its row of ``stages``."""
         return "main"
 
     def stage_key(self, r: int) -> str:
         """Round r's row of the stage table (the stage label unless a method labels finer)."""
-        return self.stage(r)
+        return self.stage_name(r)
 
     def current_stage(self, r: int) -> Stage:
         key = self.stage_key(r)
@@ -247,8 +249,8 @@ def check_label_kind(cls: type[FLMethod], multi_label: bool, where: str = "") ->
                       f"{', '.join(fits) or '(none)'}")
 
 
-__all__ = ["Batch", "ClientStore", "ClientUpdate", "CostStage", "FLMethod", "LocalJob", "MethodParams", "Phase",
-           "Stage", "check_label_kind", "register", "method_from_dict", "METHODS"]
+__all__ = ["ClientStore", "CostStage", "FLMethod", "MethodParams", "check_label_kind", "register", "method_from_dict",
+           "METHODS"]
 
 
 #: config name -> method class; every module of fnlcore.methods is imported on first use,

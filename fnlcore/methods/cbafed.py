@@ -105,7 +105,7 @@ class CBAFed(FLMethod):
         self.w_rec: dict | None = None
         self._tally: tuple[torch.Tensor, torch.Tensor] | None = None  # a chunk's (K,) rows, (K, C) pseudo-labels
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "pseudo"
 
     def upload(self, r, k, job, nets):

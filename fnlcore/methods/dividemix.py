@@ -179,7 +179,7 @@ class DivideMix(FLMethod):
         self._clean_w = torch.zeros(len(ctx.data.train), device=ctx.device)
         self._division: dict[str, list[float]] = {}
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "dividemix"
 
     def begin_round(self, r: int) -> None:

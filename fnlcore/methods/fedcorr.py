@@ -182,12 +182,12 @@ class FedCorr(LogitAdjusted, GroupPasses, FLMethod):
         p = self.params
         return stage_schedule(r, p.iterations1, self.groups_per_iteration, p.rounds1, p.fine_tuning)
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         s = self.slot(r).stage
         return "usual" if s == "finetune" and self.finetune_skipped else s
 
     def select_clients(self, r: int) -> list[int]:
-        stage, num = self.stage(r), self.ctx.data.num_clients
+        stage, num = self.stage_name(r), self.ctx.data.num_clients
         if stage == "preprocess":
             return list(self.groups[self.slot(r).group])
         m, prob = max(int(self.ctx.settings.client_fraction * num), 1), None

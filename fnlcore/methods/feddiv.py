@@ -293,7 +293,7 @@ class FedDiv(GroupPasses, FLMethod):
         self._true_noise = true_noise_rates(data)  # before any relabel
 
     # -- schedule ------------------------------------------------------------------------
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "warmup" if r < self.pre_rounds else "main"
 
     def select_clients(self, r: int) -> list[int]:
@@ -395,7 +395,7 @@ class FedDiv(GroupPasses, FLMethod):
     def stage_key(self, r: int) -> str:
         # pcs_reference 'local_epoch' re-selects the training set before each local epoch with a detection pass
         # on the model being trained (a generator of phases, drawing between epochs): its own row, sequential
-        key = self.stage(r)
+        key = self.stage_name(r)
         return "main_epoch_pcs" if key == "main" and self.params.pcs_reference == "local_epoch" else key
 
     # main rounds batch: the prepare's detection pass draws at its place (the engine draws each client's

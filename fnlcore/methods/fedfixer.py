@@ -170,7 +170,7 @@ class FedFixer(FLMethod):
         self.personal = ClientStore("personal")  # client -> θ_k, 'persistent' only
         self._used = torch.zeros(0)  # (K,) samples in w's losses, the chunk's clients (Stage.begin)
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "early" if r <= self.params.begin_sel else "sieve"
 
     def select(self, z_p: torch.Tensor, z_g: torch.Tensor, y: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:

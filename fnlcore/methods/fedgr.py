@@ -264,7 +264,7 @@ class FedGR(FLMethod):
         self._high_noise: torch.Tensor | None = None  # the training clients' r_k ≥ β flags (K,) (not state)
 
     # -- schedule ---------------------------------------------------------------------------
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "main"
 
     def select_clients(self, r: int) -> list[int]:
@@ -314,7 +314,7 @@ class FedGR(FLMethod):
         self.has_reliable[didx] = has
         if not self.params.label_refining:  # 'w/o LR': |Y*_k| still feeds the EMA rule, no label is written
             return 0
-        return self.ctx.data.relabel(didx, labels, r, self.stage(r), k)
+        return self.ctx.data.relabel(didx, labels, r, self.stage_name(r), k)
 
     def revise_ema(self, r: int, k: int, noise_ratio: float, reliable_frac: float) -> float:
         """Put client k's EMA model, revised by the global model (Eqs. 12 and 15), in the EMA working

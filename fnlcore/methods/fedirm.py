@@ -164,12 +164,12 @@ class FedIRM(FLMethod):
         self.relation_g: torch.Tensor | None = None  # (C, C) global relation matrix
         self._chunk: _Chunk | None = None  # the relation-matching clients being trained
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "supervised" if r < self.params.sup_rounds else "relation"
 
     def stage_key(self, r: int) -> str:
         # the last supervised round already collects the relation rows the first matching round needs
-        return "collect" if r == self.params.sup_rounds - 1 else self.stage(r)
+        return "collect" if r == self.params.sup_rounds - 1 else self.stage_name(r)
 
     def prepare(self, r, k, nets, info=None):
         return LocalJob([Phase(augment="raw", views=("weak:1", "weak:2"))], info=info)  # raw batches, two weak views

@@ -229,7 +229,7 @@ class FedMLP(FLMethod):
         self._dropped = 0  # pseudo-positives pos_needs_neg discarded this round
         self._shifts: torch.Tensor | None = None  # a chunk's (K, C) LA shifts of its clients
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "stage2"
 
     def begin_round(self, r: int) -> None:

@@ -192,7 +192,7 @@ class FedNCL(FLMethod):
         idx = self.ctx.data.clients[k]
         probs = torch.softmax(predict(self.ctx, self.global_model, self.ctx.data.train, idx), dim=1)
         new = confident_relabel(probs, self.original[idx.to(self.original.device)].to(probs.device), self.params.eta)
-        self.ctx.data.relabel(idx, new, r, self.stage(r), k)
+        self.ctx.data.relabel(idx, new, r, self.stage_name(r), k)
 
     def aggregate(self, r: int, updates) -> None:
         p = self.params

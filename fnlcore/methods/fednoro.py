@@ -108,19 +108,19 @@ class FedNoRo(LogitAdjusted, FLMethod):
         self.noisy: frozenset[int] | None = None  # detected after warm-up
         self.loss_matrix: np.ndarray | None = None
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "stage2"
 
     def select_clients(self, r: int) -> list[int]:
         clients = super().select_clients(r)
-        if self.stage(r) == "stage2" and not self.params.use_noisy_clients:
+        if self.stage_name(r) == "stage2" and not self.params.use_noisy_clients:
             clients = [k for k in clients if k not in self.noisy]
         return clients
 
     def begin_round(self, r: int) -> None:
         super().begin_round(r)
         self.refresh_priors()
-        if self.stage(r) == "stage2":
+        if self.stage_name(r) == "stage2":
             self.round_info["kd_lambda"] = gaussian_ramp_up(r, *self.ramp, self.params.lambda_max)
             # which clients distil from the global model (noisy ones; a clean one keeps LA-CE), once a round:
             # the noisy set is fixed after warm-up
@@ -147,7 +147,7 @@ class FedNoRo(LogitAdjusted, FLMethod):
 
     # -- server --------------------------------------------------------------------------
     def aggregate(self, r, updates):
-        if self.stage(r) == "warmup" or not self.params.use_daagg:
+        if self.stage_name(r) == "warmup" or not self.params.use_daagg:
             return self.fedavg(updates)
         ups = list(updates)  # DaAgg needs every client's model at once
         clean = [u for u in ups if u.client not in self.noisy]

@@ -112,7 +112,7 @@ class JointOpt(FLMethod):
         self.history = torch.zeros(n, params.history, c, device=ctx.device)
         self.counts = torch.zeros(n, dtype=torch.int64, device=ctx.device)
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "warmup" if r < self.params.warmup_rounds else "joint"
 
     def loss(self, sb: StackedBatch):
@@ -140,7 +140,7 @@ class JointOpt(FLMethod):
     def upload_joint(self, r, k, job, nets):
         self._update_labels(k)  # the end of the last epoch: done already (epoch_end), the same values again
         idx = self.ctx.data.clients[k]
-        return {"relabelled": self.ctx.data.relabel(idx, self.soft[idx.to(self.ctx.device)].argmax(1), r, self.stage(r), k)}
+        return {"relabelled": self.ctx.data.relabel(idx, self.soft[idx.to(self.ctx.device)].argmax(1), r, self.stage_name(r), k)}
 
     stages = {"warmup": Stage(loss=loss), "joint": Stage(loss=loss, upload=upload_joint, after_step=epoch_end)}
 

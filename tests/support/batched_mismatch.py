@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fnlcore.fl.batched import masked_mean
+from fnlcore.fl.contract import masked_mean
 from fnlcore.methods import FLMethod, MethodParams, Stage
 from fnlcore.registry import param
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from fnlcore.assignment import ClientAssignment
 from fnlcore.datasets import DatasetInfo, PrepareContext, register, write_prepared
-from fnlcore.fl.batched import masked_mean
+from fnlcore.fl.contract import masked_mean
 from fnlcore.methods import FLMethod, MethodParams, Stage, register as register_method
 from fnlcore.noise.generators import symmetric_noise
 from fnlcore.noise.specs import NoiseSpec
@@ -39,7 +39,7 @@ class Smooth(FLMethod):
     Params = SmoothParams
     paper = "test plug-in"
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "plain" if r < self.params.start_round else "smooth"
 
     def loss(self, sb):  # each client's mean over its real rows; one form for both engines

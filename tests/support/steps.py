@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fnlcore.fl.client import Batch, LocalJob
+from fnlcore.fl.contract import Batch, LocalJob
 from fnlcore.fl.one_client import OneClientBatch, one_client_batch
 
 

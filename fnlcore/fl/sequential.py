@@ -1,37 +1,36 @@
-"""Local training of one client, owned by the engine: a method declares, the engine runs.
+"""The sequential engine: one client's local update after another, on the plain model.
 
-For client k in round r the engine loads the client's working copies of the method's global
-networks, asks the round's :class:`Stage` to ``prepare`` a :class:`LocalJob` (or takes the
-default: one epoch loop over the client's samples with the stage's loss), runs the job's
-phases — shuffling, batching, augmentation, autocast, the optimiser steps, the per-step and
-per-epoch hooks — then asks the stage what the client ``upload``s. No method writes the
-load → train → snapshot skeleton; several networks and several batch streams are declared
-in a :class:`Phase`, not hand-looped.
+For client k in round r, :func:`train_client` loads the client's working copies of the method's
+global networks, asks the round's :class:`~fnlcore.fl.contract.Stage` to ``prepare`` a
+:class:`~fnlcore.fl.contract.LocalJob` (or takes the default: one epoch loop over the client's
+samples with the stage's loss), runs the job's phases (:func:`run_phase`: shuffling, batching,
+augmentation, autocast, the optimiser steps, the per-step and per-epoch hooks), then asks the
+stage what the client ``upload``s. A stage's one loss form runs here at K = 1 on the plain model
+(:mod:`fnlcore.fl.one_client`). :func:`train_epochs` and :func:`train_streams` run one phase on
+one model for callers outside a federated round (annotators, tests).
 
 The draw order is fixed by this module and equals the one the reference loops of
 :mod:`fnlcore.fl.local` use: per epoch, one permutation of the lead stream from
-``ctx.shuffle_gen``, then per step the lead batch, each other stream's next batch (a stream
-that runs out is reshuffled), the augmentation (``augment="train"``: the train view of the
-lead batch before the loss; ``"raw"``: the loss makes its own views), the loss.
+``ctx.shuffle_gen`` (:func:`epoch_order`, which the batched engine replays), then per step the
+lead batch, each other stream's next batch (a stream that runs out is reshuffled), the
+augmentation (``augment="train"``: the train view of the lead batch before the loss; ``"raw"``:
+the loss makes its own views), the loss.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from types import MethodType
-from typing import Any, Callable, Iterable
+from typing import Callable
 
 import torch
 
 from ..errors import ConfigError
-from .context import RunContext
 from ..syncs import step_region
-from .data import trim_last_batch
+from .context import RunContext
+from .contract import Batch, ClientUpdate, LocalJob, LossFn, OneForm, Phase, Streams
 from .copies import OneCopy
+from .data import trim_last_batch
 from .one_client import OneClientSteps, one_client_batch
-from .state import State, load, snapshot
-
-Streams = dict[str, tuple[torch.Tensor, int]]
+from .state import load, snapshot
 
 
 def epoch_order(ctx: RunContext, idx: torch.Tensor) -> torch.Tensor:
@@ -85,186 +84,6 @@ class _LossSum:
     def mean(self) -> float:
         self._flush()
         return self.total / max(self.count, 1)
-
-
-@dataclass
-class Batch:
-    """One training step as a loss sees it.
-
-    ``model``: the network being trained (the phase's first); ``nets``: every working network
-    of the client by name (trained ones in train mode); ``x``: the train view of the lead batch
-    (``augment="train"``) or None; ``idx``: the lead batch's sample ids (CPU int64);
-    ``streams``: each stream's (uint8 images on the device, sample ids) for ``augment="raw"``;
-    ``views``: the phase's declared views of the lead batch (name -> normalised batch) and
-    ``draws``: its declared per-batch draws (``Phase.views``/``Phase.draws``);
-    ``step``/``epoch``: the batch number within the epoch and the epoch within the phase.
-    """
-
-    model: torch.nn.Module
-    nets: dict[str, torch.nn.Module]
-    x: torch.Tensor | None
-    idx: torch.Tensor
-    streams: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    step: int
-    epoch: int
-    r: int
-    k: int
-    job: "LocalJob"
-    views: dict[str, torch.Tensor] = field(default_factory=dict)
-    draws: tuple = ()
-
-
-LossFn = Callable[[Batch], torch.Tensor]
-
-
-@dataclass
-class Phase:
-    """A stretch of local training: which networks step, on which streams, with which loss.
-
-    ``loss`` (None: the stage's); ``train``: names of the networks the optimiser steps (None:
-    the method's first network); ``streams``: name -> (sample ids, batch size), the first sets
-    the epoch length (None: the client's samples at the run's batch size); ``augment``: "train"
-    gives ``Batch.x`` (one stream only), "raw" leaves the views to the loss; ``epochs`` (None:
-    the run's); ``on_epoch(epoch)`` runs before each epoch and may return new streams;
-    ``after_step()`` runs after every optimiser step (EMA trackers). A step that is not one
-    optimiser step on one loss (FedFixer's twin step) is a stage's one loss form with trainable
-    client copies and ``Stage.before_step`` (:mod:`fnlcore.fl.copies`).
-    """
-
-    loss: LossFn | None = None
-    train: tuple[str, ...] | None = None
-    streams: Streams | None = None
-    augment: str = "train"
-    epochs: int | None = None
-    on_epoch: Callable[[int], Streams | None] | None = None
-    after_step: Callable[[], None] | None = None
-    views: tuple[str, ...] = ()
-    draws: Callable[[int, torch.Generator | None, Any], tuple] | None = None
-
-
-@dataclass
-class LocalJob:
-    """What a client trains in a round: its phases (a list, or a generator that decides the next
-    phase after the previous one ran — DivideMix's per-epoch co-divide), the round whose
-    scheduled learning rate the optimisers take (``lr_round``, None: this round), per-network
-    learning rates that differ from the schedule (``lr``), and ``info``: whatever the method's
-    loss and upload need from its preparation. ``losses`` collects each phase's mean loss.
-    """
-
-    phases: Iterable[Phase] | None = None
-    lr_round: int | None = None
-    lr: dict[str, float] = field(default_factory=dict)
-    info: Any = None
-    losses: list[float] = field(default_factory=list)
-    reserved: Any = None  # the upload's draws made ahead by Stage.reserve (batched engine), else None
-    # the engine's optimisers by network, filled as phases start (a phase's on_epoch may retune them)
-    optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
-
-    @property
-    def train_loss(self) -> float:
-        """The mean loss of a one-phase job (the mean of the phases' means otherwise)."""
-        return self.losses[0] if len(self.losses) == 1 else (sum(self.losses) / len(self.losses) if self.losses else 0.0)
-
-
-@dataclass
-class Stage:
-    """What a method does in the rounds of one stage (a row of its stage table).
-
-    The callables are functions of the method's class body, called with the method first:
-    ``prepare(r, k, nets) -> LocalJob | None`` runs before client k trains (``nets``: the
-    client's working networks, loaded from the global ones); None means the default job.
-    ``loss(sb)`` is the stage's one loss form, written once over K clients
-    (:class:`~fnlcore.fl.batched.StackedBatch` -> (K,)): the batched engine hands it the round's
-    clients on the stacked network, the sequential engine one client (K = 1) on the plain model
-    (:mod:`fnlcore.fl.one_client`). A phase of the job may bring its own loss over one client's
-    :class:`Batch` (``Phase.loss``: several streams, DivideMix's co-divided sets).
-    ``upload(r, k, job, nets) -> dict`` is what the client sends besides its networks (default:
-    its mean training loss).
-
-    ``batches`` (default True): the engine may train the round's clients as one stacked
-    computation; False for a stage whose jobs are not one stacked step (several phases or
-    streams, a per-epoch hook), which the sequential engine runs.
-
-    Per-chunk and per-step work, run by both engines around the one loss form: ``begin(r,
-    clients, jobs)`` before a chunk of clients trains (the batched engine's chunk; the sequential
-    engine's one client), ``after_step(sb, stepped)`` after each optimiser step (``stepped`` (K,)
-    the clients whose parameters moved: a client without a batch rides along), ``end(r, clients,
-    jobs)`` after the chunk trained, before the uploads; the state they keep is the method's, sized
-    by the chunk. ``copies`` names the method's ``client_networks`` the stage keeps per client (an
-    EMA teacher, :mod:`fnlcore.fl.copies`): each client's copy is what its ``prepare`` left in the
-    working network; a loss reads ``sb.copies[name]``, ``after_step`` moves it, the upload finds
-    the trained copy in the working network (a copy left in train mode trains: ``forward`` with a
-    gradient, ``grads``, ``assign_``: FedFixer's personalised model). ``before_step(sb, stepped)``
-    runs after the step's gradient is taken, before the optimiser steps (FedFixer moves w towards
-    θ there, as its code does); ``epoch_lr(r, epoch)`` is the trained network's learning rate in
-    each local epoch, replacing the run's schedule (FedFixer's plr / (1 + β_e)); the batched engine
-    steps each client at its own epoch's rate. A batchable stage's ``prepare`` may act (relabel,
-    read a store) and returns a job of phases on distinct networks (DivideMix's warm-up: net1's
-    epochs, then net2's), each on one stream with no hooks of its own
-    (``lr_round``, ``info``, the stream's sample ids, ``augment="raw"`` with declared
-    ``views``/``draws``: see ``rounds.client_phases``).
-
-    A stage with no ``loss`` never batches.
-    ``upload(r, k, job, nets)`` runs on each client's trained networks. An upload that
-    draws random numbers (a detection pass on augmented images) declares ``reserve(r, k, job)``:
-    the batched engine calls it right after the client's training draws, where the sequential
-    engine's upload draws, and it returns those draws (e.g. ``fl.local.draw_predict``) into
-    ``job.reserved`` for the upload to apply; the sequential engine never calls it
-    (``job.reserved`` stays None: the upload draws live).
-    """
-
-    loss: Callable | None = None  # the one form: StackedBatch -> (K,)
-    prepare: Callable[[int, int, dict], LocalJob | None] | None = None
-    upload: Callable[[int, int, LocalJob, dict], dict] | None = None
-    batches: bool = True
-    copies: tuple[str, ...] = ()
-    reserve: Callable | None = None
-    begin: Callable | None = None
-    before_step: Callable | None = None
-    after_step: Callable | None = None
-    end: Callable | None = None
-    epoch_lr: Callable[[int, int], float] | None = None
-
-    @property
-    def batchable(self) -> bool:
-        """Whether the batched engine may train this stage's clients together."""
-        return self.loss is not None and self.batches
-
-
-@dataclass(frozen=True)
-class OneForm:
-    """A stage's one loss form and its per-step hooks, bound to the method, as the sequential engine
-    runs them for one client (K = 1)."""
-
-    loss: Callable
-    before_step: Callable | None = None
-    after_step: Callable | None = None
-    epoch_lr: Callable[[int], float] | None = None  # local epoch -> learning rate (round bound)
-    copies: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, method, stage: Stage, r: int) -> "OneForm | None":
-        if stage.loss is None:
-            return None
-        bound = lambda f: None if f is None else MethodType(f, method)  # noqa: E731
-        lr = None if stage.epoch_lr is None else (lambda epoch: stage.epoch_lr(method, r, epoch))
-        return cls(MethodType(stage.loss, method), bound(stage.before_step), bound(stage.after_step), lr,
-                   tuple(stage.copies))
-
-
-@dataclass
-class ClientUpdate:
-    """What one client sends: its trained networks by name and its uploads."""
-
-    client: int
-    num_samples: int
-    states: dict[str, State]
-    uploads: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def state(self) -> State:
-        """The first (for most methods: the only) network's state."""
-        return next(iter(self.states.values()))
 
 
 class _Together:
