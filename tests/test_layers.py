@@ -179,3 +179,71 @@ def test_methods_reach_the_engine_only_through_the_api_module(graph):
     leaks = {m: ds for m, ds in leaks.items() if ds}
     assert graph["fnlcore.methods.gce"] >= {"fnlcore.methods.api"}  # the checker sees a method's imports
     assert not leaks, "import these from fnlcore.methods.api: " + "; ".join(f"{m}: {', '.join(ds)}" for m, ds in leaks.items())
+
+
+# The method contract is one module a method author reads alone; the engines run it. The contract
+# imports no engine (at any depth), and the engine loops live in their own modules.
+CONTRACT = "fnlcore.fl.contract"
+ENGINES = ("fnlcore.fl.batched", "fnlcore.fl.sequential", "fnlcore.fl.rounds", "fnlcore.fl.stacked",
+           "fnlcore.fl.simulation")
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for d in graph.get(todo.pop(), ()):
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+def test_the_contract_imports_no_engine(graph):
+    assert graph[CONTRACT], "the checker sees no import of the contract module: the check below would check nothing"
+    reached = _reached(graph, CONTRACT)
+    assert not reached & set(ENGINES), f"{CONTRACT} reaches engine modules: {sorted(reached & set(ENGINES))}"
+    # no RunContext: nothing in the contract can run a client's training
+    assert "fnlcore.fl.context" not in reached, f"{CONTRACT} reaches fnlcore.fl.context (a RunContext: the engine's)"
+    tree = ast.parse((PKG / "fl" / "contract.py").read_text())
+    takes_ctx = sorted(f.name for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs
+                       if a.arg == "ctx" or (a.annotation is not None and "RunContext" in ast.unparse(a.annotation)))
+    assert not takes_ctx, f"{CONTRACT} defines functions that take a run context (engine work): {takes_ctx}"
+
+
+def test_the_contract_types_and_reducers_are_defined_in_the_contract_module():
+    import fnlcore.fl.contract as contract
+
+    names = set(contract.__all__)
+    assert {"Stage", "Phase", "LocalJob", "Batch", "StackedBatch", "ClientUpdate", "masked_mean",
+            "clients_cross_entropy", "clients_mean"} <= names
+    elsewhere = {n: getattr(contract, n).__module__ for n in sorted(names | {"OneForm"})
+                 if getattr(contract, n).__module__ != CONTRACT}
+    assert not elsewhere, f"re-exported, not defined, by {CONTRACT}: {elsewhere}"
+
+
+def test_the_sequential_engine_is_one_module_and_no_client_module_holds_one(graph):
+    from fnlcore.fl import sequential
+
+    loops = ("run_phase", "train_client", "train_epochs", "train_streams")
+    assert all(getattr(sequential, f).__module__ == "fnlcore.fl.sequential" for f in loops)
+    defined = {p.name: sorted(f.name for f in ast.walk(ast.parse(p.read_text())) if isinstance(f, ast.FunctionDef)
+                              and f.name in loops)
+               for p in sorted(PKG.rglob("*.py")) if p != PKG / "fl" / "sequential.py"}
+    assert not any(defined.values()), "engine loops defined outside fnlcore.fl.sequential: " + "; ".join(
+        f"{k}: {', '.join(v)}" for k, v in defined.items() if v)
+    assert "fnlcore.fl.client" not in graph, "fnlcore/fl/client.py is back: the contract is fl.contract, the loop fl.sequential"
+
+
+def test_the_methods_door_offers_the_whole_contract_and_no_engine_loop(graph):
+    import fnlcore.fl.contract as contract
+    import fnlcore.methods.api as api
+
+    missing = sorted(n for n in contract.__all__ if getattr(api, n, None) is not getattr(contract, n))
+    assert not missing, f"fnlcore.methods.api lacks these contract names (or offers other objects): {missing}"
+    assert set(contract.__all__) <= set(api.__all__)
+    loops = {m: sorted(d for d in graph[m] if d in ENGINES) for m in sorted(METHODS_DOOR)}
+    assert not any(loops.values()), "the methods' door imports an engine loop (a method declares, the engine runs): " + \
+        "; ".join(f"{m}: {', '.join(ds)}" for m, ds in loops.items() if ds)

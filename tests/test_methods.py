@@ -132,3 +132,15 @@ def test_unknown_method_and_keys_are_named():
         method_from_dict({"name": "fedprox", "muu": 1})
     with pytest.raises(ConfigError, match="distance"):
         method_from_dict({"name": "fednoro", "distance": "l1"})
+
+
+def test_a_rounds_stage_is_named_by_stage_name_and_the_old_stage_method_is_refused():
+    from fnlcore.methods.base import FLMethod
+
+    # "stage" names the Stage type (current_stage(r)); the round's label is stage_name(r)
+    old = sorted(n for n in METHODS if any("stage" in vars(c) for c in METHODS[n].__mro__))
+    assert not old, f"methods still defining stage(r): {old}"
+    with pytest.raises(TypeError, match=r"defines stage\(r\).*stage_name\(r\)"):
+        class Renamed(FLMethod):  # noqa: F841 - defining it is the test
+            def stage(self, r: int) -> str:
+                return "main"
