@@ -88,7 +88,8 @@ Streams = dict[str, tuple[torch.Tensor, int]]
 
 @dataclass
 class Batch:
-    """One training step as a loss sees it.
+    """One step of one client as a phase's own loss sees it (``Phase.loss``; the stage's loss form
+    takes a :class:`StackedBatch`).
 
     ``model``: the network being trained (the phase's first); ``nets``: every working network
     of the client by name (trained ones in train mode); ``x``: the train view of the lead batch
