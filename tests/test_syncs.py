@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fnlcore.errors import ConfigError
-from fnlcore.fl.contract import Batch, Stage
+from fnlcore.fl.contract import Stage
 from fnlcore.fl.simulation import Simulation
 from fnlcore.syncs import SyncCounter, host_side, step_region
 from fnlcore.methods import METHODS
