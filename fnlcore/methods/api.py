@@ -8,7 +8,9 @@ prepares (:class:`LocalJob`, :class:`Phase`) and uploads, and the per-chunk hook
 owns the loop, the state, the batching and the devices; what it offers a loss or a server step
 is below; ``sqrt``, ``exp``, ``log``, ``sin`` and ``cos`` come from :mod:`numerics` (torch's own
 pick their CPU kernel by the CPU's maker). Shared method pieces (mixup, proximal terms, logit
-adjustment, multi-label losses) live in :mod:`.parts`, :mod:`.logit_adjust` and :mod:`.multilabel`.
+adjustment, multi-label losses, robust aggregation, ...) live in modules that register no method
+(:mod:`.parts`, :mod:`.logit_adjust`, :mod:`.multilabel`, :mod:`.robust_aggregation`, ...): a method
+module never imports another method's module (tests/test_layers.py).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import evaluate, FLMethod, LocalJob, masked_mean, MethodParams, param, Phase, register, Stage
-from .rofl import small_loss_order
+from .small_loss import small_loss_order
 
 
 @dataclass(frozen=True)

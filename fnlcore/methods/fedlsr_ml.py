@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import FLMethod, MethodParams, on, param, register, StackedBatch, Stage
-from .fedlsr import FedLSR
-from .parts import js_elementwise
+from .self_regularisation import js_elementwise, two_weak_views
 
 
 @dataclass(frozen=True)
@@ -82,4 +81,4 @@ class FedLSRML(FLMethod):
         return fedlsr_ml_loss(z1, z2, y, self.pos_weights()[sb.clients], lam, ramp(sb.r, p.gamma, p.t_w),
                               self.ctx.settings.batch_size, p, sb.mask)
 
-    stages = {"main": Stage(prepare=FedLSR.prepare, loss=loss)}  # FedLSR's two weak views and lam draw
+    stages = {"main": Stage(prepare=two_weak_views, loss=loss)}  # FedLSR's two weak views and lam draw

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from .api import FLMethod, MethodParams, param, register, Stage
-from .fedmlp import missing_distillation, wpc_loss
 from .logit_adjust import la_shift
+from .partial_label_losses import missing_distillation, wpc_loss
 from .parts import gaussian_ramp_up
 
 

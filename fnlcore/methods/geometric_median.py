@@ -37,8 +37,7 @@ import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State
 from .api import numerics
-from .krum import float_keys, noisy_client_flags, weighted_sum
-from .parts import client_chunks
+from .robust_aggregation import client_chunks, float_keys, noisy_client_flags, weighted_sum
 
 # Client values taken at a time in the distance pass (a float64 chunk of every client's values).
 CHUNK_VALUES = 2**22

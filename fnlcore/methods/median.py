@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import FLMethod, load, MethodParams, param, register, State
-from .parts import client_chunks
+from .robust_aggregation import client_chunks
 
 # Client values of an entry taken at a time: the stack and its sort hold a few copies of them.
 CHUNK_VALUES = 2**22

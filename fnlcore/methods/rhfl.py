@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import clients_mean, FLMethod, load, MethodParams, param, predict, register, Stage, weighted_average
-from .sce import LOG_ZERO, sce_per_sample
+from .symmetric_ce import LOG_ZERO, sce_per_sample
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import ConfigError, FLMethod, load, MethodParams, param, register, State
-from .parts import client_chunks
+from .robust_aggregation import client_chunks
 
 
 @dataclass(frozen=True)
