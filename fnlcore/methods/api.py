@@ -1,7 +1,7 @@
 """Everything a method takes from the engine, in one place: ``from fnlcore.methods.api import ...``.
 
 A method is a hyper-parameter dataclass (:class:`MethodParams`, fields declared with
-:func:`param`), a subclass of :class:`FLMethod` registered with :func:`register`, and its
+:func:`param`), a subclass of :class:`FLMethod` registered with ``@METHODS.register``, and its
 stage table (:class:`Stage`): each stage's one loss form over K clients (:class:`StackedBatch`
 -> (K,) losses; the sequential engine runs it at K = 1 on the plain model), what a client
 prepares (:class:`LocalJob`, :class:`Phase`) and uploads, and the per-chunk hooks. The engine
@@ -26,13 +26,13 @@ from ..fl.persist import ClientStore
 from ..fl.state import State, load, parameter_keys, per_tensor_distance, snapshot, weighted_average
 from ..registry import param
 from ..syncs import host_side
-from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
+from .base import METHODS, ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage
 from .costs import CostStage, warm_up_then
 
 __all__ = [
     "assign_clients_", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
-    "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "clients_cross_entropy", "clients_mean",
+    "METHODS", "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "clients_cross_entropy", "clients_mean",
     "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param",
-    "numerics", "parameter_keys", "per_tensor_distance", "predict", "register", "sampling", "snapshot", "warm_up_then",
+    "numerics", "parameter_keys", "per_tensor_distance", "predict", "sampling", "snapshot", "warm_up_then",
     "weighted_average",
 ]

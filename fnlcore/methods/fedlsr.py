@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, masked_mean, MethodParams, on, param, register, StackedBatch, Stage
+from .api import FLMethod, masked_mean, MethodParams, on, param, METHODS, StackedBatch, Stage
 from .api import numerics
 from .parts import linear_ramp
 from .self_regularisation import js_elementwise, two_weak_views
@@ -67,7 +67,7 @@ def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Ten
     return loss
 
 
-@register
+@METHODS.register
 class FedLSR(FLMethod):
     Params = FedLSRParams
     paper = "Jiang et al. (CIKM'22); baseline in FedNoRo and FedMLP"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, MethodParams, on, param, register, StackedBatch, Stage
+from .api import FLMethod, MethodParams, on, param, METHODS, StackedBatch, Stage
 from .self_regularisation import js_elementwise, two_weak_views
 
 
@@ -67,7 +67,7 @@ def fedlsr_ml_loss(z1, z2, y, pos_weight, lam, beta_t: float, batch_size: int, p
     return cls + beta_t * js_elementwise(q1, q2, mask)
 
 
-@register
+@METHODS.register
 class FedLSRML(FLMethod):
     Params = FedLSRMLParams
     paper = "Jiang et al. (CIKM'22) as FedMLP's code ports it; baseline in FedMLP"

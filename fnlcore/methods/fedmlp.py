@@ -74,7 +74,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (draw_predict, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register,
+from .api import (draw_predict, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, METHODS,
                   StackedBatch, Stage)
 from .logit_adjust import la_bce, la_shift
 from .multilabel import partial_bce
@@ -190,7 +190,7 @@ def pseudo_label_counts(pseudo: torch.Tensor, y_true: torch.Tensor) -> tuple[int
 # -- the method ----------------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class FedMLP(FLMethod):
     Params = FedMLPParams
     paper = "FedMLP (MICCAI'24)"

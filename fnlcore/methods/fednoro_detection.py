@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .api import FLMethod, MethodParams, param, register, Stage
+from .api import FLMethod, MethodParams, param, METHODS, Stage
 from .logit_adjust import LogitAdjusted
 from .noisy_client_detection import client_indicators, gmm_noisy
 from .parts import minmax_columns
@@ -63,7 +63,7 @@ def gmm_detection_rates(features: np.ndarray, truth: np.ndarray, seeds: int, noi
     return tuple(float(v) for v in total / seeds)
 
 
-@register
+@METHODS.register
 class FedNoRoDetection(LogitAdjusted, FLMethod):
     Params = FedNoRoDetectionParams
     paper = "FedNoRo (IJCAI'23) Table 3: noisy-client detection indicators"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import ConfigError, FLMethod, load, MethodParams, param, register, sampling, State
+from .api import ConfigError, FLMethod, load, MethodParams, param, METHODS, sampling, State
 from .robust_aggregation import client_chunks, float_keys, noisy_client_flags, weighted_sum
 
 # Coordinates taken at a time: the stacked chunk (clients x chunk, float64) and one row's
@@ -107,7 +107,7 @@ def krum(states: list[State], f: int | None = None, multi: int = 1) -> tuple[Sta
     return {k: acc[k].div_(len(chosen)).to(v.dtype) if k in acc else v.clone() for k, v in best.items()}, chosen
 
 
-@register
+@METHODS.register
 class Krum(FLMethod):
     Params = KrumParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import (
-    ClientUpdate, FLMethod, forward_bounded, LocalJob, masked_mean, MethodParams, param, Phase, register, Stage,
+    ClientUpdate, FLMethod, forward_bounded, LocalJob, masked_mean, MethodParams, param, Phase, METHODS, Stage,
 )
 from .api import numerics
 from .parts import check_rounds_left, linear_ramp
@@ -173,7 +173,7 @@ def logits_and_features(ctx, model: torch.nn.Module, idx: torch.Tensor) -> tuple
     return torch.cat([z.float() for z, _ in outs]), torch.cat([f.float() for _, f in outs])
 
 
-@register
+@METHODS.register
 class RoFL(FLMethod):
     Params = RoFLParams
     paper = "Yang et al. 2022; baseline in FedNoRo and (via FedCorr) FedDiv"

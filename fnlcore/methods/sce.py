@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import clients_mean, FLMethod, MethodParams, param, register, Stage
+from .api import clients_mean, FLMethod, MethodParams, param, METHODS, Stage
 from .symmetric_ce import LOG_ZERO, sce_per_sample
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class SCEParams(MethodParams):
                           switch="'code' (A = log 1e-4, the official clamp) | 'paper' (A = -4, the text)")
 
 
-@register
+@METHODS.register
 class SCE(FLMethod):
     Params = SCEParams
     paper = "Wang et al., ICCV 2019 (symmetric cross-entropy); FedAvg's server; FNBench baseline"
