@@ -2,8 +2,10 @@
 datasets and models.
 
 A :class:`Registry` maps a config name to an entry (a spec class, a DatasetInfo, a model
-builder). Entries register themselves where they are defined (``@METHODS.register`` or
-``REGISTRY.register(obj)``), and the registry *discovers* its package: the first time it
+builder). Entries are registered where they are defined, in one way for every kind: the kind's
+registry's own ``register`` (``@METHODS.register``, ``@NOISE_MODELS.register``,
+``@PARTITIONERS.register`` on a class; ``DATASETS.register(DatasetInfo(...))``,
+``MODELS.register(ModelEntry(...))``), and the registry *discovers* its package: the first time it
 is read, it imports every module of that package, so a new plug-in is one new file and no
 import line anywhere. Modules named in the environment variable ``FNL_PLUGINS``
 (comma-separated importable names) are imported too, so research code outside the
@@ -70,7 +72,8 @@ class Registry(Mapping, Generic[T]):
             raise ValueError(f"{self.kind} {entry!r} has no name")
         old = self._entries.get(name)
         if old is not None and old is not entry and _origin(old) != _origin(entry):
-            raise ValueError(f"{self.kind} name {name!r} is registered twice ({_origin(old)} and {_origin(entry)})")
+            raise ValueError(f"{self.kind} name {name!r} is registered twice, by {'.'.join(_origin(old))} and by "
+                             f"{'.'.join(_origin(entry))}; give one of them another name")
         self._entries[name] = entry
         return entry
 
@@ -134,7 +137,9 @@ class Registry(Mapping, Generic[T]):
 
 
 def _origin(entry: Any) -> tuple[str, str]:
-    obj = getattr(entry, "prepare", entry)  # a DatasetInfo is known by its prepare function
+    """(module, qualified name) of what defines ``entry``: a class itself; a DatasetInfo its prepare
+    function, a ModelEntry its build function (every instance of one dataclass has the same type)."""
+    obj = entry if isinstance(entry, type) else getattr(entry, "prepare", None) or getattr(entry, "build", None) or entry
     return (getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", repr(obj)))
 
 

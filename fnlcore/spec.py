@@ -173,8 +173,8 @@ class Spec:
     ClassVars: ``kind`` (what errors call it: 'method', 'partition', 'noise model'),
     ``name`` (the config name), ``paper`` (where it comes from), ``switch_notes`` (code≠paper
     differences no field selects; a field's own switch is ``param(switch=...)``, and ``switches``
-    lists both, for README), ``slug_head`` and ``slug_fields`` (see the module doc), ``registry``
-    (a subclass that sets its own ``name`` joins it).
+    lists both, for README), ``slug_head`` and ``slug_fields`` (see the module doc). Defining a
+    subclass registers nothing: its kind's registry's ``register`` does (``@NOISE_MODELS.register``).
     """
 
     kind: ClassVar[str] = "spec"
@@ -184,15 +184,12 @@ class Spec:
     switches = _Switches()  # read-only: computed from the fields and switch_notes
     slug_head: ClassVar[str] = ""
     slug_fields: ClassVar[tuple] = ()
-    registry: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
         if "switches" in cls.__dict__:
             raise TypeError(f"{cls.__name__}: declare each switch on its field, param(..., switch=...), "
                             "and differences no field selects in switch_notes; not a switches dict")
-        if cls.registry is not None and cls.__dict__.get("name"):
-            cls.registry.register(cls)
 
     def __post_init__(self) -> None:
         check_params(self, self.where)

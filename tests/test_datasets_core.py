@@ -87,7 +87,7 @@ def test_validate_options_merges_defaults_and_checks_types():
 def test_register_refuses_a_second_dataset_with_the_same_name():
     other = replace(ds.get_dataset("digits"), prepare=lambda ctx: None)
     with pytest.raises(ValueError, match="digits"):
-        ds.register(other)
+        ds.DATASETS.register(other)
     assert ds.DATASETS["digits"].prepare.__module__ == "fnlcore.datasets.digits"
 
 

@@ -70,8 +70,9 @@ from fnlcore.fl.settings import TrainSettings  # noqa: E402
 from fnlcore.fl.simulation import Simulation  # noqa: E402
 from fnlcore.methods.fedmlp import (  # noqa: E402
     UNLABELLED, aggregate_degrees, aggregate_prototypes, class_prototypes, confidence, la_bce, la_shift,
-    learning_degree, missing_distillation, select_pseudo_labels, stage2_loss, wpc_loss,
+    learning_degree, select_pseudo_labels, stage2_loss,
 )
+from fnlcore.methods.partial_label_losses import missing_distillation, wpc_loss  # noqa: E402
 
 
 def test_la_shift_is_tau_log_odds_of_the_prior():

@@ -59,7 +59,7 @@ def test_lid_indicator_is_fedcorrs_client_mean_lid():
     assert method.features.shape == (4, 1) and np.isfinite(method.features).all()
     assert 0 <= m["det_recall"].iloc[-1] <= 1 and 0 <= m["det_mr"].iloc[-1] <= 1
     # with augmentation off, client 1's indicator is the mean LID of its softmax outputs
-    from fnlcore.methods.fednoro_detection import client_indicators
+    from fnlcore.methods.noisy_client_detection import client_indicators
 
     feats = client_indicators(ctx, method.global_model, "lid", augment=False, lid_k=5)
     assert feats[1, 0] == pytest.approx(float(lid_scores(probs, 5).mean()))

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fnlcore.methods.gce import gce_per_sample
-from fnlcore.methods.sce import LOG_ZERO, sce_per_sample
+from fnlcore.methods.symmetric_ce import LOG_ZERO, sce_per_sample
 
 
 def test_gce_hand_case_and_its_two_limits():

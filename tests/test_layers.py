@@ -247,3 +247,42 @@ def test_the_methods_door_offers_the_whole_contract_and_no_engine_loop(graph):
     loops = {m: sorted(d for d in graph[m] if d in ENGINES) for m in sorted(METHODS_DOOR)}
     assert not any(loops.values()), "the methods' door imports an engine loop (a method declares, the engine runs): " + \
         "; ".join(f"{m}: {', '.join(ds)}" for m, ds in loops.items() if ds)
+
+
+# One file per method that does not leak: a method module (one that defines an entry of METHODS)
+# imports no other method module; what two methods share lives in a shared module that registers
+# nothing (robust_aggregation, small_loss, self_regularisation, ...).
+
+
+def _method_modules() -> set[str]:
+    from fnlcore.methods import METHODS
+
+    # reading METHODS imports every module first; plug-ins from outside the package (FNL_PLUGINS) are not its files
+    return {cls.__module__ for cls in METHODS.values() if cls.__module__.startswith("fnlcore.")}
+
+
+def _method_leaks(graph: dict[str, set[str]], method_modules: set[str]) -> list[str]:
+    return [f"{m} imports {d}: move what they share into a shared module of fnlcore/methods "
+            f"(one that registers no method) and import it from both"
+            for m in sorted(method_modules) for d in sorted(graph.get(m, ())) if d in method_modules]
+
+
+def test_no_method_module_imports_another(graph):
+    method_modules = _method_modules()
+    assert {"fnlcore.methods.krum", "fnlcore.methods.fedlsr"} <= method_modules  # the registry was read
+    assert "fnlcore.methods.parts" not in method_modules and "fnlcore.methods.api" not in method_modules
+    missing = sorted(method_modules - set(graph))
+    assert not missing, f"method modules the import graph does not see: {missing}"
+    leaks = _method_leaks(graph, method_modules)
+    assert not leaks, "; ".join(leaks)
+
+
+def test_the_checker_finds_a_method_importing_another(tmp_path):
+    src = tmp_path / "a.py"
+    src.write_text("from .krum import float_keys\nimport fnlcore.methods.median\nfrom . import parts\n")
+    known = {"fnlcore.methods", "fnlcore.methods.krum", "fnlcore.methods.median", "fnlcore.methods.parts"}
+    graph = {"fnlcore.methods.a": _imports("fnlcore.methods.a", src, known)}
+    assert graph["fnlcore.methods.a"] == {"fnlcore.methods.krum", "fnlcore.methods.median", "fnlcore.methods.parts"}
+    leaks = _method_leaks(graph, {"fnlcore.methods.a", "fnlcore.methods.krum", "fnlcore.methods.median"})
+    assert [leak.split(":")[0] for leak in leaks] == ["fnlcore.methods.a imports fnlcore.methods.krum",
+                                                      "fnlcore.methods.a imports fnlcore.methods.median"]

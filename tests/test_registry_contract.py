@@ -55,9 +55,9 @@ def test_discovery_imports_a_module_dropped_into_the_package(tmp_path, monkeypat
 def test_fnl_plugins_names_modules_outside_the_package(tmp_path):
     (tmp_path / "my_method.py").write_text(
         "from dataclasses import dataclass\n"
-        "from fnlcore.methods import FLMethod, MethodParams, register\n"
+        "from fnlcore.methods import METHODS, FLMethod, MethodParams\n"
         "@dataclass(frozen=True)\nclass P(MethodParams):\n    name = 'my_method'\n"
-        "@register\nclass M(FLMethod):\n    Params = P\n"
+        "@METHODS.register\nclass M(FLMethod):\n    Params = P\n"
     )
     code = "from fnlcore.methods import METHODS; print('my_method' in METHODS)"
     env = {"FNL_PLUGINS": "my_method", "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
@@ -79,10 +79,40 @@ def test_a_name_registered_twice_is_refused():
 
     reg.register(A)
     reg.register(A)  # the same entry again (a module reloaded) is fine
-    with pytest.raises(ValueError, match="registered twice"):
+    with pytest.raises(ValueError, match="registered twice") as e:
         reg.register(B)
+    assert ".A and by " in str(e.value) and str(e.value).endswith(".B; give one of them another name")
     with pytest.raises(ConfigError, match=r"unknown widget name 'b'; valid names: a"):
         reg.lookup("b")
+
+
+def test_two_models_of_one_name_are_refused_naming_both_build_functions():
+    from fnlcore.models.builder import ModelEntry
+
+    def build_a(num_classes, in_channels, image_size):
+        raise AssertionError("not built")
+
+    def build_b(num_classes, in_channels, image_size):
+        raise AssertionError("not built")
+
+    reg: Registry = Registry("model", None)
+    first = reg.register(ModelEntry("net", build_a))
+    assert reg.register(ModelEntry("net", build_a)) is not first  # the same build again (a module reloaded)
+    with pytest.raises(ValueError, match="model name 'net' is registered twice") as e:
+        reg.register(ModelEntry("net", build_b))
+    assert "build_a and by " in str(e.value) and "build_b; give one of them another name" in str(e.value)
+
+
+def test_defining_a_spec_subclass_registers_nothing_its_registry_s_register_does():
+    from fnlcore.noise.specs import NoiseSpec
+
+    @dataclass(frozen=True)
+    class Unregistered(NoiseSpec):
+        name = "test_unregistered_noise"
+
+    assert "test_unregistered_noise" not in NOISE_MODELS  # one way to register: NOISE_MODELS.register
+    reg: Registry = Registry("noise model", None)
+    assert reg.register(Unregistered) is Unregistered and reg["test_unregistered_noise"] is Unregistered
 
 
 @pytest.mark.parametrize(

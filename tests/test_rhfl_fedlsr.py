@@ -11,10 +11,11 @@ import torch
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.fedlsr import FedLSRParams, fedlsr_loss, ramp, sharpen_square
-from fnlcore.methods.parts import js_elementwise
+from fnlcore.methods.fedlsr import FedLSRParams, fedlsr_loss, sharpen_square
+from fnlcore.methods.parts import linear_ramp
 from fnlcore.methods.rhfl import ccr_aggregation_weights
-from fnlcore.methods.sce import LOG_ZERO, sce_per_sample
+from fnlcore.methods.self_regularisation import js_elementwise
+from fnlcore.methods.symmetric_ce import LOG_ZERO, sce_per_sample
 
 from .engine_helpers import make_ctx
 
@@ -43,7 +44,7 @@ def test_symmetric_ce_reverse_term():
 
 def test_fedlsr_hand_cases():
     assert sharpen_square(torch.tensor([[0.6, 0.4]])).tolist()[0] == pytest.approx([0.6923, 0.3077], abs=1e-4)
-    assert ramp(5, 0.4, 20) == pytest.approx(0.1) and ramp(20, 0.4, 20) == 0.4
+    assert linear_ramp(5, 0.4, 20) == pytest.approx(0.1) and linear_ramp(20, 0.4, 20) == 0.4
     q = torch.softmax(torch.randn(4, 3), 1)
     assert js_elementwise(q, q).item() == pytest.approx(0.0, abs=1e-7)  # xlogy rounding only
     # code-faithful L_cls for p_s = one-hot(y), C = 2: CE of the probabilities as logits

@@ -12,11 +12,11 @@ from fnlcore.errors import ConfigError
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.methods import METHODS, method_from_dict
-from fnlcore.methods.fedlsr import ramp
+from fnlcore.methods.parts import linear_ramp
 from fnlcore.methods.rofl import (
-    aggregate_centroids, class_means, forget_rate_at, keep_counts, nearest_centroid, rofl_loss,
-    small_loss_order, update_centroids,
+    aggregate_centroids, class_means, forget_rate_at, keep_counts, nearest_centroid, rofl_loss, update_centroids,
 )
+from fnlcore.methods.small_loss import small_loss_order
 
 from .engine_helpers import make_ctx
 
@@ -72,8 +72,8 @@ def test_schedules():
     assert rates[0] == 0.0 and rates[1] == pytest.approx(0.2 / 9) and rates[9] == pytest.approx(0.2)
     assert rates[10] == rates[11] == 0.2
     assert forget_rate_at(0, 0.2, 0) == 0.2
-    assert [ramp(t, 1.0, 10) for t in (0, 5, 10, 20)] == [0.0, 0.5, 1.0, 1.0]
-    assert ramp(0, 1.0, 0) == 1.0
+    assert [linear_ramp(t, 1.0, 10) for t in (0, 5, 10, 20)] == [0.0, 0.5, 1.0, 1.0]
+    assert linear_ramp(0, 1.0, 0) == 1.0
 
 
 def _small_loss_indices(losses, forget_rate):

@@ -126,8 +126,8 @@ import numpy as np
 
 from fnlcore.assignment import ClientAssignment
 from fnlcore.noise.generators import symmetric_noise
-from fnlcore.noise.specs import NoiseSpec
-from fnlcore.partition.specs import PartitionSpec
+from fnlcore.noise.specs import NOISE_MODELS, NoiseSpec
+from fnlcore.partition.specs import PARTITIONERS, PartitionSpec
 from fnlcore.registry import param
 from fnlcore.rng import legacy_rng
 
@@ -135,6 +135,7 @@ SHIFT = 0
 RATE = 0.2
 
 
+@PARTITIONERS.register
 @dataclass(frozen=True)
 class ShiftedBlocks(PartitionSpec):
     name: ClassVar[str] = "test_shifted_blocks"
@@ -149,6 +150,7 @@ class ShiftedBlocks(PartitionSpec):
         return ClientAssignment(len(labels), tuple(np.array_split(perm, self.num_clients)))
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class SomeSymmetricNoise(NoiseSpec):
     name: ClassVar[str] = "test_some_symmetric"

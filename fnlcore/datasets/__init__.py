@@ -1,7 +1,7 @@
 """Datasets: a registry of named datasets, checksummed downloads and prepared artifacts.
 
 Every module of this package is imported the first time ``DATASETS`` is read
-(a new dataset is one file calling ``register``). Typical use::
+(a new dataset is one file calling ``DATASETS.register(DatasetInfo(...))``). Typical use::
 
     from fnlcore.datasets import prepare_dataset, load_prepared
     prepare_dataset("cifar10", raw_dir="data/raw/cifar10", out_dir="results/data/cifar10")
@@ -20,7 +20,6 @@ from .base import (
     label_columns,
     load_prepared,
     prepare_dataset,
-    register,
     validate_options,
     expected_shape,
     write_prepared,
@@ -42,7 +41,6 @@ __all__ = [
     "label_columns",
     "load_prepared",
     "prepare_dataset",
-    "register",
     "validate_options",
     "verify_file",
     "write_prepared",

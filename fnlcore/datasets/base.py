@@ -1,7 +1,7 @@
 """The dataset registry and the prepared-dataset artifact.
 
 Every dataset module describes itself with a :class:`DatasetInfo` and calls
-:func:`register` at import time. ``prepare_dataset`` runs a dataset's
+``DATASETS.register`` at import time. ``prepare_dataset`` runs a dataset's
 ``prepare`` step, which turns raw upstream files into one artifact folder
 (``results/data/<name>``) through :func:`write_prepared`:
 
@@ -40,7 +40,6 @@ __all__ = [
     "PrepareContext",
     "PreparedDataset",
     "DATASETS",
-    "register",
     "get_dataset",
     "prepare_dataset",
     "validate_options",
@@ -148,13 +147,8 @@ class PrepareContext:
 
 
 #: name -> DatasetInfo; every module of fnlcore.datasets is imported on first use, so a
-#: new dataset is one file that calls ``register(DatasetInfo(...))``.
+#: new dataset is one file that calls ``DATASETS.register(DatasetInfo(...))``.
 DATASETS: Registry[DatasetInfo] = Registry("dataset", "fnlcore.datasets")
-
-
-def register(info: DatasetInfo) -> DatasetInfo:
-    """Add a dataset to the registry (called once by each dataset module at import time)."""
-    return DATASETS.register(info)
 
 
 def get_dataset(name: str) -> DatasetInfo:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DataError
-from .base import DatasetInfo, PrepareContext, register, write_prepared
+from .base import DATASETS, DatasetInfo, PrepareContext, write_prepared
 from .download import RemoteFile
 from .ich import fedmlp_split
 from .rawfiles import (
@@ -238,7 +238,7 @@ def prepare_chestxray14(ctx: PrepareContext) -> None:
     write_prepared(ctx.out_dir, info, index, None, extra, raw_dir=raw, files=files)
 
 
-CHESTXRAY14 = register(
+CHESTXRAY14 = DATASETS.register(
     DatasetInfo(
         name="chestxray14",
         num_classes=8,

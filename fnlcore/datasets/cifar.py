@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..errors import DataError
 from ..safe_pickle import UNPICKLE_ERRORS, NumpyUnpickler
-from .base import DatasetInfo, PrepareContext, register, validate_options, write_prepared
+from .base import DATASETS, DatasetInfo, PrepareContext, validate_options, write_prepared
 from .download import RemoteFile
 
 BASE_URL = "https://www.cs.toronto.edu/~kriz/"
@@ -215,7 +215,7 @@ def _prepare(name: str):
 
 
 INFOS: dict[str, DatasetInfo] = {
-    "cifar10": register(
+    "cifar10": DATASETS.register(
         DatasetInfo(
             name="cifar10",
             num_classes=10,
@@ -231,7 +231,7 @@ INFOS: dict[str, DatasetInfo] = {
             augmentation="crop_flip",  # RandomCrop(32, padding 4) + flip (fedcorr.md §1)
         )
     ),
-    "cifar100": register(
+    "cifar100": DATASETS.register(
         DatasetInfo(
             name="cifar100",
             num_classes=100,

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError, MissingManualDataError
-from .base import DatasetInfo, PrepareContext, register, write_prepared
+from .base import DATASETS, DatasetInfo, PrepareContext, write_prepared
 from .rawfiles import (
     describe_missing_images,
     find_missing_files,
@@ -166,7 +166,7 @@ def _missing(raw: Path, missing: list[str]) -> MissingManualDataError:
     )
 
 
-CLOTHING1M = register(
+CLOTHING1M = DATASETS.register(
     DatasetInfo(
         name="clothing1m",
         num_classes=14,

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from .base import DataShape, DatasetInfo, PrepareContext, register, validate_options, write_prepared
+from .base import DATASETS, DataShape, DatasetInfo, PrepareContext, validate_options, write_prepared
 
 NAME = "digits"
 OPTIONS = {"test_size": 0.25, "split_seed": 0}
@@ -82,7 +82,7 @@ def prepare(ctx: PrepareContext) -> None:
     )
 
 
-INFO = register(
+INFO = DATASETS.register(
     DatasetInfo(
         name=NAME,
         num_classes=10,

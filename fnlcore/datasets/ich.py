@@ -32,7 +32,7 @@ import pandas as pd
 
 from ..errors import ConfigError, DataError, MissingManualDataError
 from ..rng import legacy_rng
-from .base import DatasetInfo, PrepareContext, register, write_prepared
+from .base import DATASETS, DatasetInfo, PrepareContext, write_prepared
 from .official_files import ICH_CLASS_COLUMNS, fetch_official, official_file, read_fednoro_ich_csv, read_fednoro_softlabels
 from .rawfiles import (
     describe_missing_images,
@@ -349,7 +349,7 @@ def _fedmlp_missing(raw: Path, missing: list[str]) -> MissingManualDataError:
 
 # -- registry ---------------------------------------------------------------------
 
-ICH_FEDNORO = register(
+ICH_FEDNORO = DATASETS.register(
     DatasetInfo(
         name="ich_fednoro",
         num_classes=5,
@@ -366,7 +366,7 @@ ICH_FEDNORO = register(
     )
 )
 
-ICH_FEDMLP = register(
+ICH_FEDMLP = DATASETS.register(
     DatasetInfo(
         name="ich_fedmlp",
         num_classes=5,

@@ -30,7 +30,7 @@ import pandas as pd
 from ..errors import ConfigError, DataError
 from ..io import write_csv
 from ..rng import legacy_rng
-from .base import DatasetInfo, PrepareContext, register, write_prepared
+from .base import DATASETS, DatasetInfo, PrepareContext, write_prepared
 from .download import RemoteFile
 from .rawfiles import (
     extract_archive,
@@ -185,7 +185,7 @@ def prepare_isic2019(ctx: PrepareContext) -> None:
     write_prepared(ctx.out_dir, ISIC2019, index, None, extra, raw_dir=raw, files=files)
 
 
-ISIC2019 = register(
+ISIC2019 = DATASETS.register(
     DatasetInfo(
         name="isic2019",
         num_classes=8,

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from .base import DatasetInfo, PrepareContext, register, validate_options, write_prepared
+from .base import DATASETS, DatasetInfo, PrepareContext, validate_options, write_prepared
 from .download import RemoteFile
 
 MNIST_URLS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")
@@ -158,7 +158,7 @@ FMNIST_CLASSES = (
 )
 
 INFOS: dict[str, DatasetInfo] = {
-    "mnist": register(
+    "mnist": DATASETS.register(
         DatasetInfo(
             name="mnist",
             num_classes=10,
@@ -174,7 +174,7 @@ INFOS: dict[str, DatasetInfo] = {
             split_sizes=(60_000, 10_000),
         )
     ),
-    "fmnist": register(
+    "fmnist": DATASETS.register(
         DatasetInfo(
             name="fmnist",
             num_classes=10,

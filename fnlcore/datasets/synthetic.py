@@ -53,7 +53,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from . import chestxray, cifar, clothing1m, ich, isic, mnist  # noqa: F401  (register the real datasets first)
-from .base import DATASETS, DataShape, DatasetInfo, PrepareContext, register, validate_options, write_prepared
+from .base import DATASETS, DataShape, DatasetInfo, PrepareContext, validate_options, write_prepared
 
 __all__ = [
     "SYNTHETIC_BASES",
@@ -463,4 +463,4 @@ def _stand_in_info(base: str) -> DatasetInfo:
 
 
 #: ``synthetic_<base>`` -> its registered DatasetInfo.
-SYNTHETIC: dict[str, DatasetInfo] = {synthetic_name(b): register(_stand_in_info(b)) for b in SYNTHETIC_BASES}
+SYNTHETIC: dict[str, DatasetInfo] = {synthetic_name(b): DATASETS.register(_stand_in_info(b)) for b in SYNTHETIC_BASES}

@@ -7,8 +7,8 @@ See :mod:`fnlcore.methods.base` for the method contract.
 
 from ..fl.contract import Batch, ClientUpdate, LocalJob, Phase, Stage
 from ..fl.persist import ClientStore
-from .base import METHODS, FLMethod, MethodParams, method_from_dict, register
+from .base import METHODS, FLMethod, MethodParams, method_from_dict
 from .costs import CostStage
 
 __all__ = ["METHODS", "Batch", "ClientStore", "ClientUpdate", "CostStage", "FLMethod", "LocalJob", "MethodParams",
-           "Phase", "Stage", "method_from_dict", "register"]
+           "Phase", "Stage", "method_from_dict"]

@@ -37,7 +37,7 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .api import FLMethod, load, MethodParams, param, register, State, weighted_average
+from .api import FLMethod, load, MethodParams, param, METHODS, State, weighted_average
 from .api import numerics
 from .parts import client_table, true_noise_rates
 
@@ -175,7 +175,7 @@ def arfl_aggregate(states: Sequence[Mapping[str, torch.Tensor]], huber_lambda: f
     return {k: result[k] for k in ref}, w
 
 
-@register
+@METHODS.register
 class ARFL(FLMethod):
     Params = ARFLParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)

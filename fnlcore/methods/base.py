@@ -1,7 +1,7 @@
 """The method contract: a method is its hyper-parameters, its losses and its decisions.
 
 A method is one module: a frozen hyper-parameter dataclass (subclass of :class:`MethodParams`)
-and a subclass of :class:`FLMethod`, registered with :func:`register`. The engine owns the loop,
+and a subclass of :class:`FLMethod`, registered with ``@METHODS.register``. The engine owns the loop,
 the state and the batching (:mod:`fnlcore.fl.simulation`, :mod:`fnlcore.fl.sequential`,
 :mod:`fnlcore.fl.rounds`, :mod:`fnlcore.fl.persist`); a round is
 
@@ -53,7 +53,7 @@ class MethodParams(Spec):
     Declare fields with :func:`fnlcore.registry.param` (bounds, choices, ``rounds=True``);
     ``name`` is the config name and the slug's head, ``slug_fields`` the fields shown
     readably in the slug (the others hash); a code≠paper switch is ``param(..., switch=...)``. The
-    method class (not this dataclass) joins METHODS, through :func:`register`.
+    method class (not this dataclass) joins METHODS, through ``@METHODS.register``.
     """
 
     kind: ClassVar[str] = "method"
@@ -249,19 +249,13 @@ def check_label_kind(cls: type[FLMethod], multi_label: bool, where: str = "") ->
                       f"{', '.join(fits) or '(none)'}")
 
 
-__all__ = ["ClientStore", "CostStage", "FLMethod", "MethodParams", "check_label_kind", "register", "method_from_dict",
-           "METHODS"]
+__all__ = ["ClientStore", "CostStage", "FLMethod", "MethodParams", "check_label_kind", "method_from_dict", "METHODS"]
 
 
 #: config name -> method class; every module of fnlcore.methods is imported on first use,
-#: so a new method is one file with ``@register`` on its class.
+#: so a new method is one file with ``@METHODS.register`` on its class.
 METHODS: Registry[type[FLMethod]] = Registry("method", "fnlcore.methods", key=lambda cls: cls.Params.name,
                                               spec=lambda cls: cls.Params)
-
-
-def register(cls: type[FLMethod]) -> type[FLMethod]:
-    """Class decorator: make ``cls`` the method named ``cls.Params.name``."""
-    return METHODS.register(cls)
 
 
 def method_from_dict(d: dict) -> MethodParams:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, load, MethodParams, param, register, snapshot, StackedBatch, Stage, weighted_average
+from .api import FLMethod, load, MethodParams, param, METHODS, snapshot, StackedBatch, Stage, weighted_average
 from .multilabel import annotated_bce
 from .parts import check_rounds_left
 
@@ -91,7 +91,7 @@ def missing_class_loss(z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) ->
 # -- the method --------------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class CBAFed(FLMethod):
     Params = CBAFedParams
     paper = "Li et al. CVPR'23 (CBAFed), as FedMLP (MICCAI'24) adapts it to partial labels"

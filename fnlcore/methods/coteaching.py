@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import evaluate, FLMethod, LocalJob, masked_mean, MethodParams, param, Phase, register, Stage
-from .rofl import small_loss_order
+from .api import evaluate, FLMethod, LocalJob, masked_mean, MethodParams, param, Phase, METHODS, Stage
+from .small_loss import small_loss_order
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: torch.Tensor,
     return masked_mean(l1, s2), masked_mean(l2, s1)  # S_k holds m_k rows
 
 
-@register
+@METHODS.register
 class Coteaching(FLMethod):
     Params = CoteachingParams
     paper = "Han et al. 2018 (Co-teaching); FL-Coteaching in FedGR"

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .api import evaluate, FLMethod, LocalJob, MethodParams, param, Phase, predict, register, Stage, warm_up_then
+from .api import evaluate, FLMethod, LocalJob, MethodParams, param, Phase, predict, METHODS, Stage, warm_up_then
 from .api import numerics
 from .parts import check_rounds_left, fit_two_gaussians, minmax_columns
 from ..randaugment import mix_targets, mixup
@@ -159,7 +159,7 @@ class EnsembleModel(torch.nn.Module):
 # -- the method ----------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class DivideMix(FLMethod):
     Params = DivideMixParams
     paper = "Li et al. 2020 (ICLR), inside FL; baseline in FedGR (FL-DivideMix) and FedDiv (via FedCorr)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import FLMethod, MethodParams, register
+from .api import FLMethod, MethodParams, METHODS
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,7 @@ class FedAvgParams(MethodParams):
     name = "fedavg"
 
 
-@register
+@METHODS.register
 class FedAvg(FLMethod):
     """Everything is the engine default (weighting: ``training.weighting``, size by default)."""
 

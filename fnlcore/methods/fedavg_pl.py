@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import FLMethod, MethodParams, register, Stage
+from .api import FLMethod, MethodParams, METHODS, Stage
 from .multilabel import annotated_bce
 
 
@@ -21,7 +21,7 @@ class FedAvgPLParams(MethodParams):
     name = "fedavg_pl"
 
 
-@register
+@METHODS.register
 class FedAvgPL(FLMethod):
     Params = FedAvgPLParams
     paper = "FedMLP (MICCAI'24) baseline: FedAvg with a partial loss on annotated classes"

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import (clients_cross_entropy, ConfigError, FLMethod, FNLError, LocalJob, MethodParams, param, parameter_keys,
-                  Phase, register, snapshot, StackedBatch, Stage)
+                  Phase, METHODS, snapshot, StackedBatch, Stage)
 from .logit_adjust import LogitAdjusted, la_cross_entropy
 from .parts import (GroupPasses, MixupDraw, add_proximal, client_outputs, client_table, fit_two_gaussians, lid_scores,
                     mixup_cross_entropy, mixup_view, reserve_pass, sequential_client_groups, true_noise_rates)
@@ -149,7 +149,7 @@ def stage_schedule(r: int, iterations1: int, groups_per_iteration: int, rounds1:
 # -- the method --------------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class FedCorr(LogitAdjusted, GroupPasses, FLMethod):
     Params = FedCorrParams
     paper = "FedCorr (CVPR'22); baseline in FedNoRo (IJCAI'23, also +LA) and FedDiv"

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .api import ClientUpdate, FLMethod, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
+from .api import ClientUpdate, FLMethod, LocalJob, MethodParams, param, Phase, METHODS, StackedBatch, Stage
 from .api import numerics
 from .parts import (GroupPasses, MixupDraw, client_outputs, client_table, double_softmax_loss, minmax_columns,
                     mixup_cross_entropy, mixup_view, reserve_pass, sequential_client_groups, true_noise_rates)
@@ -262,7 +262,7 @@ class ClientPlan:
 # -- the method ------------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class FedDiv(GroupPasses, FLMethod):
     Params = FedDivParams
     paper = "FedDiv (AAAI'24)"

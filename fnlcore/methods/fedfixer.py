@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import (ClientStore, FLMethod, LocalJob, MethodParams, StackedBatch, Stage, State, assign_clients_,
-                  load, masked_mean, param, register)
+                  load, masked_mean, param, METHODS)
 from .api import numerics
 
 EMPTY_SCALE = 1e8  # the code's divisor for an empty selection and for Σ n̄ = 0
@@ -157,7 +157,7 @@ def mix_aggregate(old: State, weighted: Iterable[tuple[State, float]], gamma: fl
 # -- the method ----------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class FedFixer(FLMethod):
     Params = FedFixerParams
     paper = "Ji et al. 2024 (AAAI), FedFixer; baseline in FedGR"

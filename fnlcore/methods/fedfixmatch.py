@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
+from .api import FLMethod, LocalJob, MethodParams, param, Phase, METHODS, StackedBatch, Stage
 from .multilabel import annotated_bce
 
 
@@ -53,7 +53,7 @@ def unsupervised_loss(z_strong: torch.Tensor, hard: torch.Tensor, confident: tor
     return torch.where(n > 0, total / n.clamp_min(1), torch.zeros_like(total))
 
 
-@register
+@METHODS.register
 class FedFixMatch(FLMethod):
     Params = FedFixMatchParams
     paper = "Sohn et al. 2020 (FixMatch) on FedAvg; baseline in FedMLP (MICCAI'24)"

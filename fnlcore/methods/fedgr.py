@@ -77,7 +77,7 @@ import torch.nn.functional as F
 
 from .api import (
     clients_cross_entropy, clients_mean, ClientStore, CostStage, FLMethod, forward_bounded, load, LocalJob,
-    MethodParams, on, OneCopy, param, Phase, register, sampling, StackedBatch, Stage,
+    MethodParams, on, OneCopy, param, Phase, METHODS, sampling, StackedBatch, Stage,
 )
 from .parts import check_rounds_left, fit_two_gaussians
 from ..randaugment import RandAugmentSpec
@@ -220,7 +220,7 @@ class _JobInfo:
     features: _GlobalFeatures | None  # R_k's cached targets; None: per step, or no R_k
 
 
-@register
+@METHODS.register
 class FedGR(FLMethod):
     Params = FedGRParams
     paper = "FedGR: Learning Locally, Revising Globally (ICML 2026)"

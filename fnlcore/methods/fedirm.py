@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import ClientStore, FLMethod, load, LocalJob, MethodParams, param, Phase, register, StackedBatch, Stage
+from .api import ClientStore, FLMethod, load, LocalJob, MethodParams, param, Phase, METHODS, StackedBatch, Stage
 from .api import numerics
 from .multilabel import annotated_bce
 from .parts import check_rounds_left
@@ -148,7 +148,7 @@ class _RowMean:
         return rows, self.count > 0
 
 
-@register
+@METHODS.register
 class FedIRM(FLMethod):
     Params = FedIRMParams
     paper = "Liu et al. MICCAI'21 (FedIRM), as FedMLP (MICCAI'24) adapts it to partial labels"

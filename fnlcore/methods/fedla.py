@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import FLMethod, MethodParams, param, register, Stage
+from .api import FLMethod, MethodParams, param, METHODS, Stage
 from .logit_adjust import LogitAdjusted
 
 
@@ -20,7 +20,7 @@ class FedLAParams(MethodParams):
     tau: float = param(1.0, ge=0, doc="logit-adjustment strength")
 
 
-@register
+@METHODS.register
 class FedLA(LogitAdjusted, FLMethod):
     Params = FedLAParams
     paper = "FedNoRo (IJCAI'23) baseline"

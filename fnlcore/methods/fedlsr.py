@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, LocalJob, masked_mean, MethodParams, on, param, Phase, register, StackedBatch, Stage
+from .api import FLMethod, masked_mean, MethodParams, on, param, METHODS, StackedBatch, Stage
 from .api import numerics
-from .parts import js_elementwise, lam_beta11
+from .parts import linear_ramp
+from .self_regularisation import js_elementwise, two_weak_views
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,6 @@ def sharpen_square(p: torch.Tensor) -> torch.Tensor:
     return s / s.sum(-1, keepdim=True)
 
 
-def ramp(r: int, top: float, length: int) -> float:
-    """top · r / length before round ``length``, then top: FedLSR's gamma_t, RoFL's λ_cen(t)."""
-    return top * r / length if r < length else top
-
-
 def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The FedLSR loss of K clients: logits z (K, B, C) of the two views, labels y (K, B), lam (K,)
     (each client's batch draw), mask (K, B) real rows or None -> (K,)."""
@@ -71,20 +67,16 @@ def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Ten
     return loss
 
 
-@register
+@METHODS.register
 class FedLSR(FLMethod):
     Params = FedLSRParams
     paper = "Jiang et al. (CIKM'22); baseline in FedNoRo and FedMLP"
     round_cost = 2.0  # benchmarks/README.md, bench_methods.py
 
-    def prepare(self, r, k, nets):
-        # raw images: two weak views, then lam, declared so the batched engine draws them ahead
-        return LocalJob(phases=[Phase(augment="raw", views=("weak:1", "weak:2"), draws=lam_beta11)])
-
     def loss(self, sb: StackedBatch):
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])
         y = self.labels(sb.idx)
         lam = on(sb.draws[0], z1.device)  # the batch's lam, (K,) (the sequential engine's stays on the host)
-        return fedlsr_loss(z1, z2, y, lam, ramp(sb.r, self.params.gamma, self.params.t_w), self.params, sb.mask)
+        return fedlsr_loss(z1, z2, y, lam, linear_ramp(sb.r, self.params.gamma, self.params.t_w), self.params, sb.mask)
 
-    stages = {"main": Stage(prepare=prepare, loss=loss)}
+    stages = {"main": Stage(prepare=two_weak_views, loss=loss)}

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, MethodParams, on, param, register, StackedBatch, Stage
-from .fedlsr import FedLSR
-from .parts import js_elementwise
+from .api import FLMethod, MethodParams, on, param, METHODS, StackedBatch, Stage
+from .self_regularisation import js_elementwise, two_weak_views
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def fedlsr_ml_loss(z1, z2, y, pos_weight, lam, beta_t: float, batch_size: int, p
     return cls + beta_t * js_elementwise(q1, q2, mask)
 
 
-@register
+@METHODS.register
 class FedLSRML(FLMethod):
     Params = FedLSRMLParams
     paper = "Jiang et al. (CIKM'22) as FedMLP's code ports it; baseline in FedMLP"
@@ -82,4 +81,4 @@ class FedLSRML(FLMethod):
         return fedlsr_ml_loss(z1, z2, y, self.pos_weights()[sb.clients], lam, ramp(sb.r, p.gamma, p.t_w),
                               self.ctx.settings.batch_size, p, sb.mask)
 
-    stages = {"main": Stage(prepare=FedLSR.prepare, loss=loss)}  # FedLSR's two weak views and lam draw
+    stages = {"main": Stage(prepare=two_weak_views, loss=loss)}  # FedLSR's two weak views and lam draw

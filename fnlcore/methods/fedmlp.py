@@ -74,10 +74,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import (draw_predict, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, register,
+from .api import (draw_predict, FLMethod, forward_bounded, LocalJob, MethodParams, param, Phase, METHODS,
                   StackedBatch, Stage)
 from .logit_adjust import la_bce, la_shift
 from .multilabel import partial_bce
+from .partial_label_losses import missing_distillation, real_row_sums, wpc_loss
 from .parts import check_rounds_left
 
 UNLABELLED = -1  # pseudo-label state of an entry not (yet) pseudo-labelled
@@ -120,36 +121,15 @@ class FedMLPParams(MethodParams):
 # -- losses: K clients at once, (K, B, C) entries, (K, C) class masks, (K, B) real rows (None: all) -> (K,)
 
 
-def _real(entries: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Per-client sums of (K, B, C) entries over the real rows."""
-    if mask is not None:
-        entries = torch.where(mask[:, :, None], entries, torch.zeros_like(entries))
-    return entries.sum((1, 2))
-
-
-def wpc_loss(logits, y, shift, active, batch_size: int | torch.Tensor, mask) -> torch.Tensor:
-    """L_WPC = sum_i sum_{c in A_k} l_LA / (B |A_k|) (fedmlp.md §2.2); ``shift`` and ``active`` (K, C),
-    ``active`` 0/1; ``batch_size`` B, or (K,) one per client."""
-    per = la_bce(logits, y, shift[:, None, :]) * active[:, None, :]
-    return _real(per, mask) / (batch_size * active.sum(1).clamp_min(1))
-
-
-def missing_distillation(p, p_global, missing, batch_size: int | torch.Tensor, mask) -> torch.Tensor:
-    """D = sum_i sum_{c in M_k} (p - p^G)^2 / (B |M_k|) (fedmlp.md §2.3); ``missing`` (K, C); 0 for a
-    client that misses nothing (no 0 / 0)."""
-    m = missing.sum(1)
-    total = _real(((p - p_global) ** 2) * missing[:, None, :], mask)
-    return torch.where(m > 0, total / (batch_size * m).clamp_min(1), torch.zeros_like(total))
-
-
 def stage2_loss(per_entry, mse, supervised, mask) -> torch.Tensor:
     """[sum s l + sum u mse] / [sum s + sum u] (fedmlp.md §2.6); ``supervised`` (K, B, C) bool; ``mse``
     None: sum s l / sum s (no CR)."""
     s = supervised.float()
     if mse is None:
-        return _real(per_entry * s, mask) / _real(s, mask).clamp_min(1)
+        return real_row_sums(per_entry * s, mask) / real_row_sums(s, mask).clamp_min(1)
     u = 1.0 - s
-    return (_real(per_entry * s, mask) + _real(mse * u, mask)) / (_real(s, mask) + _real(u, mask)).clamp_min(1)
+    return ((real_row_sums(per_entry * s, mask) + real_row_sums(mse * u, mask))
+            / (real_row_sums(s, mask) + real_row_sums(u, mask)).clamp_min(1))
 
 
 # -- prototypes, learning degrees, detection ---------------------------------------------------
@@ -210,7 +190,7 @@ def pseudo_label_counts(pseudo: torch.Tensor, y_true: torch.Tensor) -> tuple[int
 # -- the method ----------------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class FedMLP(FLMethod):
     Params = FedMLPParams
     paper = "FedMLP (MICCAI'24)"

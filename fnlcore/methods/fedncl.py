@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .api import ConfigError, FLMethod, load, MethodParams, param, predict, register, Stage, State
+from .api import ConfigError, FLMethod, load, MethodParams, param, predict, METHODS, Stage, State
 from .parts import check_rounds_left, client_table, true_noise_rates
 
 
@@ -162,7 +162,7 @@ def confident_relabel(probs: torch.Tensor, noisy_labels: torch.Tensor, eta: floa
 # -- the method --------------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class FedNCL(FLMethod):
     Params = FedNCLParams
     paper = "Fed-NCL (Tam et al., TNNLS)"

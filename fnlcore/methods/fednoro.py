@@ -31,10 +31,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .api import (FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, register, Stage, warm_up_then,
+from .api import (FLMethod, load, masked_mean, MethodParams, param, per_tensor_distance, METHODS, Stage, warm_up_then,
                   weighted_average)
-from .fednoro_detection import client_indicators, gmm_noisy
 from .logit_adjust import LogitAdjusted
+from .noisy_client_detection import client_indicators, gmm_noisy
 from .parts import check_rounds_left, class_loss_matrix, client_table, gaussian_ramp_up, minmax_columns, true_noise_rates
 
 
@@ -86,7 +86,7 @@ def daagg_weights(sizes: np.ndarray, distances: np.ndarray) -> np.ndarray:
     return w / w.sum()
 
 
-@register
+@METHODS.register
 class FedNoRo(LogitAdjusted, FLMethod):
     Params = FedNoRoParams
     paper = "FedNoRo (IJCAI'23)"

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
-import torch.nn.functional as F
 
-from .api import FLMethod, MethodParams, param, predict, register, Stage
+from .api import FLMethod, MethodParams, param, METHODS, Stage
 from .logit_adjust import LogitAdjusted
-from .parts import class_loss_matrix, fit_two_gaussians, lid_scores, minmax_columns
+from .noisy_client_detection import client_indicators, gmm_noisy
+from .parts import minmax_columns
 
 
 @dataclass(frozen=True)
@@ -51,14 +50,6 @@ def detection_scores(detected: np.ndarray, truth: np.ndarray) -> tuple[float, fl
     return recall, hit / detected.sum() if detected.sum() else 0.0, float(np.array_equal(detected, truth))
 
 
-def gmm_noisy(features: np.ndarray, random_state: int, noisy_high: bool = True) -> np.ndarray:
-    """(K,) bool: the clients one 2-component GMM fit (sklearn defaults) puts in the noisy component, the
-    one whose means sum larger (``noisy_high``) or smaller."""
-    gmm = fit_two_gaussians(features, random_state)
-    sums = gmm.means_.sum(axis=1)
-    return gmm.predict(features) == int(np.argmax(sums) if noisy_high else np.argmin(sums))
-
-
 def gmm_detection_rates(features: np.ndarray, truth: np.ndarray, seeds: int, noisy_high: bool = True) -> tuple[float, float, float]:
     """Mean (recall, precision, matching ratio) over ``seeds`` single GMM fits (random_state 0..seeds-1)."""
     total = np.zeros(3)
@@ -72,7 +63,7 @@ def gmm_detection_rates(features: np.ndarray, truth: np.ndarray, seeds: int, noi
     return tuple(float(v) for v in total / seeds)
 
 
-@register
+@METHODS.register
 class FedNoRoDetection(LogitAdjusted, FLMethod):
     Params = FedNoRoDetectionParams
     paper = "FedNoRo (IJCAI'23) Table 3: noisy-client detection indicators"
@@ -111,24 +102,3 @@ class FedNoRoDetection(LogitAdjusted, FLMethod):
         cols = {f"indicator_{j}": self.features[:, j] for j in range(self.features.shape[1])}
         truth = self.ctx.data.wrong_label_clients()
         return pd.DataFrame({"client": np.arange(len(self.features)), "true_noisy": truth, **cols})
-
-
-def client_indicators(ctx, model, indicator="loss", per_class=False, augment=True, lid_k=20) -> np.ndarray:
-    """K x 1 (or K x C for per-class losses) indicator matrix from the global model (FedNoRoDetectionParams)."""
-    data = ctx.data
-    assigned = torch.cat(data.clients)
-    logits = predict(ctx, model, data.train, assigned, augment=augment)
-    given = data.given[assigned.to(ctx.device)]
-    if indicator == "lid":
-        probs = F.softmax(logits, dim=1)
-        return np.array([[float(np.mean(np.asarray(lid_scores(part, lid_k))))]
-                         for part in probs.split([len(idx) for idx in data.clients])])
-    if indicator == "conf":
-        per_sample = F.softmax(logits, dim=1).gather(1, given[:, None]).squeeze(1)
-    else:
-        per_sample = F.cross_entropy(logits, given, reduction="none")
-    values = np.zeros(len(data.train))
-    values[assigned.numpy()] = per_sample.double().cpu().numpy()
-    if per_class:
-        return class_loss_matrix(values, data.given.cpu().numpy(), [c.numpy() for c in data.clients], data.num_classes)
-    return np.array([[values[c.numpy()].mean() if len(c) else 0.0] for c in data.clients])

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import FLMethod, MethodParams, param, register, Stage
-from .fedmlp import missing_distillation, wpc_loss
+from .api import FLMethod, MethodParams, param, METHODS, Stage
 from .logit_adjust import la_shift
+from .partial_label_losses import missing_distillation, wpc_loss
 from .parts import gaussian_ramp_up
 
 
@@ -49,7 +49,7 @@ def fednoro_ml_loss(z, z_teacher, y, shift, active, w: float, temperature: float
     return w * mse + (1.0 - w) * wpc_loss(z, y, shift, active, b, mask)
 
 
-@register
+@METHODS.register
 class FedNoRoML(FLMethod):
     Params = FedNoRoMLParams
     paper = "Wu et al. (IJCAI'23) as FedMLP's code ports it; baseline in FedMLP"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import FLMethod, MethodParams, param, parameter_keys, register, snapshot, Stage
+from .api import FLMethod, MethodParams, param, parameter_keys, METHODS, snapshot, Stage
 from .parts import add_proximal
 
 
@@ -29,7 +29,7 @@ class FedProxParams(MethodParams):
                                           "epoch)")
 
 
-@register
+@METHODS.register
 class FedProx(FLMethod):
     Params = FedProxParams
     paper = "Li et al. 2020; baseline in FedNoRo, Fed-NCL, FedGR, FedDiv"

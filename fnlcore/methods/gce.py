@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import clients_mean, FLMethod, MethodParams, param, register, Stage
+from .api import clients_mean, FLMethod, MethodParams, param, METHODS, Stage
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ def gce_per_sample(logits: torch.Tensor, y: torch.Tensor, q: float) -> torch.Ten
     return (1.0 - F.softmax(logits, dim=1).gather(1, y[:, None]).squeeze(1).pow(q)) / q
 
 
-@register
+@METHODS.register
 class GCE(FLMethod):
     Params = GCEParams
     paper = "Zhang & Sabuncu, NeurIPS 2018 (generalized cross-entropy); FedAvg's server; FNBench and FedNoisy baseline"

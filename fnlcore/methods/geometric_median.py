@@ -35,10 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import FLMethod, load, MethodParams, param, register, State
+from .api import FLMethod, load, MethodParams, param, METHODS, State
 from .api import numerics
-from .krum import float_keys, noisy_client_flags, weighted_sum
-from .parts import client_chunks
+from .robust_aggregation import client_chunks, float_keys, noisy_client_flags, weighted_sum
 
 # Client values taken at a time in the distance pass (a float64 chunk of every client's values).
 CHUNK_VALUES = 2**22
@@ -91,7 +90,7 @@ def geometric_median(states: list[State], weights, max_iter: int = 2, nu: float 
     return {k: (z[k].to(v.dtype) if k in z else v.clone()) for k, v in states[0].items()}, beta, done
 
 
-@register
+@METHODS.register
 class GeometricMedian(FLMethod):
     Params = GeometricMedianParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)

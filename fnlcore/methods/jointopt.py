@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .api import FLMethod, host_side, masked_mean, MethodParams, param, register, StackedBatch, Stage
+from .api import FLMethod, host_side, masked_mean, MethodParams, param, METHODS, StackedBatch, Stage
 from .api import numerics
 from .parts import check_rounds_left
 
@@ -97,7 +97,7 @@ def history_mean(history: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return history.sum(1) / counts.clamp(max=history.shape[1]).clamp_min(1).to(history.dtype).unsqueeze(1)
 
 
-@register
+@METHODS.register
 class JointOpt(FLMethod):
     Params = JointOptParams
     paper = "Tanaka et al. 2018; baseline (via FedCorr) in FedDiv"

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import ConfigError, FLMethod, load, MethodParams, param, register, sampling, State
-from .parts import client_chunks
+from .api import ConfigError, FLMethod, load, MethodParams, param, METHODS, sampling, State
+from .robust_aggregation import client_chunks, float_keys, noisy_client_flags, weighted_sum
 
 # Coordinates taken at a time: the stacked chunk (clients x chunk, float64) and one row's
 # differences; 2^22 values keep that under ~70 MB however large an entry is.
@@ -45,11 +45,6 @@ class KrumParams(MethodParams):
     f: int | None = param(None, ge=0, doc="clients assumed Byzantine; null: the most the round allows, "
                                            "floor((n - 3) / 2) for n clients a round")
     multi: int = param(1, ge=1, doc="m: Multi-Krum averages the m best-scored updates (1: Krum)")
-
-
-def float_keys(state: State) -> list[str]:
-    """The entries that take part in distances and averages (integer buffers do not)."""
-    return [k for k, v in state.items() if v.is_floating_point()]
 
 
 def pairwise_sq_distances(states: list[State]) -> torch.Tensor:
@@ -101,17 +96,6 @@ def krum_select(states: list[State], f: int | None = None, multi: int = 1) -> li
     return [int(i) for i in torch.argsort(scores.cpu(), stable=True)[:multi]]
 
 
-def weighted_sum(states: list[State], keys: list[str], weights: list[float]) -> State:
-    """sum_i w_i states_i over ``keys``, float64."""
-    out: State = {}
-    for k in keys:
-        acc = torch.zeros_like(states[0][k], dtype=torch.float64)
-        for s, wi in zip(states, weights):
-            acc.add_(s[k].to(torch.float64), alpha=wi)
-        out[k] = acc
-    return out
-
-
 def krum(states: list[State], f: int | None = None, multi: int = 1) -> tuple[State, list[int]]:
     """The aggregate and the chosen positions: Krum's pick, or the mean of Multi-Krum's picks
     (float entries in float64, cast back; integer entries from the best-scored pick)."""
@@ -123,15 +107,7 @@ def krum(states: list[State], f: int | None = None, multi: int = 1) -> tuple[Sta
     return {k: acc[k].div_(len(chosen)).to(v.dtype) if k in acc else v.clone() for k, v in best.items()}, chosen
 
 
-def noisy_client_flags(ctx, clients: list[int]) -> list[bool] | None:
-    """Whether each client holds any wrong given label (single-label data; None otherwise)."""
-    if ctx.data.multi_label:
-        return None
-    wrong = ctx.data.wrong_label_clients()
-    return [bool(wrong[k]) for k in clients]
-
-
-@register
+@METHODS.register
 class Krum(FLMethod):
     Params = KrumParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)

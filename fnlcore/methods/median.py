@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import FLMethod, load, MethodParams, param, register, State
-from .parts import client_chunks
+from .api import FLMethod, load, MethodParams, param, METHODS, State
+from .robust_aggregation import client_chunks
 
 # Client values of an entry taken at a time: the stack and its sort hold a few copies of them.
 CHUNK_VALUES = 2**22
@@ -61,7 +61,7 @@ def coordinate_median(states: list[State], even: str = "mean") -> State:
     return out
 
 
-@register
+@METHODS.register
 class Median(FLMethod):
     Params = MedianParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)

@@ -1,5 +1,5 @@
 """Building blocks several methods share (FedCorr, FedDiv and the baselines FedCorr adapted; the
-proximal term, FedNoRo's per-class loss matrix and ramp-up, FedLSR's JS divergence and lam draw).
+proximal term, FedNoRo's per-class loss matrix, the linear and Gaussian ramp-ups, Beta draws).
 
 Not a method: no registration. Each block is the reference codes' behaviour, named
 for what it computes, so a method file reads as its algorithm.
@@ -62,6 +62,11 @@ def client_table(data, rates, **columns) -> pd.DataFrame:
     each of ``columns`` at k."""
     return pd.DataFrame([{"client": k, "n": len(idx), "noise_rate": rates[k], **{c: v[k] for c, v in columns.items()}}
                          for k, idx in enumerate(data.clients)])
+
+
+def linear_ramp(r: int, top: float, length: int) -> float:
+    """top · r / length before round ``length``, then top: FedLSR's gamma_t, RoFL's λ_cen(t)."""
+    return top * r / length if r < length else top
 
 
 def gaussian_ramp_up(r: int, begin: int, end: int, top: float) -> float:
@@ -140,16 +145,6 @@ class GroupPasses:
         return max(r - self.pre_rounds, 0)
 
 
-def client_chunks(states: list, key: str, chunk_values: int, dtype: torch.dtype | None = None):
-    """Entry ``key`` of n states a chunk of coordinates at a time (``chunk_values`` values, at least one
-    coordinate): (the chunk's slice of the flattened entry, the (n, chunk) stack of its values in ``dtype``)."""
-    flat = [s[key].reshape(-1) for s in states]
-    step = max(1, chunk_values // len(states))
-    for a in range(0, flat[0].numel(), step):
-        x = torch.stack([f[a:a + step] for f in flat])
-        yield slice(a, a + step), x if dtype is None else x.to(dtype)
-
-
 PASS_BATCH = 100  # FedCorr's and FedDiv's codes run their detection passes (client_outputs) in batches of 100
 
 
@@ -204,35 +199,12 @@ def add_proximal(loss: torch.Tensor, sb, ref, keys: list[str], mu, form: str, sk
     return loss + proximal_term(sb.parameters(), ref, keys, mu, form, skip)
 
 
-def js_elementwise(q1: torch.Tensor, q2: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """1/2 [KL(q1 || m) + KL(q2 || m)], m = (q1 + q2) / 2, each KL summed and divided by a client's
-    B * C elements (the code's deprecated 'mean', spelled out): q (..., B, C) -> (...), a client's
-    real rows only (mask (K, B)). ``F.kl_div`` per entry, as the code: a hand-written KL rounds
-    its gradient differently."""
-    log_m = numerics.log((q1 + q2) / 2)
-    kl1, kl2 = F.kl_div(log_m, q1, reduction="none"), F.kl_div(log_m, q2, reduction="none")
-    c = q1.shape[-1]
-    if mask is None:
-        n = q1.shape[-2] * c
-    else:
-        zero = torch.zeros((), dtype=kl1.dtype, device=kl1.device)
-        kl1, kl2 = torch.where(mask[..., None], kl1, zero), torch.where(mask[..., None], kl2, zero)
-        n = mask.sum(-1).clamp_min(1).to(kl1.dtype) * c  # a client riding along without a batch: 0, not 0/0
-    return 0.5 * (kl1.sum((-2, -1)) + kl2.sum((-2, -1))) / n
-
-
 def beta_draw(alpha: float, gen: torch.Generator, device) -> float:
     """lambda ~ Beta(alpha, alpha) from two Gammas on ``gen`` (seeded, checkpointed), read where it was
     drawn (the host in a run: no device sync)."""
     g = torch._standard_gamma(torch.full((2,), float(alpha), device=draw_device(gen, device)), generator=gen)
     with host_side():
         return float(g[0] / (g[0] + g[1]))
-
-
-def lam_beta11(n: int, gen: torch.Generator | None, device) -> tuple[torch.Tensor]:
-    """FedLSR's ``Phase.draws`` (single- and multi-label): lam ~ Beta(1, 1), once per batch (a 0-dim
-    draw), drawn after the batch's two weak views, as the official code."""
-    return (torch.tensor(beta_draw(1.0, gen, device)),)
 
 
 def class_loss_matrix(losses: np.ndarray, labels: np.ndarray, clients: list[np.ndarray], num_classes: int) -> np.ndarray:

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .api import clients_mean, FLMethod, load, MethodParams, param, predict, register, Stage, weighted_average
-from .sce import LOG_ZERO, sce_per_sample
+from .api import clients_mean, FLMethod, load, MethodParams, param, predict, METHODS, Stage, weighted_average
+from .symmetric_ce import LOG_ZERO, sce_per_sample
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def ccr_aggregation_weights(prev: np.ndarray, cur: np.ndarray, beta_c: float) ->
     return e / e.sum()
 
 
-@register
+@METHODS.register
 class RHFL(FLMethod):
     Params = RHFLParams
     paper = "Fang & Ye (CVPR'22) as FedNoRo's baseline: CCR + FedAvg"

@@ -42,11 +42,11 @@ import torch
 import torch.nn.functional as F
 
 from .api import (
-    ClientUpdate, FLMethod, forward_bounded, LocalJob, masked_mean, MethodParams, param, Phase, register, Stage,
+    ClientUpdate, FLMethod, forward_bounded, LocalJob, masked_mean, MethodParams, param, Phase, METHODS, Stage,
 )
 from .api import numerics
-from .fedlsr import ramp
-from .parts import check_rounds_left
+from .parts import check_rounds_left, linear_ramp
+from .small_loss import small_loss_order
 
 DENOMINATOR_GUARD = 1e-8  # |Σ_k s_kc| below this is replaced by 1 (spec A4(d))
 
@@ -115,14 +115,6 @@ def keep_counts(rows: torch.Tensor, forget_rate: float) -> torch.Tensor:
     return torch.where(rows > 0, keep, torch.zeros_like(keep))
 
 
-def small_loss_order(losses: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None):
-    """The small-loss selection of K clients: (order (K, B) of the rows by loss, a stable sort with
-    padded rows last; kept (K, B) bool in that order, the first ``keep`` (K,) of each client)."""
-    k, b = losses.shape
-    keyed = losses.detach() if mask is None else torch.where(mask, losses.detach(), float("inf"))
-    return torch.argsort(keyed, dim=1, stable=True), torch.arange(b, device=losses.device).expand(k, b) < keep[:, None]
-
-
 class BatchLoss(NamedTuple):
     loss: torch.Tensor  # (K,)
     order: torch.Tensor  # (K, B) rows sorted by loss: the tensors below are in this order
@@ -181,7 +173,7 @@ def logits_and_features(ctx, model: torch.nn.Module, idx: torch.Tensor) -> tuple
     return torch.cat([z.float() for z, _ in outs]), torch.cat([f.float() for _, f in outs])
 
 
-@register
+@METHODS.register
 class RoFL(FLMethod):
     Params = RoFLParams
     paper = "Yang et al. 2022; baseline in FedNoRo and (via FedCorr) FedDiv"
@@ -206,7 +198,7 @@ class RoFL(FLMethod):
         super().begin_round(r)
         p = self.params
         self._forget = forget_rate_at(r, p.forget_rate, p.forget_ramp_rounds)
-        self._lambda_cen = ramp(r, p.lambda_cen, p.t_pl)
+        self._lambda_cen = linear_ramp(r, p.lambda_cen, p.t_pl)
         self._counts = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)  # selected, masked, changed
         self.round_info.update(forget_rate=self._forget, lambda_cen=self._lambda_cen)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import (
-    ClientStore, ConfigError, FLMethod, load, LocalJob, MethodParams, param, Phase, register, snapshot,
+    ClientStore, ConfigError, FLMethod, load, LocalJob, MethodParams, param, Phase, METHODS, snapshot,
     StackedBatch, Stage, weighted_average,
 )
 from .api import numerics
@@ -92,7 +92,7 @@ def missing_mse(p_student: torch.Tensor, p_teacher: torch.Tensor, missing: torch
 # -- the method --------------------------------------------------------------------------------
 
 
-@register
+@METHODS.register
 class RSCFed(FLMethod):
     Params = RSCFedParams
     paper = "Liang et al. CVPR'22 (RSCFed), as FedMLP (MICCAI'24) adapts it to partial labels"

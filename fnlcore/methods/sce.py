@@ -9,16 +9,10 @@ Defaults alpha 0.1, beta 1.0: the paper's CIFAR-10 values (CIFAR-100: alpha 6.0,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
-from .api import clients_mean, FLMethod, MethodParams, param, register, Stage
-
-LOG_ZERO = {"code": math.log(1e-4), "paper": -4.0}
-
+from .api import clients_mean, FLMethod, MethodParams, param, METHODS, Stage
+from .symmetric_ce import LOG_ZERO, sce_per_sample
 
 @dataclass(frozen=True)
 class SCEParams(MethodParams):
@@ -30,15 +24,7 @@ class SCEParams(MethodParams):
                           switch="'code' (A = log 1e-4, the official clamp) | 'paper' (A = -4, the text)")
 
 
-def sce_per_sample(logits: torch.Tensor, y: torch.Tensor, alpha: float, beta: float, log_zero: float) -> torch.Tensor:
-    """alpha CE + beta (-A) (1 - p_y) of each row: (N, C) logits, y (N,); 1 - p_y summed over c != y."""
-    ce = F.cross_entropy(logits, y, reduction="none")
-    p = F.softmax(logits, dim=1).clamp(1e-7, 1.0)
-    others = p.sum(1) - p.gather(1, y[:, None]).squeeze(1)
-    return alpha * ce + beta * (-log_zero) * others
-
-
-@register
+@METHODS.register
 class SCE(FLMethod):
     Params = SCEParams
     paper = "Wang et al., ICCV 2019 (symmetric cross-entropy); FedAvg's server; FNBench baseline"

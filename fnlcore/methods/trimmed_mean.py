@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import ConfigError, FLMethod, load, MethodParams, param, register, State
-from .parts import client_chunks
+from .api import ConfigError, FLMethod, load, MethodParams, param, METHODS, State
+from .robust_aggregation import client_chunks
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def trimmed_mean(states: list[State], keep: int, rule: str = "code_scalar") -> S
     return out
 
 
-@register
+@METHODS.register
 class TrimmedMean(FLMethod):
     Params = TrimmedMeanParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)

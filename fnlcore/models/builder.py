@@ -174,20 +174,16 @@ class ModelEntry:
 
 
 #: name -> ModelEntry; every module of fnlcore.models is imported on first use, so a new
-#: architecture is one file calling ``register_model``.
+#: architecture is one file calling ``MODELS.register(ModelEntry(name, build))``.
 MODELS: Registry[ModelEntry] = Registry("model", "fnlcore.models")
-
-
-def register_model(name: str, build: Callable[..., Classifier], pretrained_weights: bool = False) -> ModelEntry:
-    return MODELS.register(ModelEntry(name, build, pretrained_weights))
 
 
 for _name, _build in (("mlp", _mlp), ("lenet5", _lenet5), ("lenet5_linear_head", _lenet5_linear_head), ("cnn", _cnn),
                       ("tiny", _tiny), ("vgg16", _vgg16),
                       ("resnet18_cifar", _resnet_cifar(18)), ("resnet34_cifar", _resnet_cifar(34))):
-    register_model(_name, _build)
-register_model("resnet18", _resnet_tv("resnet18"), pretrained_weights=True)
-register_model("resnet50", _resnet_tv("resnet50"), pretrained_weights=True)
+    MODELS.register(ModelEntry(_name, _build))
+MODELS.register(ModelEntry("resnet18", _resnet_tv("resnet18"), pretrained_weights=True))
+MODELS.register(ModelEntry("resnet50", _resnet_tv("resnet50"), pretrained_weights=True))
 
 
 def build_model(

@@ -76,7 +76,7 @@ from ..safe_pickle import UNPICKLE_ERRORS, NumpyUnpickler
 from ..spec import param
 from .checks import check_num_classes, single_labels
 from .result import NoiseResult, make_result
-from .specs import NoiseSpec
+from .specs import NOISE_MODELS, NoiseSpec
 
 try:
     import fcntl
@@ -373,7 +373,7 @@ def human_label_noise(model: str, labels: np.ndarray, assignment, num_classes: i
 
 @dataclass(frozen=True)
 class _HumanLabelNoise(NoiseSpec):
-    """Shared by cifar10n and cifar100n (not registered: no ``name``)."""
+    """Shared by cifar10n and cifar100n (not registered itself)."""
 
     needs_soft_labels: ClassVar[bool] = True
     dataset: ClassVar[str] = ""
@@ -420,6 +420,7 @@ class _HumanLabelNoise(NoiseSpec):
         return human_label_noise(self.name, labels, assignment, num_classes, soft_labels)
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class CIFAR10N(_HumanLabelNoise):
     """CIFAR-10N: each client's CIFAR-10 training images take one of the published human label sets.
@@ -441,6 +442,7 @@ class CIFAR10N(_HumanLabelNoise):
         return CIFAR10N_TYPES[self.type]
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class CIFAR100N(_HumanLabelNoise):
     """CIFAR-100N: each client's CIFAR-100 training images take their human fine label (40.20 % noisy)."""

@@ -6,7 +6,8 @@ its values on construction from the :func:`~fnlcore.spec.param` declarations
 :class:`fnlcore.spec.Spec` (readable primary parameters, readable tokens for
 code≠paper switches, ``-h<6 hex>`` for the other non-default fields), runs the
 model, and (where cheap) tells which clients will be noisy without touching any
-labels. A new noise model is one file in this package with a subclass of :class:`NoiseSpec`.
+labels. A new noise model is one file in this package with a subclass of :class:`NoiseSpec`
+decorated with ``@NOISE_MODELS.register``.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ from .result import NoiseResult
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.]+$")
 
 
-#: config name -> noise-model spec class; every subclass with a ``name`` registers itself,
+#: config name -> noise-model spec class; ``@NOISE_MODELS.register`` on a subclass adds it,
 #: and every module of fnlcore.noise is imported on first use (a new noise model is one file).
 NOISE_MODELS: Registry[type] = Registry("noise model", "fnlcore.noise")
 
 
 @dataclass(frozen=True)
 class NoiseSpec(Spec):
-    """Base class of the noise-model parameter dataclasses; a subclass with a ``name`` registers itself.
+    """Base class of the noise-model parameter dataclasses; ``@NOISE_MODELS.register`` adds a subclass.
 
     ClassVars: ``name`` (config name), ``paper``, ``needs_soft_labels`` (H-IDN),
     ``multi_label`` (works on (n, C) 0/1 labels), ``slug_head``/``slug_fields``; a code≠paper
@@ -58,7 +59,6 @@ class NoiseSpec(Spec):
     """
 
     kind: ClassVar[str] = "noise model"
-    registry: ClassVar[Registry] = NOISE_MODELS
     needs_soft_labels: ClassVar[bool] = False
     multi_label: ClassVar[bool] = False
 
@@ -137,6 +137,7 @@ def _no_soft(spec: NoiseSpec, soft_labels: Any) -> None:
 # -----------------------------------------------------------------------------
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class CleanNoise(NoiseSpec):
     """No noise: the given labels are the true labels (single- or multi-label)."""
@@ -151,6 +152,7 @@ class CleanNoise(NoiseSpec):
         return []
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class FedCorrNoise(NoiseSpec):
     """FedCorr / FedDiv: each client noisy with prob. rho, level ~ U(tau, 1), per-sample Bernoulli flips.
@@ -181,6 +183,7 @@ class FedCorrNoise(NoiseSpec):
         return [int(k) for k in np.flatnonzero(level > 0)]
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class FedNoRoHIDN(NoiseSpec):
     """FedNoRo H-IDN: exactly int(rho*K) noisy clients, eta_k ~ U(eta_l, eta_u), instance-dependent flips.
@@ -255,6 +258,7 @@ class FedNoRoHIDN(NoiseSpec):
         return fednoro_noisy_clients(num_clients, self.rho, _check_seed(seed))
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class FedNCLBernoulli(NoiseSpec):
     """Fed-NCL Bernoulli: each client clean with probability p, else all its labels redrawn.
@@ -289,6 +293,7 @@ class FedNCLBernoulli(NoiseSpec):
         return [int(k) for k in np.flatnonzero(noisy)]
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class FedNCLGaussian(NoiseSpec):
     """Fed-NCL truncated Gaussian: per-client flip probability x_k ~ N(mu, sigma) on [0, 1].
@@ -338,6 +343,7 @@ class FedNCLGaussian(NoiseSpec):
         return [int(k) for k in np.flatnonzero(level > 0)]
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class FedGRNoise(NoiseSpec):
     """FedGR: a fraction phi of clients noisy, rho_k ~ U(rho_min, rho_max), exactly int(n_k rho_k) flips.
@@ -398,6 +404,7 @@ class FedGRNoise(NoiseSpec):
         return sched.noisy_clients()
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class SymmetricNoise(NoiseSpec):
     """Symmetric noise on every client: exactly int(rate * n_k) samples per client relabelled.
@@ -424,6 +431,7 @@ class SymmetricNoise(NoiseSpec):
         return list(range(num_clients)) if self.rate > 0 else []
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class AsymmetricNoise(NoiseSpec):
     """Asymmetric noise on every client: exactly int(rate * n_k) samples per client mapped by ``asym_map``.
@@ -453,6 +461,7 @@ class AsymmetricNoise(NoiseSpec):
         return list(range(num_clients)) if self.rate > 0 else []
 
 
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class FedMLPPartial(NoiseSpec):
     """FedMLP partial labels: each client annotates C - missing classes; the others become 0.

@@ -4,7 +4,8 @@ A spec is what a config entry ``{"name": ..., **params}`` becomes. It checks its
 values on construction from the :func:`~fnlcore.spec.param` declarations (ConfigError
 naming the key), makes its slug (the partition artifact's folder name) with the one
 scheme of :class:`fnlcore.spec.Spec`, and runs the partitioner on a label array with a seed.
-A new partitioner is one file in this package with a subclass of :class:`PartitionSpec`.
+A new partitioner is one file in this package with a subclass of :class:`PartitionSpec`
+decorated with ``@PARTITIONERS.register``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from .fedncl import quantity_skew_lognormal
 from .niidbench import IID_REMAINDERS, dirichlet_niidbench, iid_niidbench
 
 
-#: config name -> partitioner spec class; every subclass with a ``name`` registers itself,
+#: config name -> partitioner spec class; ``@PARTITIONERS.register`` on a subclass adds it,
 #: and every module of fnlcore.partition is imported on first use (a new partitioner is one file).
 PARTITIONERS: Registry[type] = Registry("partition", "fnlcore.partition")
 
 
 @dataclass(frozen=True)
 class PartitionSpec(Spec):
-    """Base class of the partitioner parameter dataclasses; a subclass with a ``name`` registers itself.
+    """Base class of the partitioner parameter dataclasses; ``@PARTITIONERS.register`` adds a subclass.
 
     ClassVars: ``name`` (config name), ``paper`` (where it comes from),
     ``uses_labels`` (needs 1-D class indices; the others also take (n, C)
@@ -40,7 +41,6 @@ class PartitionSpec(Spec):
     """
 
     kind: ClassVar[str] = "partition"
-    registry: ClassVar[Registry] = PARTITIONERS
     uses_labels: ClassVar[bool] = False
     # False where the client count is part of the setting, not a size (FedMLP: K = C, client k
     # annotates class k in the one-class setting): a scale's num_clients then leaves it alone.
@@ -72,6 +72,7 @@ def num_classes_param() -> Any:
     return param(None, ge=1, doc="number of classes C (default: max(labels) + 1); sets the width of the draws")
 
 
+@PARTITIONERS.register
 @dataclass(frozen=True)
 class IIDPartition(PartitionSpec):
     """FedCorr ``iid_sampling``: equal totals, sequential draws from the remaining pool.
@@ -108,6 +109,7 @@ class IIDPartition(PartitionSpec):
         return iid_fedcorr(num_samples_of(self._where, labels), self.num_clients, seed, self.client_order)
 
 
+@PARTITIONERS.register
 @dataclass(frozen=True)
 class BernoulliDirichletPartition(PartitionSpec):
     """FedCorr ``non_iid_dirichlet_sampling``: Bernoulli(p) class presence, Dirichlet(alpha) shares.
@@ -133,6 +135,7 @@ class BernoulliDirichletPartition(PartitionSpec):
         return bernoulli_dirichlet(labels, self.num_clients, self.p, self.alpha, seed, self.num_classes)
 
 
+@PARTITIONERS.register
 @dataclass(frozen=True)
 class IIDNiidBenchPartition(PartitionSpec):
     """NIID-Bench / FedLab balanced IID: one permutation cut into equal parts.
@@ -159,6 +162,7 @@ class IIDNiidBenchPartition(PartitionSpec):
         return iid_niidbench(num_samples_of(self._where, labels), self.num_clients, seed, self.remainder)
 
 
+@PARTITIONERS.register
 @dataclass(frozen=True)
 class DirichletNiidBenchPartition(PartitionSpec):
     """NIID-Bench / FedLab ``hetero_dir_partition`` (Dirichlet over all clients per class)."""
@@ -184,6 +188,7 @@ class DirichletNiidBenchPartition(PartitionSpec):
         )
 
 
+@PARTITIONERS.register
 @dataclass(frozen=True)
 class QuantitySkewPartition(PartitionSpec):
     """Fed-NCL ``unbalance_iid``: log-normal client sizes, IID samples."""
@@ -201,6 +206,7 @@ class QuantitySkewPartition(PartitionSpec):
         return quantity_skew_lognormal(num_samples_of(self._where, labels), self.num_clients, self.sigma, seed)
 
 
+@PARTITIONERS.register
 @dataclass(frozen=True)
 class FedMLPEqualPartition(PartitionSpec):
     """FedMLP's split: FedCorr ``iid_sampling`` then ``random.sample`` per client."""

@@ -15,12 +15,12 @@ import pandas as pd
 import torch.nn.functional as F
 
 from fnlcore.assignment import ClientAssignment
-from fnlcore.datasets import DatasetInfo, PrepareContext, register, write_prepared
+from fnlcore.datasets import DATASETS, DatasetInfo, PrepareContext, write_prepared
 from fnlcore.fl.contract import masked_mean
-from fnlcore.methods import FLMethod, MethodParams, Stage, register as register_method
+from fnlcore.methods import METHODS, FLMethod, MethodParams, Stage
 from fnlcore.noise.generators import symmetric_noise
-from fnlcore.noise.specs import NoiseSpec
-from fnlcore.partition.specs import PartitionSpec
+from fnlcore.noise.specs import NOISE_MODELS, NoiseSpec
+from fnlcore.partition.specs import PARTITIONERS, PartitionSpec
 from fnlcore.registry import param
 from fnlcore.rng import legacy_rng
 
@@ -34,7 +34,7 @@ class SmoothParams(MethodParams):
     start_round: int = param(2, ge=0, rounds=True, doc="rounds of plain CE first")
 
 
-@register_method
+@METHODS.register
 class Smooth(FLMethod):
     Params = SmoothParams
     paper = "test plug-in"
@@ -52,6 +52,7 @@ class Smooth(FLMethod):
 
 
 # -- a noise model: symmetric noise at half the given rate on every client --------------------------
+@NOISE_MODELS.register
 @dataclass(frozen=True)
 class HalfSymmetricNoise(NoiseSpec):
     name: ClassVar[str] = "test_half_symmetric"
@@ -65,6 +66,7 @@ class HalfSymmetricNoise(NoiseSpec):
 
 
 # -- a partitioner: contiguous blocks of a seeded permutation --------------------------------------
+@PARTITIONERS.register
 @dataclass(frozen=True)
 class BlocksPartition(PartitionSpec):
     name: ClassVar[str] = "test_blocks"
@@ -88,7 +90,7 @@ def _prepare(ctx: PrepareContext) -> None:
     write_prepared(ctx.out_dir, INFO, index, {"x_train": x[:40], "x_test": x[40:]}, raw_dir=ctx.raw_dir)
 
 
-INFO = register(
+INFO = DATASETS.register(
     DatasetInfo(
         name="test_blobs", num_classes=3, class_names=("a", "b", "c"), multi_label=False, channels=1,
         image_size=(8, 8), in_memory=True, source="test plug-in (random images)", papers=(), prepare=_prepare,
