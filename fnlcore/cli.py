@@ -497,7 +497,7 @@ def _device_check_arguments(dc) -> None:
 
 
 def _device_check(args, argv: list[str]) -> int:
-    """One device check (fnlcore/app/device_check.py), or shipping its step costs."""
+    """One device check (fnlcore/app/device_check/), or shipping its step costs (fnlcore/app/measurements.py)."""
     import shlex
 
     from .app import device_check

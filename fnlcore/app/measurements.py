@@ -36,10 +36,21 @@ For one key (a step shape, or a training configuration) every reader ranks the m
 4. missing: the reader's default, named as the source (``fnl plan`` measures the shape here or estimates
    it from the GPU's measured shapes; a train job asks for the default memory or the site's whole job length).
 
-Each reader stops at the closeness its question allows, and says so in its docstring: the other kind is
-taken only from the results folder and marked (a CPU's for a GPU job: an overestimate), never a shipped
-one of the other kind (a shipped CPU step of a 512-pixel shape would make a GPU job ask for days), with one
-exception that is marked the same way: :func:`shipped_step_costs` for a GPU without a shipped GPU cost.
+Each reader asks the levels of 1 its question allows, in that order:
+
+* ``fnl plan`` on this machine (:class:`fnlcore.app.cost.Calibration`): this very device's entries of the
+  results folder's file, else what the next bullet gives a GPU or, on a CPU, :func:`shipped_step_costs` of
+  its kind, else it measures the shape;
+* ``fnl plan`` of a GPU (:func:`measured_on`, then :func:`fnlcore.app.cost.gpu_step_costs`): the same GPU
+  model, results folder first, else the estimate from that model's measured shapes; never a CPU's;
+* a train job's step costs (:func:`step_costs_with_sources`): its kind, results folder first; the other
+  kind only from the results folder, marked (a CPU's for a GPU job: an overestimate), never a shipped one
+  of the other kind (a shipped CPU step of a 512-pixel shape would make a GPU job ask for days). The
+  workflow's GPU jobs (:class:`fnlcore.app.resources.TrainResources`) drop even the results folder's CPU
+  ones for the estimate of a measured GPU model, as ``fnl plan`` of a GPU does;
+* a train job's memory and disk (:func:`rehearsal_with_sources`): its kind, results folder first, then the
+  other kind from either place (a CPU rehearsal's peak plus a CUDA context sizes a GPU job's host memory).
+
 Every reader returns with each value where it came from, which ``fnl plan`` prints.
 """
 
