@@ -434,6 +434,8 @@ class TableCost:
 
 @dataclass(frozen=True)
 class CostEstimate:
+    """The estimated cost of a plan (:class:`fnlcore.app.plan.Plan`): each table's, each distinct run's."""
+
     tables: list[TableCost]
     runs: dict[str, RunCost]  # metrics path -> estimate, each distinct run once
     unmeasured: dict[str, int]  # method name -> runs counted at 1.0x
