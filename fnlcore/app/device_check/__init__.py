@@ -77,7 +77,7 @@ SECTIONS = (
     SectionSpec("timing", "(b) seconds per round at the papers' shapes", 0.22, True, check_timing),
     SectionSpec("step_costs", "(d) step costs of this device (`fnl plan`'s calibration)", 0.13, True,
                 check_step_costs),
-    SectionSpec("groups", "(f) run groups of 1, 2, 4 and 8 runs at once on the device", 0.12, False, check_groups),
+    SectionSpec("groups", "(f) run groups: identical runs started at once on the device", 0.12, False, check_groups),
     SectionSpec("rehearsal", f"(e) rehearsal of the {COSTLIEST} costliest paper configurations", 0.40, False,
                 check_rehearsal),
 )
