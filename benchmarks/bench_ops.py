@@ -78,9 +78,9 @@ def measure(real_size: bool, clients: int, keys: list[str] | None = None) -> lis
 
 
 def _shape(key: str):
-    from fnlcore.app.device_check import parse_shape_key
+    from fnlcore.app.gpu_cost import shape_from_key
 
-    return parse_shape_key(key)
+    return shape_from_key(key)
 
 
 def in_baseline(src: str, real_size: bool, clients: int, keys: list[str]) -> list[dict]:

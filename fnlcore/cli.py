@@ -303,11 +303,12 @@ def _plan(args) -> int:
     measurements only, a shape it never measured estimated from them (fnlcore/app/gpu_cost.py)."""
     import torch
 
-    from .app.cost import Calibration, Pricing, estimate_plan, format_plan, gpu_step_costs, step_shape
+    from .app.cost import Calibration, Pricing, estimate_plan, format_estimate, gpu_step_costs, step_shape
     from .app.counts import ShapeCounts
-    from .app.gpu_cost import device_memory_mb, find_gpu
+    from .app.gpu_cost import find_gpu
+    from .app.measurements import device_memory_mb, own_step_costs, shipped_step_costs, shipped_step_costs_path
     from .app.plan import build_plan, validate_schema
-    from .app.resources import SHIPPED_DIR, SHIPPED_STEP_COSTS, plan_columns, shipped_step_costs
+    from .app.resources import resource_columns
     from .app.runs import PAPERS_DIR
     from .fl.device import check_device, resolve_device
 
@@ -327,12 +328,12 @@ def _plan(args) -> int:
     plan = build_plan(validate_schema(
         {"tables": selected, "scale": args.scale, "data_grid": [], "results_dir": args.results}
     ))
-    path = args.calibration or str(Path(args.results) / "plan" / "step_costs.json")
+    path = args.calibration or str(own_step_costs(args.results))
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     counts = ShapeCounts(Path(args.results) / "plan" / "shape_counts.json", progress=progress)
     options = {name: ds.options for name, ds in plan.datasets.items()}
     shapes = list({s.key(): s for s in (step_shape(r, options.get(r.dataset)) for r in plan.runs())}.values())
-    files = [path, SHIPPED_DIR / SHIPPED_STEP_COSTS]
+    files = [path, shipped_step_costs_path()]
     if args.gpu or device.type == "cuda":
         if args.gpu:
             description = find_gpu(args.gpu, files)
@@ -351,10 +352,10 @@ def _plan(args) -> int:
         pricing = Pricing("cpu", None, counts)
         calibration = Calibration(path, device, refresh=args.recalibrate, fallback=shipped_step_costs("cpu"))
     cost = estimate_plan(plan, calibration, progress=progress, pricing=pricing)
-    print(format_plan(cost, calibration, args.scale,
-                      plan_columns(plan, args.results, gpu=pricing.device_type == "cuda", run_costs=cost.runs,
-                                   cost_sources={k: calibration.source(k) for k in calibration.fallback}
-                                   | {k: calibration.source(k) for k in calibration.entries})))
+    print(format_estimate(cost, calibration, args.scale,
+                          resource_columns(plan, args.results, gpu=pricing.device_type == "cuda", run_costs=cost.runs,
+                                           cost_sources={k: calibration.source(k) for k in calibration.fallback}
+                                           | {k: calibration.source(k) for k in calibration.entries})))
     return 0
 
 
@@ -387,6 +388,7 @@ def _rehearse(args) -> int:
     import time
 
     from .app.plan import build_plan, validate_schema
+    from .app.measurements import rehearsal_csv
     from .app.rehearse import Options, distinct_configs, earlier_rows, merge_tables, rehearse, write_rehearsal
     from .app.runs import PAPERS_DIR
     from .fl.device import check_device
@@ -424,7 +426,7 @@ def _rehearse(args) -> int:
     def partial(rows: list[dict]) -> None:
         write_rehearsal(rows, Path(args.out), f"Rehearsal in progress at scale {args.scale}: {len(rows)} configurations so far")
 
-    earlier = earlier_rows(Path(args.out) / "rehearsal.csv", opts) if args.resume else {}
+    earlier = earlier_rows(rehearsal_csv(args.out), opts) if args.resume else {}
     rows = rehearse(plan, opts, Path(args.out), args.only, log=lambda m: print(m, flush=True), on_row=partial,
                     earlier=earlier)
     wall = time.monotonic() - t0
@@ -495,13 +497,14 @@ def _device_check_arguments(dc) -> None:
 
 
 def _device_check(args, argv: list[str]) -> int:
-    """One device check (fnlcore/app/device_check.py), or shipping its step costs."""
+    """One device check (fnlcore/app/device_check/), or shipping its step costs (fnlcore/app/measurements.py)."""
     import shlex
 
     from .app import device_check
+    from .app.measurements import ship_step_costs
 
     if args.ship_step_costs:
-        added = device_check.ship_step_costs(args.ship_step_costs)
+        added = ship_step_costs(args.ship_step_costs)
         print(f"added the step costs of {', '.join(added)} to benchmarks/step_costs.json")
         return 0
     if not args.out:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import torch
 
-from fnlcore.app import benchmark, device_check
+from fnlcore.app import benchmark
 from fnlcore.app.cost import Calibration
-from fnlcore.app.rehearse import CSV_COLUMNS
+from fnlcore.app.device_check import groups, rehearsal, step_costs, syncs, tiny
+from fnlcore.app.gpu_cost import shape_from_key
+from fnlcore.app.measurements import CSV_COLUMNS, ship_step_costs, shipped_shapes, step_cost_file
 from fnlcore.methods import METHODS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,9 +67,10 @@ def test_quick_device_check_runs_every_section_without_snakemake_or_jsonschema(t
     assert not any(cwd.iterdir()), "wrote outside --out"
 
     expected = {
-        "env.csv": ("key", "value"), "methods.csv": device_check.METHOD_COLUMNS, "syncs.csv": device_check.SYNC_COLUMNS,
-        "timing.csv": benchmark.ROW_COLUMNS, "step_costs.csv": device_check.STEP_COST_COLUMNS,
-        "rehearsal.csv": device_check.REHEARSAL_COLUMNS, "rehearsal/rehearsal.csv": CSV_COLUMNS,
+        "env.csv": ("key", "value"), "methods.csv": tiny.METHOD_COLUMNS, "syncs.csv": syncs.SYNC_COLUMNS,
+        "timing.csv": benchmark.ROW_COLUMNS, "step_costs.csv": step_costs.STEP_COST_COLUMNS,
+        "groups.csv": groups.GROUP_COLUMNS,
+        "rehearsal.csv": rehearsal.REHEARSAL_COLUMNS, "rehearsal/rehearsal.csv": CSV_COLUMNS,
     }
     tables = {}
     for name, columns in expected.items():
@@ -83,7 +86,7 @@ def test_quick_device_check_runs_every_section_without_snakemake_or_jsonschema(t
                                                               if r["status"] not in ("ok", "n/a")]
     for name, cls in METHODS.items():
         engines = {r["engine"] for r in methods if r["method"] == name and r["status"] == "ok"}
-        assert engines == set(device_check.engines_of(cls)[0]), name
+        assert engines == set(tiny.engines_of(cls)[0]), name
     ran = {(r["method"], r["engine"]) for r in methods if r["status"] == "ok"}
     assert {(r["method"], r["engine"]) for r in tables["syncs.csv"] if r["status"] == "ok"} == ran
     # on a CPU the device run and the reference are one computation: equal to the bit
@@ -111,11 +114,18 @@ def test_quick_device_check_runs_every_section_without_snakemake_or_jsonschema(t
     measured = [r["shape"] for r in tables["step_costs.csv"] if r["status"] == "ok"]
     assert measured and all(calibration.has(k) for k in measured) and calibration.description == device
 
+    # (f): groups of 1 and 2 runs started at once (quick), each as a train_group job starts its runs
+    group_rows = tables["groups.csv"]
+    assert [(r["runs"], r["status"]) for r in group_rows] == [("1", "ok"), ("2", "ok")], group_rows
+    assert float(group_rows[0]["throughput_vs_1"]) == 1.0 and float(group_rows[0]["overlap_share"]) == 0.0
+    assert 0.0 < float(group_rows[1]["overlap_share"]) <= 1.0 and float(group_rows[1]["runs_per_hour"]) > 0
+
     assert [r["status"] for r in tables["rehearsal.csv"]] == ["pass"]
     summary = (out / "summary.md").read_text()
-    for title in ("Environment", "(a)", "(b)", "(c)", "(d)", "(e)"):
+    for title in ("Environment", "(a)", "(b)", "(c)", "(d)", "(e)", "(f)"):
         assert f"## {title}" in summary, title
-    assert summary.count("\n**done**") == 6, summary[:3000]
+    assert "CUDA graphs on/off" in summary  # on a CPU the timing section says why they are skipped
+    assert summary.count("\n**done**") == 7, summary[:3000]
 
 
 def test_shipping_step_costs_adds_the_device_and_its_provenance(tmp_path):
@@ -124,8 +134,8 @@ def test_shipping_step_costs_adds_the_device_and_its_provenance(tmp_path):
                                    "provenance": {"cpu:x|1 threads|torch 1": "here"}, "version": 1}))
     measured = tmp_path / "measured.json"
     entries = {"k": {"train_s": 0.01, "eval_s": 0.001}, "k2": {"train_s": 0.02, "eval_s": 0.002}}
-    measured.write_text(json.dumps(device_check.step_cost_file(entries, "cuda:GPU|torch 2", "there, today")))
-    assert device_check.ship_step_costs(measured, shipped) == ["cuda:GPU|torch 2"]
+    measured.write_text(json.dumps(step_cost_file(entries, "cuda:GPU|torch 2", "there, today")))
+    assert ship_step_costs(measured, shipped) == ["cuda:GPU|torch 2"]
     merged = json.loads(shipped.read_text())
     assert merged["devices"]["cuda:GPU|torch 2"] == entries
     assert merged["devices"]["cpu:x|1 threads|torch 1"]["k"]["train_s"] == 1.0
@@ -133,5 +143,5 @@ def test_shipping_step_costs_adds_the_device_and_its_provenance(tmp_path):
 
 
 def test_a_step_shape_key_reads_back_as_its_shape():
-    for key in device_check.shipped_shapes():
-        assert device_check.parse_shape_key(key).key() == key
+    for key in shipped_shapes():
+        assert shape_from_key(key).key() == key

@@ -211,10 +211,11 @@ def test_rehearse_and_plan_refuse_cuda_up_front_where_there_is_none(tmp_path, ca
 def test_rehearse_on_the_cpu_goes_on_as_before(tmp_path, capsys, monkeypatch):
     from fnlcore import cli
     import fnlcore.app.rehearse as rh
+    from fnlcore.app.measurements import CSV_COLUMNS
 
     ran = []
     monkeypatch.setattr(rh, "rehearse_one", lambda r, opts, *a: ran.append(opts.device) or
-                        {**dict.fromkeys(rh.CSV_COLUMNS, ""), "config": r.config.key, "status": "pass"})
+                        {**dict.fromkeys(CSV_COLUMNS, ""), "config": r.config.key, "status": "pass"})
     key = next(iter(rh.distinct_configs(_demo_plan())))
     assert cli.main(["rehearse", "--tables", "demo", "--device", "cpu", "--only", key,
                      "--out", str(tmp_path)]) == 0

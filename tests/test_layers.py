@@ -8,6 +8,7 @@ late import cannot hide a back edge.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,31 @@ def test_the_checker_finds_a_method_importing_another(tmp_path):
     leaks = _method_leaks(graph, {"fnlcore.methods.a", "fnlcore.methods.krum", "fnlcore.methods.median"})
     assert [leak.split(":")[0] for leak in leaks] == ["fnlcore.methods.a imports fnlcore.methods.krum",
                                                       "fnlcore.methods.a imports fnlcore.methods.median"]
+
+
+# The one store of step costs and rehearsal tables (fnlcore/app/measurements.py): only it names their files,
+# so only it can open, parse or write one, and its precedence rule is the only one. A file's name alone
+# (a literal that is a path or file name, no spaces) counts; prose that mentions a file does not.
+MEASUREMENT_STORE = "fnlcore.app.measurements"
+MEASUREMENT_FILE = re.compile(r"[\w./*{}-]*(step_costs[\w*]*\.json|rehearsal[\w*]*\.csv)")
+
+
+def _measurement_file_names(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    return sorted({n.value for n in ast.walk(tree)
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str) and MEASUREMENT_FILE.fullmatch(n.value)})
+
+
+def test_only_the_measurement_store_names_a_step_cost_or_rehearsal_file():
+    named = {m: _measurement_file_names(p) for m, p in sorted(_modules().items()) if m != MEASUREMENT_STORE}
+    named = {m: ns for m, ns in named.items() if ns}
+    assert _measurement_file_names(_modules()[MEASUREMENT_STORE]), "the store names no file: the check checks nothing"
+    assert not named, ("read and write these through fnlcore.app.measurements: "
+                       + "; ".join(f"{m}: {', '.join(ns)}" for m, ns in named.items()))
+
+
+def test_the_measurement_file_check_sees_names_and_paths_but_not_prose(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('P = Path(d) / "step_costs.json"\nQ = f"{out}/rehearsal.csv"\nG = "rehearsal_*.csv"\n'
+                   'HELP = "the step costs (default: RESULTS/plan/step_costs.json)"\nT = "step_costs.csv"\n')
+    assert _measurement_file_names(src) == ["/rehearsal.csv", "rehearsal_*.csv", "step_costs.json"]

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from fnlcore.app.cost import Calibration, StepShape, estimate_plan, format_plan, run_work, step_shape
+from fnlcore.app.cost import Calibration, StepShape, estimate_plan, format_estimate, run_work, step_shape
 from fnlcore.app.plan import build_plan, validate_schema
 from fnlcore.app.runs import RunSpec
 from fnlcore.cli import main as fnl
@@ -153,7 +153,7 @@ def test_plan_counts_shared_runs_once(tmp_path):
     assert table.runs == len(cost.runs) == len(plan.runs())
     assert cost.seconds == pytest.approx(table.seconds) and table.longest_s <= table.seconds
     assert all(rc.seconds > 0 for rc in cost.runs.values())
-    text = format_plan(cost, Calibration(tmp_path / "c.json", torch.device("cpu")), "smoke")
+    text = format_estimate(cost, Calibration(tmp_path / "c.json", torch.device("cpu")), "smoke")
     assert "demo     demo" in text and f"{len(cost.runs)}" in text
 
 

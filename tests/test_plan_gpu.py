@@ -23,8 +23,8 @@ import torch
 from fnlcore.app import resources as R
 from fnlcore.app.cost import Pricing, step_shape
 from fnlcore.app.counts import COUNT_BATCH, ShapeCounts, count_shape, shipped_counts
-from fnlcore.app.gpu_cost import (DeviceModel, batched_measurements, device_memory_mb, find_gpu, floor_seconds,
-                                  measured_on, shape_from_key)
+from fnlcore.app.gpu_cost import DeviceModel, batched_measurements, find_gpu, floor_seconds, shape_from_key
+from fnlcore.app.measurements import device_memory_mb, measured_on, ship_step_costs, shipped_step_costs_path, step_cost_file
 from fnlcore.app.plan import build_plan, validate_schema
 from fnlcore.cli import main as fnl
 from fnlcore.errors import ConfigError
@@ -33,7 +33,7 @@ from fnlcore.fl.rounds import RoundEngine, effective_engine
 from fnlcore.methods import METHODS
 from fnlcore.models import build_model
 
-SHIPPED = R.SHIPPED_DIR / R.SHIPPED_STEP_COSTS
+SHIPPED = shipped_step_costs_path()
 H200 = "cuda:NVIDIA H200"
 TOTAL = re.compile(r"^total: [\d,]+ GPU-hours on cuda:NVIDIA H200 \(floor [\d,]+; each run once\)$")
 
@@ -234,7 +234,7 @@ def test_a_gpu_without_shipped_costs_fits_its_model_on_what_it_measured(tmp_path
     """A GPU model the project never measured (`fnl plan --device cuda` on it): its shapes are
     measured there first (here: already in its calibration file), then its model is fitted on
     them; without a measured batched round its batched runs are priced as sequential, and said so."""
-    from fnlcore.app.cost import Calibration, estimate_plan, format_plan
+    from fnlcore.app.cost import Calibration, estimate_plan, format_estimate
 
     plan = build_plan(validate_schema({"tables": ["fedncl"], "scale": "paper", "data_grid": [],
                                        "results_dir": str(tmp_path)}))
@@ -251,7 +251,7 @@ def test_a_gpu_without_shipped_costs_fits_its_model_on_what_it_measured(tmp_path
     assert any(r.at_once > 1 for r in cost.runs.values())
     sequential = estimate_plan(plan, cal, pricing=Pricing("cuda", None, ShapeCounts(), None))
     assert cost.seconds == pytest.approx(sequential.seconds)
-    text = format_plan(cost, cal, "paper")
+    text = format_estimate(cost, cal, "paper")
     assert "no batched round measured on this device" in text
     assert text.splitlines()[-1].startswith("total: ") and "on cuda:Other GPU (floor" in text.splitlines()[-1]
 
@@ -283,7 +283,7 @@ def test_a_device_checks_batched_rounds_and_memory_ship_with_its_step_costs(tmp_
     import shutil
 
     from fnlcore.app.benchmark import ROW_COLUMNS
-    from fnlcore.app.device_check import batched_rows, ship_step_costs, step_cost_file
+    from fnlcore.app.device_check.step_costs import batched_rows
 
     with open(tmp_path / "timing.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=ROW_COLUMNS)

@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from fnlcore.app.plan import build_plan, validate_schema
-from fnlcore.app.rehearse import (CSV_COLUMNS, Options, distinct_configs, earlier_rows, merge_tables, rehearse,
-                                  rehearse_one, training_config, write_rehearsal)
+from fnlcore.app.measurements import CSV_COLUMNS
+from fnlcore.app.rehearse import (Options, distinct_configs, earlier_rows, merge_tables, rehearse, rehearse_one,
+                                  training_config, write_rehearsal)
 from fnlcore.errors import ConfigError
 
 

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from fnlcore.app import measurements as M
 from fnlcore.app import resources as R
 from fnlcore.app.cost import step_shape
+from fnlcore.app.measurements import CSV_COLUMNS
 from fnlcore.app.plan import build_plan, validate_schema
-from fnlcore.app.rehearse import CSV_COLUMNS, training_config
+from fnlcore.app.rehearse import training_config
 from fnlcore.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,12 +142,12 @@ def test_rehearsal_takes_passing_rows_and_a_gpu_job_prefers_gpu_rows(tmp_path):
          "checkpoint_mb": 10},
         {"config": "b", "device": "cpu", "status": "fail", "peak_rss_mb": 99999},
     ])
-    gpu = R.load_rehearsal(path, gpu=True)
+    gpu = M.load_rehearsal(path, gpu=True)
     assert set(gpu) == {"a"}
     assert gpu["a"].peak_rss_mb == 2000 and gpu["a"].peak_device_mb == 900 and gpu["a"].on_gpu
-    cpu = R.load_rehearsal(path, gpu=False)["a"]
+    cpu = M.load_rehearsal(path, gpu=False)["a"]
     assert cpu.peak_rss_mb == 3000 and not cpu.on_gpu
-    assert R.load_rehearsal(tmp_path / "absent.csv", gpu=True) == {}
+    assert M.load_rehearsal(tmp_path / "absent.csv", gpu=True) == {}
 
 
 def test_a_row_measured_without_pretrained_weights_counts_and_says_so(tmp_path):
@@ -158,7 +160,7 @@ def test_a_row_measured_without_pretrained_weights_counts_and_says_so(tmp_path):
          "written_per_checkpoint_mb": 50, "error": "pretrained weights: cannot download"},
         {"config": "other", "device": "cpu", "status": "pass", "peak_rss_mb": 700},
     ])
-    measured = R.load_rehearsal(path, gpu=False)
+    measured = M.load_rehearsal(path, gpu=False)
     assert measured[key].random_init and not measured["other"].random_init
     res = R.predict(clothing, {}, measured, dataset_options=_options(plan, clothing), gpu=False)
     assert res.rehearsed and res.mem_mb == math.ceil(6000 * R.MEM_HEADROOM + R.MEM_MARGIN_MB)
@@ -173,11 +175,11 @@ def test_step_costs_of_a_gpu_job_come_from_the_slowest_gpu_else_from_the_cpu(tmp
         "cuda:A": {"s": {"train_s": 0.02, "eval_s": 0.001}},
         "cuda:B": {"s": {"train_s": 0.03, "eval_s": 0.0005}},
     }}))
-    assert R.load_step_costs(path, gpu=True) == {"s": (0.03, 0.001)}
-    assert R.load_step_costs(path, gpu=False) == {"s": (1.0, 0.1)}
+    assert M.load_step_costs(path, gpu=True) == {"s": (0.03, 0.001)}
+    assert M.load_step_costs(path, gpu=False) == {"s": (1.0, 0.1)}
     path.write_text("not json")
     with pytest.raises(ConfigError, match="fnl plan"):
-        R.load_step_costs(path, gpu=True)
+        M.load_step_costs(path, gpu=True)
 
 
 # -- prediction -------------------------------------------------------------------------------
@@ -186,8 +188,8 @@ def test_step_costs_of_a_gpu_job_come_from_the_slowest_gpu_else_from_the_cpu(tmp
 def test_prediction_from_measurements_and_the_defaults_without_them(tmp_path):
     plan = _plan()
     _measurements(plan, tmp_path, rehearse_only={"lenet5"})
-    costs = R.load_step_costs(tmp_path / "step_costs.json", gpu=True)
-    rehearsal = R.load_rehearsal(tmp_path / "rehearsal.csv", gpu=True)
+    costs = M.load_step_costs(tmp_path / "step_costs.json", gpu=True)
+    rehearsal = M.load_rehearsal(tmp_path / "rehearsal.csv", gpu=True)
     by_model = {}
     for run in plan.runs():
         by_model.setdefault(training_config(run, _options(plan, run)).model, run)
@@ -225,7 +227,7 @@ def test_a_round_longer_than_a_job_marks_the_plan_and_stops_only_that_run(tmp_pa
             c["train_s"] = 30.0  # a CPU's ResNet-50 step: a round of hours
     (tmp_path / "plan" / "step_costs.json").write_text(json.dumps(costs))
     cap = R.SiteCap(max_runtime=240)
-    cols = R.plan_columns(plan, cap=cap)
+    cols = R.resource_columns(plan, cap=cap)
     assert cols.columns[("fedgr", "3")].endswith("!") and not cols.columns[("fedncl", "I")].endswith("!")
     assert any(n.startswith("! ") and "max_runtime" in n for n in cols.notes)
 
@@ -271,21 +273,21 @@ def test_retries_cover_the_longest_run_of_the_plan(tmp_path):
 def test_fnl_plan_prints_memory_disk_and_job_lengths_beside_device_hours(tmp_path):
     plan = _plan(results=str(tmp_path))
     _measurements(plan, tmp_path / "plan", rehearse_only={"lenet5", "vgg16"})
-    cols = R.plan_columns(plan)
+    cols = R.resource_columns(plan)
     lenet_table = cols.columns[("fedncl", "I")]
     clothing_table = cols.columns[("fedgr", "3")]
     assert not lenet_table.endswith("*") and clothing_table.endswith("*")  # Clothing1M not rehearsed
     assert any("not rehearsed" in n for n in cols.notes)
 
-    from fnlcore.app.cost import format_plan
+    from fnlcore.app.cost import format_estimate
 
-    class Cal:  # what format_plan reads of a calibration
+    class Cal:  # what format_estimate reads of a calibration
         description, path, measured, entries = GPU, tmp_path / "plan" / "step_costs.json", [], {}
 
-    from fnlcore.app.cost import PlanCost, TableCost
+    from fnlcore.app.cost import CostEstimate, TableCost
 
-    cost = PlanCost([TableCost("fedncl", "I", 72, 3600.0, 60.0)], {}, {})
-    text = format_plan(cost, Cal, "paper", cols)
+    cost = CostEstimate([TableCost("fedncl", "I", 72, 3600.0, 60.0)], {}, {})
+    text = format_estimate(cost, Cal, "paper", cols)
     header = next(line for line in text.splitlines() if line.startswith("paper"))
     assert header.split()[-4:] == ["GB", "job", "h", "jobs"] and "mem GB" in header
     row = next(line for line in text.splitlines() if line.startswith("fedncl"))

@@ -378,7 +378,7 @@ def test_plan_reports_each_shape_as_it_is_measured_and_records_the_load(tmp_path
     assert all(f"/{len(shapes)}] measured " in s and "s/step in " in s and "load 0.20 per core" in s for s in measured)
     entries = json.loads(path.read_text())["devices"][cal.description]
     assert all(e["load"] == pytest.approx(0.2) for e in entries.values())
-    text = cost_mod.format_plan(cost, cal, "smoke")
+    text = cost_mod.format_estimate(cost, cal, "smoke")
     assert "warning" not in text and " 0.20  " in text
 
 
@@ -394,11 +394,11 @@ def test_plan_warns_about_a_busy_machine_now_and_about_cached_costs_measured_und
     fake_measure["now"] = 0.0
     again = cost_mod.Calibration(path, torch.device("cpu"))
     later: list[str] = []
-    text = cost_mod.format_plan(cost_mod.estimate_plan(_plan(), again, progress=later.append), again, "smoke")
+    text = cost_mod.format_estimate(cost_mod.estimate_plan(_plan(), again, progress=later.append), again, "smoke")
     assert later == [] and again.measured == []  # nothing measured: read from the cache
     assert "were measured on a busy machine" in text and "1.50 load per core" in text and "fnl plan --recalibrate" in text
     fresh = cost_mod.Calibration(path, torch.device("cpu"), refresh=True)
-    text = cost_mod.format_plan(cost_mod.estimate_plan(_plan(), fresh), fresh, "smoke")
+    text = cost_mod.format_estimate(cost_mod.estimate_plan(_plan(), fresh), fresh, "smoke")
     assert "busy machine" not in text
 
 
@@ -411,6 +411,6 @@ def test_cached_costs_without_a_load_are_flagged(tmp_path, fake_measure):
         e.pop("load")
     path.write_text(json.dumps(raw))
     old = cost_mod.Calibration(path, torch.device("cpu"))
-    text = cost_mod.format_plan(cost_mod.estimate_plan(_plan(), old), old, "smoke")
+    text = cost_mod.format_estimate(cost_mod.estimate_plan(_plan(), old), old, "smoke")
     n = len({rc.shape.key() for rc in cost.runs.values()})
     assert f"note: {n} of {n} step costs were cached without the machine's load" in text

@@ -28,6 +28,7 @@ from fnlcore.app.run_group import (
     group_request,
     member_from_json,
     member_to_json,
+    overlap_share,
     publish_staged,
     staged_complete,
     staged_dir,
@@ -236,3 +237,11 @@ def test_a_member_goes_to_its_child_as_plain_json_and_comes_back_equal(tmp_path)
     m = replace(m, spec=replace(m.spec, settings=replace(m.spec.settings, lr_schedule="step", lr_milestones=(1, 2))))
     text = json.dumps(member_to_json(m))
     assert member_from_json(json.loads(text)) == m
+
+
+def test_the_share_of_a_groups_time_with_two_or_more_runs_at_once():
+    assert overlap_share([(0.0, 10.0)]) == 0.0  # one run: never two at once
+    assert overlap_share([(0.0, 10.0), (0.0, 10.0)]) == 1.0
+    assert overlap_share([(0.0, 4.0), (6.0, 10.0)]) == 0.0  # one after the other
+    assert overlap_share([(0.0, 6.0), (4.0, 10.0)]) == 0.2  # 2 s of 10 together
+    assert overlap_share([(0.0, 10.0), (2.0, 4.0), (3.0, 8.0), (None, None)]) == 0.6  # 2..8; the unstarted run left out

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from fnlcore.app import cost as cost_mod
+from fnlcore.app import measurements as M
 from fnlcore.app import resources as R
 from fnlcore.app.cost import step_shape
+from fnlcore.app.measurements import CSV_COLUMNS
 from fnlcore.app.plan import build_plan, validate_schema
-from fnlcore.app.rehearse import CSV_COLUMNS, training_config
+from fnlcore.app.rehearse import training_config
 from fnlcore.cli import main as fnl
 
 SHIPPED = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -44,10 +46,10 @@ def _ich512(plan):
 
 def test_the_project_ships_a_rehearsal_and_step_costs_with_their_provenance():
     assert SHIPPED_REHEARSAL.exists()
-    assert R.SHIPPED_DIR == SHIPPED
+    assert M.SHIPPED_DIR == SHIPPED
     raw = json.loads((SHIPPED / "step_costs.json").read_text())
-    assert raw["version"] == cost_mod.CALIBRATION_VERSION
-    kinds = {R._kind(d) for d in raw["devices"]}
+    assert raw["version"] == M.CALIBRATION_VERSION
+    kinds = {M._kind(d) for d in raw["devices"]}
     assert kinds == {"cpu", "gpu"}
     assert set(raw["provenance"]) == set(raw["devices"])  # where and when each device's were measured
     # every step shape of the paper scale has a shipped CPU cost
@@ -55,7 +57,7 @@ def test_the_project_ships_a_rehearsal_and_step_costs_with_their_provenance():
 
     plan = _plan([p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))], "results")
     shapes = {step_shape(r, _options(plan, r)).key() for r in plan.runs()}
-    cpu = R.shipped_step_costs("cpu")
+    cpu = M.shipped_step_costs("cpu")
     assert shapes <= set(cpu)
 
 
@@ -124,7 +126,7 @@ def test_the_users_own_rehearsal_row_and_step_cost_win(tmp_path):
               and training_config(next(x for x in plan.runs() if R._run_key(x.fields()) == k),
                                   _options(plan, run)).key != cfg.key]
     assert others and all(r.mem_source.startswith("shipped") for r in others)
-    cols = R.plan_columns(plan, gpu=True)
+    cols = R.resource_columns(plan, gpu=True)
     assert any(n.startswith("memory and disk from:") and R.OWN in n and "shipped" in n for n in cols.notes)
 
 

@@ -35,7 +35,6 @@ A method's ``round_cost`` is still the digits MLP's on a CPU, on every device.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -48,9 +47,9 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import ConfigError
+from .measurements import is_shipped, measured_on, read_calibration, short_device, write_calibration
 from .step_shape import StepShape
 
-CALIBRATION_VERSION = 1
 # Other processes' load per core above which a measured step time is called unreliable.
 HIGH_LOAD_PER_CORE = 0.5
 # Test samples of the evaluation probe on a CPU: a 1,024-image batch of 224-pixel images takes
@@ -168,7 +167,8 @@ def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup:
 
 
 class Calibration:
-    """Measured step costs of one device, cached in a JSON file (measured on first use).
+    """Measured step costs of one device, cached in a step-cost file (measured on first use; read and
+    written by :mod:`fnlcore.app.measurements`: this device's own entries come before ``fallback``, its rule).
 
     The file maps device descriptions to shape keys to ``{"train_s", "eval_s"}``, so one file
     can hold a CPU's and a GPU's measurements; ``refresh`` measures every shape again.
@@ -179,7 +179,7 @@ class Calibration:
                  description: str | None = None):
         """``progress(message)``: told of each shape as it is measured (its time and the load).
         ``fallback``: shape key -> (entry, where it came from), step costs measured elsewhere (the
-        project's shipped ones, :func:`fnlcore.app.resources.shipped_step_costs`), used for a shape this
+        project's shipped ones, :func:`fnlcore.app.measurements.shipped_step_costs`), used for a shape this
         device has not measured instead of measuring it; not with ``refresh`` (measure everything),
         where they only estimate how long the measuring takes.
         ``device`` None with a ``description``: the costs of a device that is not here (`fnl plan --gpu`),
@@ -197,15 +197,7 @@ class Calibration:
         self.to_measure = 0  # shapes a plan will measure (for "[i/n]" in progress lines)
         self.estimate_of: dict[str, float | None] = {}  # shape key -> estimated seconds of its measuring
         self.remaining_estimate_s: float | None = None  # of the shapes still to measure, when all are known
-        self._all: dict[str, dict[str, dict[str, float]]] = {}
-        if self.path.exists():
-            try:
-                raw = json.loads(self.path.read_text())
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{self.path}: not a calibration file ({err}); delete it to measure again") from err
-            if raw.get("version") != CALIBRATION_VERSION or not isinstance(raw.get("devices"), dict):
-                raise ConfigError(f"{self.path}: not a calibration file of version {CALIBRATION_VERSION}; delete it")
-            self._all = raw["devices"]
+        self._all: dict[str, dict[str, dict[str, float]]] = read_calibration(self.path)
         if refresh:
             self._all.pop(self.description, None)
 
@@ -275,10 +267,7 @@ class Calibration:
         return StepCost(float(e["train_s"]), float(e["eval_s"]))
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps({"version": CALIBRATION_VERSION, "devices": self._all}, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)  # never a half-written file
+        write_calibration(self.path, self._all)
 
 
 # -- runs ------------------------------------------------------------------------------------
@@ -444,7 +433,9 @@ class TableCost:
 
 
 @dataclass(frozen=True)
-class PlanCost:
+class CostEstimate:
+    """The estimated cost of a plan (:class:`fnlcore.app.plan.Plan`): each table's, each distinct run's."""
+
     tables: list[TableCost]
     runs: dict[str, RunCost]  # metrics path -> estimate, each distinct run once
     unmeasured: dict[str, int]  # method name -> runs counted at 1.0x
@@ -461,7 +452,7 @@ class PlanCost:
         return sum(floor_seconds(r.flops) for r in self.runs.values())
 
 
-def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricing | None = None) -> PlanCost:
+def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricing | None = None) -> CostEstimate:
     """Every distinct run of ``plan`` once; each table's sum over its own runs (shared ones included).
 
     ``progress(message)``: told how many step shapes must be measured (and whether the machine
@@ -506,7 +497,7 @@ def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricin
         tables.append(TableCost(t.paper, t.table, len(mine), sum(secs), max(secs, default=0.0),
                                 sum(floor_seconds(runs[k].flops) for k in mine),
                                 sum(runs[k].at_once > 1 for k in mine), frozenset(mine)))
-    return PlanCost(tables, runs, unmeasured, pricing)
+    return CostEstimate(tables, runs, unmeasured, pricing)
 
 
 def _fit_here(plan, calibration: Calibration, pricing: Pricing, options) -> Pricing:
@@ -515,14 +506,14 @@ def _fit_here(plan, calibration: Calibration, pricing: Pricing, options) -> Pric
     import dataclasses
 
     from .gpu_cost import DeviceModel, batched_measurements
-    from .shipped import short_device as _short
 
     for run in plan.runs():
         calibration.cost(step_shape(run, options.get(run.dataset)))
     measured = {k: (float(e["train_s"]), float(e["eval_s"])) for k, e in calibration.entries.items()}
     if len(measured) < 2:
         return pricing  # one shape: no model; the batched engine priced as sequential
-    rows = [r for d, rs in batched_measurements().items() if _short(d) == _short(calibration.description) for r in rs]
+    rows = [r for d, rs in batched_measurements().items() if short_device(d) == short_device(calibration.description)
+            for r in rs]
     return dataclasses.replace(pricing, model=DeviceModel(calibration.description, measured, pricing.counts, rows))
 
 
@@ -535,7 +526,7 @@ def busy_now_warning(calibration: Calibration) -> str | None:
             "come out too slow; run `fnl plan --recalibrate` again when it is quiet")
 
 
-def load_warnings(cost: PlanCost, calibration: Calibration) -> list[str]:
+def load_warnings(cost: CostEstimate, calibration: Calibration) -> list[str]:
     """Warnings about the step costs ``cost`` used: cached entries measured under high load or
     with no load recorded (older files), naming the fix. Only this machine's: a shipped cost's load
     is in its shape line."""
@@ -555,7 +546,7 @@ def load_warnings(cost: PlanCost, calibration: Calibration) -> list[str]:
     return out
 
 
-def _shapes(cost: PlanCost) -> dict[str, list[RunCost]]:
+def _shapes(cost: CostEstimate) -> dict[str, list[RunCost]]:
     by_shape: dict[str, list[RunCost]] = {}
     for rc in cost.runs.values():
         by_shape.setdefault(rc.shape.key(), []).append(rc)
@@ -576,8 +567,8 @@ def device_label(description: str) -> tuple[str, str]:
     return short, ("GPU-hours" if short.startswith("cuda") else "CPU core-hours")
 
 
-def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=None) -> str:
-    """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.plan_columns`).
+def format_estimate(cost: CostEstimate, calibration: Calibration, scale: str, resources=None) -> str:
+    """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.resource_columns`).
     Every figure is of one device, named in the header; the last line is the total."""
     from .gpu_cost import FLOOR_EFFICIENCY, H100_TF32_DENSE_FLOPS, floor_seconds
 
@@ -676,22 +667,21 @@ def gpu_step_costs(shapes, description: str, paths: list, counts, memory_bytes: 
     that GPU model's measurements in the step-cost files ``paths`` (the first path's winning), and for
     a shape it never measured the estimate of its :class:`~fnlcore.app.gpu_cost.DeviceModel`, marked
     ``estimated``; never another device's cost. Fewer than two measured shapes: no model, no estimates."""
-    from .gpu_cost import DeviceModel, batched_measurements, measured_on
-    from .shipped import SHIPPED_DIR, SHIPPED_STEP_COSTS, short_device as _short
+    from .gpu_cost import DeviceModel, batched_measurements
 
-    shipped = Path(SHIPPED_DIR) / SHIPPED_STEP_COSTS
     found = measured_on(description, paths)
     out: dict[str, tuple[dict[str, Any], str]] = {}
     for key, (t, e, where) in found.items():
-        src = f"shipped ({_short(description)})" if Path(where) == shipped else f"measured ({where}, {_short(description)})"
+        src = (f"shipped ({short_device(description)})" if is_shipped(where)
+               else f"measured ({where}, {short_device(description)})")
         out[key] = ({"train_s": t, "eval_s": e}, src)
     model = None
     if len(found) >= 2:
-        rows = [r for d, rs in batched_measurements().items() if _short(d) == _short(description) for r in rs]
+        rows = [r for d, rs in batched_measurements().items() if short_device(d) == short_device(description) for r in rs]
         model = DeviceModel(description, {k: v[:2] for k, v in found.items()}, counts, rows)
         for shape in shapes:
             key = shape.key()
             if key not in out:
                 out[key] = ({"train_s": model.train_s(shape), "eval_s": model.eval_s(shape), "estimated": True},
-                            f"estimated from {len(found)} shapes measured on {_short(description)}")
+                            f"estimated from {len(found)} shapes measured on {short_device(description)}")
     return Pricing("cuda", model, counts, memory_bytes), out

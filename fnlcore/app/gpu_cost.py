@@ -28,14 +28,13 @@ The floor is the arithmetic alone: a run's training and evaluation FLOPs at
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from .measurements import batched_rounds, gpu_descriptions, shapes_measured, short_device
 
 # NVIDIA H100 SXM datasheet: 989 TFLOP/s TF32 Tensor Core with sparsity, half of it dense.
 H100_TF32_DENSE_FLOPS = 494.7e12
@@ -77,43 +76,19 @@ class BatchedRow:
     batched_s: float  # seconds of the same round, batched engine, every client at once
 
 
-def _shipped_file() -> Path:
-    from .shipped import SHIPPED_DIR, SHIPPED_STEP_COSTS
-
-    return SHIPPED_DIR / SHIPPED_STEP_COSTS
-
-
-def _raw(path: str | os.PathLike | None) -> dict:
-    path = Path(path or _shipped_file())
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except ValueError as err:
-        raise ConfigError(f"{path}: not a step-cost file ({err})") from None
-
-
 def batched_measurements(path: str | os.PathLike | None = None) -> dict[str, list[BatchedRow]]:
     """device description -> its measured batched rounds (``batched`` of the step-cost file)."""
     from .step_shape import StepShape
 
     names = {f.name for f in fields(StepShape)}
     out: dict[str, list[BatchedRow]] = {}
-    for device, rows in (_raw(path).get("batched") or {}).items():
+    for device, rows in batched_rounds(path).items():
         for r in rows:
             shape = {k: v for k, v in r["shape"].items() if k in names}
             shape["image_size"] = tuple(shape["image_size"])
             out.setdefault(device, []).append(BatchedRow(r["case"], StepShape(**shape), int(r["clients"]),
                                                          float(r["sequential_s"]), float(r["batched_s"])))
     return out
-
-
-def device_memory_mb(device: str, path: str | os.PathLike | None = None) -> int | None:
-    """The recorded memory (MiB) of a GPU of ``device``'s model (any torch version), None where not recorded."""
-    from .shipped import short_device as _short
-
-    mem = next((v for d, v in (_raw(path).get("memory_mb") or {}).items() if _short(d) == _short(device)), None)
-    return int(mem) if mem else None
 
 
 def _nnls(rows: list[tuple[float, float]], targets: list[float]) -> tuple[float, float]:
@@ -193,38 +168,11 @@ class DeviceModel:
                 f"{100 * self.fit_error:.0f} %); {batched}")
 
 
-def gpu_descriptions(paths: list[str | os.PathLike]) -> list[str]:
-    """GPU device descriptions that measured step costs in any of ``paths`` (step-cost files)."""
-    out: list[str] = []
-    for p in paths:
-        for d in (_raw(p).get("devices") or {}):
-            if d.startswith("cuda") and d not in out:
-                out.append(d)
-    return out
-
-
 def find_gpu(name: str, paths: list[str | os.PathLike]) -> str:
     """The description of the GPU named ``name`` (``h200``: a case-blind part of its name)."""
-    from .shipped import short_device as _short
-
-    found = [d for d in gpu_descriptions(paths) if name.lower() in _short(d).lower()]
+    found = [d for d in gpu_descriptions(paths) if name.lower() in short_device(d).lower()]
     if not found:
-        known = ", ".join(sorted({_short(d) for d in gpu_descriptions(paths)})) or "none"
+        known = ", ".join(sorted({short_device(d) for d in gpu_descriptions(paths)})) or "none"
         raise ConfigError(f"--gpu {name}: no step costs measured on a GPU named like {name!r}; measured GPUs: {known}. "
                           "Name one of them, or measure yours with `fnl plan --device cuda` on a node of it")
-    return max(found, key=lambda d: sum(len(_raw(p).get("devices", {}).get(d, {})) for p in paths))
-
-
-def measured_on(device: str, paths: list[str | os.PathLike]) -> dict[str, tuple[float, float, str]]:
-    """shape key -> (s per step, s per test sample, where) measured on GPUs of ``device``'s model
-    (any torch version) in ``paths``, the first path's winning."""
-    from .shipped import short_device as _short
-
-    out: dict[str, tuple[float, float, str]] = {}
-    for p in paths:
-        for d, entries in (_raw(p).get("devices") or {}).items():
-            if _short(d) != _short(device):
-                continue
-            for key, c in entries.items():
-                out.setdefault(key, (float(c["train_s"]), float(c["eval_s"]), str(p)))
-    return out
+    return max(found, key=lambda d: shapes_measured(d, paths))

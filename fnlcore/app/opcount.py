@@ -36,6 +36,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import syncs
+from .gpu_cost import shape_from_key
+from .measurements import shipped_shapes
 
 KINDS = ("kernel", "create", "copy", "view", "host", "to_device")
 DEVICE_KINDS = ("kernel", "create", "copy")
@@ -225,7 +227,5 @@ def count_steps(shape, engine: str, device: torch.device | str = "cpu", clients:
 
 def paper_shapes() -> list:
     """The StepShapes of every paper training shape the project ships step costs for (fnl plan's)."""
-    from .device_check import parse_shape_key, shipped_shapes
-
-    return [parse_shape_key(k) for k in sorted(shipped_shapes())]
+    return [shape_from_key(k) for k in sorted(shipped_shapes())]
 

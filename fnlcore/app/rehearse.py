@@ -7,7 +7,7 @@ round, batch size, local epochs, method (with its stage table), precision, optim
 engine. Noise settings, seeds and most method hyper-parameters change the numbers, not
 the resources, so a table of 300 runs rehearses a handful of configurations.
 
-``results/plan/rehearsal.csv`` (columns :data:`CSV_COLUMNS`) is what the workflow's
+``results/plan/rehearsal.csv`` (columns :data:`fnlcore.app.measurements.CSV_COLUMNS`) is what the workflow's
 resource model reads back, through :func:`training_config` ``(run).key``.
 """
 
@@ -28,15 +28,10 @@ from typing import Any, Mapping
 from ..errors import ConfigError
 from ..safe_files import open_regular
 from ..provenance import code_version
+from .measurements import MEASURED, read_rehearsal_rows, write_rehearsal_csv
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: The rehearsal table's columns, in order (results/plan/rehearsal.csv).
-CSV_COLUMNS = (
-    "config", "model", "input", "samples", "clients", "per_round", "batch", "method", "stages", "precision",
-    "device", "status", "error", "peak_rss_mb", "peak_device_mb", "checkpoint_mb", "written_per_checkpoint_mb",
-    "s_per_step", "steps", "cells", "rehearsed_with", "code",
-)
 STATUSES = ("pass", "fail", "no_weights")
 
 
@@ -312,13 +307,10 @@ def _row(cfg: TrainingConfig, cells: list, opts: Options, ev: list[dict], ended1
 
 def write_rehearsal(rows: list[dict], out: Path, header: str) -> tuple[Path, Path]:
     """``rehearsal.csv`` and ``rehearsal.md`` under ``out`` (atomically; rows in plan order)."""
-    import pandas as pd
-
-    from ..io import atomic_path, write_csv
+    from ..io import atomic_path
 
     out.mkdir(parents=True, exist_ok=True)
-    csv = out / "rehearsal.csv"
-    write_csv(pd.DataFrame(rows, columns=list(CSV_COLUMNS)), csv)
+    csv = write_rehearsal_csv(rows, out)
     md = out / "rehearsal.md"
     with atomic_path(md, suffix=".md") as tmp:
         Path(tmp).write_text(format_markdown(rows, header))
@@ -340,31 +332,13 @@ def format_markdown(rows: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Statuses of a row that measured its configuration (no_weights: with random initialisation, the same
-# tensors): --resume and --merge keep them, the resource model reads them; a failed row is rehearsed again.
-MEASURED = ("pass", "no_weights")
-
-
-def read_rows(csv_path: Path, fix: str = "move it aside or rehearse without --resume") -> list[dict]:
-    """The rows of a ``rehearsal.csv`` (strings, as written); refused without :data:`CSV_COLUMNS`."""
-    import csv
-
-    with open(csv_path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ConfigError(f"{csv_path}: not a rehearsal table of this version (no column {', '.join(missing)}); "
-                              f"{fix}")
-        return list(reader)
-
-
 def earlier_rows(csv_path: Path, opts: Options) -> dict[str, dict]:
     """config key -> row of an earlier ``rehearsal.csv`` that ``--resume`` keeps: status pass or
     no_weights, measured with the same options (``rehearsed_with``). Its ``code`` may differ: it says
     which source measured it."""
     if not csv_path.exists():
         return {}
-    rows = read_rows(csv_path)
+    rows = read_rehearsal_rows(csv_path)
     return {r["config"]: r for r in rows if r["status"] in MEASURED and r["rehearsed_with"] == opts.label}
 
 
@@ -379,7 +353,7 @@ def merge_tables(plan, paths: list[Path], log=print) -> list[dict]:
     for path in paths:
         if not Path(path).exists():
             raise ConfigError(f"--merge: {path} does not exist")
-        for row in read_rows(Path(path), fix="merge only tables written by this version of fnl rehearse"):
+        for row in read_rehearsal_rows(Path(path), fix="merge only tables written by this version of fnl rehearse"):
             key = row["config"]
             if key not in configs:
                 foreign.add(key)

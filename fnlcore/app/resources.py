@@ -3,11 +3,11 @@ measurements, capped by the site's limits, and how many jobs a run longer than o
 
 Sources, read once per workflow (:class:`TrainResources`): the user's own measurements under
 ``RESULTS/plan/`` and, where they have none for a configuration or step shape, the ones this
-project ships under ``benchmarks/`` (:data:`SHIPPED_DIR`: ``rehearsal_*.csv``, the whole rehearsal,
-and ``step_costs.json``, step costs per device kind with where and when they were measured).
-Per configuration / step shape, a measurement on the job's kind of device wins over one on the
-other kind (a GPU job: GPU rows first), and at the same kind the user's own wins over the
-shipped one. Each request records where its memory and its time came from
+project ships under ``benchmarks/`` (``rehearsal_*.csv``, the whole rehearsal, and
+``step_costs.json``, step costs per device kind with where and when they were measured), all read
+through :mod:`fnlcore.app.measurements` and its one precedence rule: per configuration / step shape,
+a measurement on the job's kind of device wins over one on the other kind (a GPU job: GPU rows
+first), and at the same kind the user's own wins over the shipped one. Each request records where its memory and its time came from
 (:attr:`Resources.mem_source`, :attr:`Resources.time_source`; ``fnl plan`` prints them):
 
 * ``RESULTS/plan/rehearsal.csv`` (``fnl rehearse``): a configuration's peak host RSS, peak
@@ -45,8 +45,6 @@ The site cap comes from the ``train`` entry of the profile's ``set-resources``
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -54,7 +52,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from .shipped import SHIPPED_DIR, SHIPPED_STEP_COSTS, short_device as _short
+from .measurements import (DEFAULT, OWN, Measured, device_memory_mb, gpu_descriptions, measured_on, own_rehearsal,
+                           own_step_costs, rehearsal_with_sources, shipped_provenance, shipped_step_costs_path,
+                           step_costs_with_sources)
 
 MEM_HEADROOM = 1.3
 MEM_MARGIN_MB = 1024
@@ -145,212 +145,6 @@ class Resources:
     round_too_long: str = ""
     mem_source: str = "default"  # where memory and disk came from: measured here, shipped (device), default
     time_source: str = "default"  # where the runtime came from: measured here, shipped (device), default
-
-
-# -- measurements -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Measured:
-    """A rehearsal's measurements of one configuration (the largest over its passing rows)."""
-
-    peak_rss_mb: float
-    peak_device_mb: float | None
-    checkpoint_mb: float
-    written_per_checkpoint_mb: float
-    on_gpu: bool
-    random_init: bool = False  # only no_weights rows: measured without the pretrained weights
-
-
-def _number(value) -> float | None:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def load_rehearsal(path: str | os.PathLike, gpu: bool) -> dict[str, Measured]:
-    """config key -> :class:`Measured`, from rows of status ``pass`` or ``no_weights`` (a failed row
-    measured nothing); a GPU job prefers GPU rows."""
-    from .rehearse import MEASURED
-
-    path = Path(path)
-    if not path.exists():
-        return {}
-    rows: dict[str, list[dict]] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row.get("status") in MEASURED and (_number(row.get("peak_rss_mb")) or 0) > 0:
-                rows.setdefault(row["config"], []).append(row)
-    out = {}
-    for key, rs in rows.items():
-        on_gpu = [r for r in rs if str(r.get("device", "")).startswith("cuda")]
-        if gpu and on_gpu:
-            rs = on_gpu
-        elif not gpu:
-            rs = [r for r in rs if r not in on_gpu] or rs
-        device = [v for r in rs if (v := _number(r.get("peak_device_mb"))) is not None and v > 0]
-        out[key] = Measured(
-            peak_rss_mb=max(_number(r["peak_rss_mb"]) for r in rs),
-            peak_device_mb=max(device) if device else None,
-            checkpoint_mb=max(_number(r.get("checkpoint_mb")) or 0.0 for r in rs),
-            written_per_checkpoint_mb=max(_number(r.get("written_per_checkpoint_mb")) or 0.0 for r in rs),
-            on_gpu=any(r in on_gpu for r in rs),
-            random_init=all(r["status"] == "no_weights" for r in rs),
-        )
-    return out
-
-
-def load_step_costs(path: str | os.PathLike, gpu: bool) -> dict[str, tuple[float, float]]:
-    """shape key -> (s per local step, s per test sample) from a calibration file (``fnl plan``):
-    a GPU job's from the GPUs' entries when there are any (the slowest), else from the CPUs'."""
-    path = Path(path)
-    if not path.exists():
-        return {}
-    devices, _ = _read_step_cost_file(path, "; delete it and run `fnl plan` again")
-    gpus = {d: e for d, e in devices.items() if d.startswith("cuda")}
-    chosen = gpus if gpu and gpus else ({d: e for d, e in devices.items() if d not in gpus} or devices)
-    out: dict[str, tuple[float, float]] = {}
-    for entries in chosen.values():
-        for key, c in entries.items():
-            old = out.get(key, (0.0, 0.0))
-            out[key] = (max(old[0], float(c["train_s"])), max(old[1], float(c["eval_s"])))
-    return out
-
-
-# -- what the project ships ----------------------------------------------------------------------
-
-OWN = "measured here"
-DEFAULT = "default"
-
-
-def _kind(device: str) -> str:
-    return "gpu" if str(device).startswith("cuda") else "cpu"
-
-
-def shipped_rehearsals(shipped_dir: str | os.PathLike | None = None) -> list[Path]:
-    return sorted(Path(shipped_dir or SHIPPED_DIR).glob("rehearsal_*.csv"))
-
-
-def _rehearsal_device(path: Path) -> str:
-    try:
-        with open(path, newline="") as f:
-            devices = sorted({_short(r.get("device") or "cpu") for r in csv.DictReader(f)})
-    except OSError:
-        return "?"
-    return ", ".join(devices) or "?"
-
-
-def rehearsal_with_sources(results_dir: str | os.PathLike, gpu: bool,
-                           shipped_dir: str | os.PathLike | None = None) -> tuple[dict[str, Measured], dict[str, str]]:
-    """(config key -> :class:`Measured`, config key -> where it came from): the user's rehearsal
-    (``RESULTS/plan/rehearsal.csv``), else the shipped ones; a measurement on the job's kind of device first."""
-    own_path = Path(results_dir) / "plan" / "rehearsal.csv"
-    layers = [(load_rehearsal(own_path, gpu), f"{OWN} ({own_path})")]
-    for path in shipped_rehearsals(shipped_dir):
-        layers.append((load_rehearsal(path, gpu), f"shipped ({path.relative_to(path.parents[1])}, "
-                                                  f"{_rehearsal_device(path)})"))
-    out: dict[str, Measured] = {}
-    sources: dict[str, str] = {}
-    for key in {k for layer, _ in layers for k in layer}:
-        found = [(layer[key], src) for layer, src in layers if key in layer]
-        same_kind = [x for x in found if x[0].on_gpu == gpu]
-        out[key], sources[key] = (same_kind or found)[0]
-    return out, sources
-
-
-def _read_step_cost_file(path: Path, fix: str = "") -> tuple[dict, dict]:
-    """(devices, provenance) of a step-cost file (``fnl plan``'s or the shipped one); ConfigError if it is not one."""
-    try:
-        raw = json.loads(path.read_text())
-        return raw["devices"], raw.get("provenance", {}) or {}
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{path}: not a step-cost file of `fnl plan` ({err}){fix}") from None
-
-
-def _cost_entries(path: Path, label) -> dict[str, dict[str, tuple[float, float, str]]]:
-    """shape key -> device kind -> (s per step, s per test sample, source): the slowest device of a kind."""
-    if not path.exists():
-        return {}
-    devices, provenance = _read_step_cost_file(path, "; delete it and run `fnl plan` again")
-    out: dict[str, dict[str, tuple[float, float, str]]] = {}
-    for device, entries in devices.items():
-        for key, c in entries.items():
-            kinds = out.setdefault(key, {})
-            t, e = float(c["train_s"]), float(c["eval_s"])
-            old = kinds.get(_kind(device))
-            if old is None or t > old[0]:
-                kinds[_kind(device)] = (t, max(e, old[1]) if old else e, label(device, provenance.get(device)))
-            else:
-                kinds[_kind(device)] = (old[0], max(e, old[1]), old[2])
-    return out
-
-
-def step_costs_with_sources(results_dir: str | os.PathLike, gpu: bool, shipped_dir: str | os.PathLike | None = None,
-                            own_path: str | os.PathLike | None = None
-                            ) -> tuple[dict[str, tuple[float, float]], dict[str, str]]:
-    """(shape key -> (s per step, s per test sample), shape key -> where it came from): the job's
-    kind of device first (a GPU job: GPU measurements, the slowest GPU's), the user's own
-    (``RESULTS/plan/step_costs.json``) before the shipped ones; the user's own CPU's for a GPU job
-    when there is no GPU's (an overestimate), never a shipped one of the other kind (the default instead)."""
-    own = Path(own_path) if own_path else Path(results_dir) / "plan" / "step_costs.json"
-    shipped = Path(shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS
-    layers = [
-        _cost_entries(own, lambda d, _p: f"{OWN} ({own}, {_short(d)})"),
-        _cost_entries(shipped, lambda d, _p: f"shipped ({_short(d)})"),
-    ]
-    order = ["gpu", "cpu"] if gpu else ["cpu", "gpu"]
-    costs: dict[str, tuple[float, float]] = {}
-    sources: dict[str, str] = {}
-    for key in {k for layer in layers for k in layer}:
-        for kind in order:
-            # the other kind's only from the user's own file: a shipped CPU cost would make a GPU job's
-            # round hours long (a 512 x 512 ICH round: 65 h), and the workflow refuse runs the user never timed
-            hit = next((layer[key][kind] for i, layer in enumerate(layers)
-                        if kind in layer.get(key, {}) and (i == 0 or kind == order[0])), None)
-            if hit is not None:
-                costs[key], sources[key] = (hit[0], hit[1]), hit[2]
-                if kind != order[0]:
-                    sources[key] += f"; a {kind.upper()}'s: {'an overestimate' if gpu else 'an underestimate'}"
-                break
-    return costs, sources
-
-
-def shipped_provenance(shipped_dir: str | os.PathLike | None = None) -> dict[str, str]:
-    """Short device description -> where and when the shipped step costs of that device were measured."""
-    path = Path(shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS
-    try:
-        raw = json.loads(path.read_text())
-        return {_short(d): str(text) for d, text in (raw.get("provenance") or {}).items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
-def shipped_step_costs(device_kind: str, shipped_dir: str | os.PathLike | None = None
-                       ) -> dict[str, tuple[dict[str, Any], str]]:
-    """shape key -> (entry, source) of the shipped step costs of ``device_kind`` ("cpu" | "gpu"), the
-    slowest device of that kind; for a GPU, a CPU's where no GPU was measured (an overestimate).
-    What ``fnl plan`` uses for a shape it has not measured on this machine."""
-    path = Path(shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS
-    if not path.exists():
-        return {}
-    devices, provenance = _read_step_cost_file(path)
-    out: dict[str, tuple[dict[str, Any], str]] = {}
-    for kind in [device_kind] + (["cpu"] if device_kind == "gpu" else []):
-        mine: dict[str, tuple[dict[str, Any], str]] = {}
-        for device, entries in devices.items():
-            if _kind(device) != kind:
-                continue
-            label = f"shipped ({_short(device)})"
-            if kind != device_kind:
-                label += "; a CPU's: an overestimate"
-            for key, c in entries.items():
-                if key not in mine or float(c["train_s"]) > float(mine[key][0]["train_s"]):
-                    mine[key] = (dict(c, device=device, provenance=provenance.get(device, "")), label)
-        for key, v in mine.items():
-            out.setdefault(key, v)
-    return out
 
 
 # -- prediction ---------------------------------------------------------------------------------
@@ -462,7 +256,7 @@ class TrainResources:
     def __init__(self, plan, cap: SiteCap = DEFAULT_CAP, gpu: bool = True, results_dir: str | None = None,
                  shipped_dir: str | os.PathLike | None = None, step_costs_path: str | os.PathLike | None = None,
                  run_costs: Mapping[str, Any] | None = None, cost_sources: Mapping[str, str] | None = None):
-        """``shipped_dir``: the project's shipped measurements (default :data:`SHIPPED_DIR`);
+        """``shipped_dir``: the project's shipped measurements (default :data:`fnlcore.app.measurements.SHIPPED_DIR`);
         ``step_costs_path``: the user's step costs (default ``RESULTS/plan/step_costs.json``);
         ``run_costs``: metrics path -> :class:`fnlcore.app.cost.RunCost`, `fnl plan`'s estimates, which
         the runtimes then follow (``cost_sources``: shape key -> where its step cost came from)."""
@@ -505,13 +299,13 @@ class TrainResources:
         must not ask for a day. Also the pricing of that GPU (its batched engine, clients at once)."""
         from .cost import gpu_step_costs, step_shape
         from .counts import ShapeCounts
-        from .gpu_cost import device_memory_mb, find_gpu, gpu_descriptions, measured_on
+        from .gpu_cost import find_gpu
 
         costs, sources = step_costs_with_sources(self.results_dir, True, self.shipped_dir, self.step_costs_path)
         gpu_only = {k for k, src in sources.items() if "a CPU's" not in src}
         costs, sources = {k: costs[k] for k in gpu_only}, {k: sources[k] for k in gpu_only}
-        own = Path(self.step_costs_path) if self.step_costs_path else Path(self.results_dir) / "plan" / "step_costs.json"
-        files = [own, Path(self.shipped_dir or SHIPPED_DIR) / SHIPPED_STEP_COSTS]
+        own = Path(self.step_costs_path) if self.step_costs_path else own_step_costs(self.results_dir)
+        files = [own, shipped_step_costs_path(self.shipped_dir)]
         mine = [d for d in gpu_descriptions([own]) if len(measured_on(d, [own])) >= 2]
         try:
             gpu = mine[0] if mine else find_gpu("", files[1:])
@@ -535,7 +329,7 @@ class TrainResources:
         if found.round_too_long:  # only a run that is to be trained: Snakemake asks when it builds the job
             raise ConfigError(f"training run {'/'.join(key)}: {found.round_too_long} (step cost "
                               f"{found.time_source}; own ones go to "
-                              f"{Path(self.results_dir) / 'plan' / 'step_costs.json'}; a GPU's, measured by "
+                              f"{own_step_costs(self.results_dir)}; a GPU's, measured by "
                               "`fnl plan --device cuda` on a GPU node, are far shorter than a CPU's)")
         return found
 
@@ -591,7 +385,7 @@ def _count_sources(sources: list[str], total: int) -> str:
 
 
 @dataclass(frozen=True)
-class PlanColumns:
+class ResourceColumns:
     """What ``fnl plan`` prints beside device-hours: a header, each table's columns, notes."""
 
     header: str
@@ -599,9 +393,9 @@ class PlanColumns:
     notes: list[str]
 
 
-def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True,
-                 step_costs_path: str | os.PathLike | None = None, run_costs: Mapping[str, Any] | None = None,
-                 cost_sources: Mapping[str, str] | None = None) -> PlanColumns:
+def resource_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CAP, gpu: bool = True,
+                     step_costs_path: str | os.PathLike | None = None, run_costs: Mapping[str, Any] | None = None,
+                     cost_sources: Mapping[str, str] | None = None) -> ResourceColumns:
     """The largest request of each table's runs: memory, disk, a job's hours, jobs of a run.
     ``*`` marks a table where some run's figures are not the user's own measurements (shipped
     ones, or the defaults); the notes count where memory and time came from."""
@@ -632,7 +426,7 @@ def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CA
     if unrehearsed:
         defaults = sum(r.mem_source == DEFAULT for r in runs)
         notes.append(f"* {unrehearsed} of {len(runs)} runs not rehearsed here (no measured row in "
-                     f"{Path(results_dir or plan.results_dir) / 'plan' / 'rehearsal.csv'}): "
+                     f"{own_rehearsal(results_dir or plan.results_dir)}): "
                      f"{unrehearsed - defaults} take the shipped rehearsal, {defaults} the default "
                      f"{DEFAULT_MEM_MB} MB memory, {DEFAULT_DISK_MB} MB disk; `fnl rehearse` measures them")
     uncosted = sum(r.device_seconds is None for r in runs)
@@ -646,4 +440,4 @@ def plan_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAULT_CA
     over = sum(r.over_cap for r in runs)
     if over:
         notes.append(f"! {over} runs need more memory than the site cap (they ask for the cap and will likely fail)")
-    return PlanColumns(f"{'mem GB':>7s} {'disk GB':>8s} {'job h':>6s} {'jobs':>4s}", columns, notes)
+    return ResourceColumns(f"{'mem GB':>7s} {'disk GB':>8s} {'job h':>6s} {'jobs':>4s}", columns, notes)

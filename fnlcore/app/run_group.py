@@ -263,6 +263,23 @@ class MemberResult:
     end: float | None = None
 
 
+def overlap_share(spans: Sequence[tuple[float | None, float | None]]) -> float:
+    """Of the time from the first start to the last end of ``spans`` (a group's children's (start, end),
+    :class:`MemberResult`), the share during which two or more ran at once: how far a group's runs really
+    ran side by side (0.0 for fewer than two runs; a run without both times is left out)."""
+    done = [(s, e) for s, e in spans if s is not None and e is not None and e > s]
+    if len(done) < 2:
+        return 0.0
+    first, last = min(s for s, _ in done), max(e for _, e in done)
+    events = sorted([(s, 1) for s, _ in done] + [(e, -1) for _, e in done])  # at a tie an end comes first
+    active, since, together = 0, first, 0.0
+    for t, change in events:
+        if active >= 2:
+            together += t - since
+        active, since = active + change, t
+    return together / (last - first)
+
+
 def train_group(members: Sequence[Member], record: str | os.PathLike, attempt: int = 1,
                 time_budget_s: float | None = None, threads: int = 1,
                 log: Callable[[str], None] = print) -> int:
