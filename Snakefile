@@ -44,7 +44,7 @@ include: "rules/cross_paper.smk"
 
 # Every rule runs in its conda environment (envs/<family>.yaml) with --software-deployment-method
 # conda; on a cluster without conda, add apptainer: the rules' environments are then built
-# inside this image (README "On a cluster").
+# inside this image (docs/cluster.md).
 container: "docker://condaforge/miniforge3:24.11.3-0"
 
 

@@ -1,11 +1,8 @@
 """``fnl``: the user's commands over the same workflow.
 
     fnl tables [--scale S]                       papers, tables and their cells (done / pending / n.i.)
-    fnl status [--configfile F] [--config K=V ...]
-                                                 runs of the configured tables (the config the workflow reads:
-                                                 config/config.yaml, then F, then K=V, as Snakemake merges them):
-                                                 done, running (and which process writes it) or interrupted,
-                                                 failed, pending
+    fnl status                                   runs of the configured tables: done, running (and which
+                                                 process writes it) or interrupted, failed, pending
     fnl plan [--scale S] [--tables T ...] [--device D | --gpu NAME] [--threads N] [--calibration F] [--recalibrate]
                                                  runs and estimated device-hours of tables, from step costs
                                                  measured on this machine (cached in --calibration), else the
@@ -17,7 +14,13 @@
                                                  killed (SIGKILL), resumed and finished on a stand-in of its
                                                  data; peak memory, checkpoint bytes, s/step in DIR/rehearsal.csv
     fnl cell PAPER TABLE --row ROW --col COL [--seed S] [--scale S] [--dry] [-- SNAKEMAKE ARGS]
-                                                 print the runs behind one cell and build them with Snakemake
+                                                 print the runs behind one cell, build them with Snakemake,
+                                                 then print the cell's value (per seed and over the seeds)
+
+tables, status, plan and cell take [--configfile F] [--config K=V ...] and read the configuration
+as the workflow does (config/config.yaml, then F, then K=V, as Snakemake merges them): its `scale`
+and `results_dir` (and, for plan, the `tables` that F or K=V set) unless --scale, --results or
+--tables say otherwise; status reads every key, and cell hands F and K=V on to Snakemake.
 
 Everything after ``--`` goes to Snakemake unchanged (``--cores 2``, ``--profile slurm``,
 ``--forcerun train`` to recompute runs that already exist, ...). Run from the repository root.
@@ -87,17 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fnl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tables", help="list papers, tables and cell counts")
-    t.add_argument("--scale", default="paper")
-    t.add_argument("--results", default="results")
+    _scale_results_arguments(t)
+    _config_arguments(t)
     st = sub.add_parser("status", help="running and failed runs of the configured tables")
-    st.add_argument("--configfile", help="a config file over config/config.yaml, as Snakemake's --configfile")
-    st.add_argument("--config", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="values over the config files, as Snakemake's --config "
-                         "(e.g. 'tables=[\"fednoro/1\"]' scale=smoke)")
+    _config_arguments(st)
     pl = sub.add_parser("plan", help="runs and estimated device-hours of tables at a scale")
-    pl.add_argument("--scale", default="paper")
-    pl.add_argument("--tables", nargs="+", help='"paper" or "paper/table" (default: every table)')
-    pl.add_argument("--results", default="results")
+    pl.add_argument("--tables", nargs="+",
+                    help='"paper" or "paper/table" (default: the tables --configfile/--config set, else every table)')
+    _scale_results_arguments(pl)
+    _config_arguments(pl)
     pl.add_argument("--device", default="auto", help="auto | cpu | cuda: where the step costs are measured")
     pl.add_argument("--gpu", metavar="NAME",
                     help="price the runs on the GPU named NAME (e.g. h200: part of its name) from its shipped step "
@@ -119,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--row", required=True)
     c.add_argument("--col", required=True)
     c.add_argument("--seed", type=int)
-    c.add_argument("--scale", default="paper")
-    c.add_argument("--results", default="results")
+    _scale_results_arguments(c)
+    _config_arguments(c)
     c.add_argument("--dry", action="store_true", help="print the targets only")
     args = ap.parse_args(argv)
     if args.cmd == "device-check":
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fnl: {err}", file=sys.stderr)
             return 2
     try:
+        _scale_and_results_from_config(args)
         tables = _tables(args.scale, None if args.cmd == "tables" else args.paper)
         if args.cmd == "tables":
             return _list(tables, args.results)
@@ -158,10 +160,36 @@ def main(argv: list[str] | None = None) -> int:
     if busy:
         print(busy, file=sys.stderr)
         return 1
-    rc = subprocess.call(cell_command(pt, args.scale, args.results, targets, extra))
+    rc = subprocess.call(cell_command(pt, args.scale, args.results, targets, extra,
+                                      configfile=args.configfile, config=args.config))
     if rc != 0 and any(Path(".snakemake", "locks").glob("*")):
         print(_snakemake_lock_note(args.results), file=sys.stderr)
+    if rc == 0:
+        from .app.cell_value import cell_report
+
+        print(cell_report(pt, args.row, args.col, args.results, args.seed, args.scale), flush=True)
     return rc
+
+
+def _scale_results_arguments(p) -> None:
+    p.add_argument("--scale", help="paper | smoke | a scale file (default: the configuration's `scale`, paper)")
+    p.add_argument("--results", help="the results folder (default: the configuration's `results_dir`, results)")
+
+
+def _config_arguments(p) -> None:
+    p.add_argument("--configfile", help="a config file over config/config.yaml, as Snakemake's --configfile")
+    p.add_argument("--config", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="values over the config files, as Snakemake's --config "
+                        "(e.g. 'tables=[\"fednoro/1\"]' scale=smoke)")
+
+
+def _scale_and_results_from_config(args) -> dict:
+    """Fill ``--scale`` and ``--results`` left unset from the configuration the workflow would read
+    with the same ``--configfile`` / ``--config`` (config/config.yaml alone: paper, results)."""
+    merged = status_config(args.configfile, args.config)
+    args.scale = args.scale or merged.get("scale") or "paper"
+    args.results = args.results or merged.get("results_dir") or "results"
+    return merged
 
 
 def _workflow_holding(results: str) -> str | None:
@@ -194,17 +222,20 @@ def _snakemake_lock_note(results: str) -> str:
 _PARALLELISM = ("--cores", "-c", "--jobs", "-j", "--profile", "--executor", "-e")
 
 
-def cell_command(pt, scale: str, results: str, targets: list[str], extra: list[str]) -> list[str]:
+def cell_command(pt, scale: str, results: str, targets: list[str], extra: list[str],
+                 configfile: str | None = None, config: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The Snakemake command of one cell: targets right after ``--snakefile`` (a single-valued
     option), so no option of the user's, however many values it takes (``--forcerun train``,
-    ``--configfile f.yaml``), can swallow them; the cell's ``--config`` comes after the
-    targets and before the user's arguments, which come last."""
+    ``--configfile f.yaml``), can swallow them; then ``fnl cell``'s own ``--configfile``, and one
+    ``--config`` with its ``--config`` values followed by the cell's (which win); the user's
+    arguments after ``--`` come last."""
     cores = [] if any(a == p or a.startswith(p + "=") for a in extra for p in _PARALLELISM) else ["--cores", "1"]
     return [
         sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *targets,
+        *(["--configfile", configfile] if configfile else []),
         # run_groups=1: only this cell's runs train (a run group would train other cells' runs too)
-        "--config", f"tables=[\"{pt.paper}/{pt.table}\"]", f"scale={scale}", "data_grid=[]", f"results_dir={results}",
-        "run_groups=1",
+        "--config", *config, f"tables=[\"{pt.paper}/{pt.table}\"]", f"scale={scale}", "data_grid=[]",
+        f"results_dir={results}", "run_groups=1",
         *cores, *extra,
     ]
 
@@ -242,15 +273,19 @@ def run_writer(run, results: str) -> str:
 STATUS_ORDER = ("failed", "running", "pending", "done")
 
 
-def status_config(configfile: str | None = None, config: list[str] | None = None) -> dict:
-    """The configuration the workflow reads for the same options: config/config.yaml, then
-    ``configfile``, then ``config`` (KEY=VALUE strings), merged as Snakemake merges them."""
+def status_config(configfile: str | None = None, config: list[str] | None = None, base: bool = True) -> dict:
+    """The configuration the workflow reads for the same options: config/config.yaml (``base``;
+    without it, what the options alone set), then ``configfile``, then ``config`` (KEY=VALUE
+    strings), merged as Snakemake merges them."""
+    from .schemas import load_yaml
+
+    merged = load_yaml(REPO / "config" / "config.yaml") if base else {}
+    if not (configfile or config):
+        return merged
+    # Snakemake's own merge and KEY=VALUE parser; imported only when an option asks for them
     from snakemake.cli import parse_config
     from snakemake.utils import update_config
 
-    from .schemas import load_yaml
-
-    merged = load_yaml(REPO / "config" / "config.yaml")
     if configfile:
         update_config(merged, load_yaml(configfile))
     try:
@@ -324,10 +359,12 @@ def _plan(args) -> int:
         check_device(args.device, where="--device")  # refused up front: no CUDA device here, or not a device
         device = resolve_device(args.device)
         torch.set_num_threads(args.threads)
-    selected = args.tables or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
-    plan = build_plan(validate_schema(
-        {"tables": selected, "scale": args.scale, "data_grid": [], "results_dir": args.results}
-    ))
+    merged = _scale_and_results_from_config(args)
+    chosen = status_config(args.configfile, args.config, base=False).get("tables")
+    selected = args.tables or chosen or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
+    settings = {"tables": selected, "scale": args.scale, "data_grid": [], "results_dir": args.results}
+    # with --configfile / --config the rest of that configuration counts too (e.g. dataset options)
+    plan = build_plan(validate_schema({**merged, **settings} if args.configfile or args.config else settings))
     path = args.calibration or str(own_step_costs(args.results))
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     counts = ShapeCounts(Path(args.results) / "plan" / "shape_counts.json", progress=progress)

@@ -1,10 +1,10 @@
-"""Reference tables for README.md, generated from the code so they cannot drift.
+"""Reference tables of the docs/ pages, generated from the code so they cannot drift.
 
-    python -m fnlcore.docs            rewrite the generated sections of README.md
-    python -m fnlcore.docs --check    exit 1 if README.md is out of date (a test runs this)
+    python -m fnlcore.docs            rewrite the generated sections of every page in PAGES
+    python -m fnlcore.docs --check    exit 1 if a page is out of date (a test runs this)
 
 A generated section sits between ``<!-- BEGIN generated:NAME -->`` and
-``<!-- END generated:NAME -->``.
+``<!-- END generated:NAME -->`` in the page that PAGES names for it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,16 @@ import re
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+
+# page (relative to the repository root) -> the generated sections it holds
+PAGES: dict[str, tuple[str, ...]] = {
+    "docs/datasets.md": ("datasets",),
+    "docs/partitioners.md": ("partitioners",),
+    "docs/noise-models.md": ("noise",),
+    "docs/methods.md": ("methods", "training", "batched"),
+    "docs/switches.md": ("switches",),
+}
 
 
 def methods_markdown() -> str:
@@ -67,6 +76,21 @@ def datasets_markdown() -> str:
     return "\n".join(lines)
 
 
+def switches_markdown() -> str:
+    """Every code≠paper switch of the built-in methods, noise models and partitioners, one line each."""
+    from .methods import METHODS
+    from .noise import NOISE_MODELS
+    from .partition import PARTITIONERS
+
+    lines = ["| kind | name | switch | code (default) vs paper |", "|---|---|---|---|"]
+    for kind, registry in (("method", METHODS), ("noise model", NOISE_MODELS), ("partitioner", PARTITIONERS)):
+        for name in sorted(registry.builtin()):
+            for field, text in registry.spec_class(name).switches.items():
+                cell = text.replace("\n", " ").replace("|", "\\|")
+                lines.append(f"| {kind} | `{name}` | `{field}` | {cell} |")
+    return "\n".join(lines)
+
+
 def sections() -> dict[str, str]:
     from .noise import noise_models_markdown
     from .partition import partitioners_markdown
@@ -78,27 +102,38 @@ def sections() -> dict[str, str]:
         "methods": methods_markdown(),
         "batched": batched_markdown(),
         "training": training_markdown(),
+        "switches": switches_markdown(),
     }
 
 
-def render(text: str) -> str:
-    for name, body in sections().items():
+def render(text: str, names: tuple[str, ...], page: str = "the page") -> str:
+    """``text`` with its generated sections ``names`` rewritten from the code."""
+    bodies = sections()
+    for name in names:
         pat = re.compile(rf"(<!-- BEGIN generated:{name} -->\n).*?(\n<!-- END generated:{name} -->)", re.S)
         if not pat.search(text):
-            raise SystemExit(f"README.md has no generated section {name!r}")
-        text = pat.sub(lambda m: m.group(1) + body + m.group(2), text)
+            raise SystemExit(f"{page} has no generated section {name!r}: add the BEGIN/END markers of "
+                             f"fnlcore/docs.py, or move the section's entry in PAGES to the page that has them")
+        text = pat.sub(lambda m: m.group(1) + bodies[name] + m.group(2), text)
     return text
 
 
+def stale_pages(root: Path = ROOT) -> list[str]:
+    """The pages of PAGES whose generated sections differ from what the code generates now."""
+    return [page for page, names in PAGES.items()
+            if render((root / page).read_text(), names, page) != (root / page).read_text()]
+
+
 def main(argv: list[str]) -> int:
-    text = README.read_text()
-    new = render(text)
     if "--check" in argv:
-        if new != text:
-            print("README.md is out of date: run `python -m fnlcore.docs`", file=sys.stderr)
+        stale = stale_pages()
+        if stale:
+            print(f"{', '.join(stale)} out of date: run `python -m fnlcore.docs`", file=sys.stderr)
             return 1
         return 0
-    README.write_text(new)
+    for page, names in PAGES.items():
+        path = ROOT / page
+        path.write_text(render(path.read_text(), names, page))
     return 0
 
 

@@ -106,7 +106,7 @@ class Registry(Mapping, Generic[T]):
         return f"Registry({self.kind!r}, {sorted(self._entries)})"
 
     def builtin(self) -> dict[str, T]:
-        """The entries defined inside fnlcore (README's reference tables leave FNL_PLUGINS out)."""
+        """The entries defined inside fnlcore (the docs/ reference tables leave FNL_PLUGINS out)."""
         return {n: e for n, e in self.items() if _origin(e)[0].startswith("fnlcore.")}
 
     def lookup(self, name: Any) -> T:
@@ -128,7 +128,7 @@ class Registry(Mapping, Generic[T]):
         return spec_from_dict(self.kind, self.specs(), d)
 
     def markdown(self, header: tuple[str, str, str, str]) -> str:
-        """README's table of the built-in entries: name, parameters (defaults), source, switches."""
+        """The docs/ table of the built-in entries: name, parameters (defaults), source, switches."""
         rows = []
         for name in sorted(self.builtin()):
             entry, cls = self[name], self._spec(self[name])

@@ -44,7 +44,7 @@ def param(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=N
 
     ``switch``: the field selects between the official code's behaviour (its default) and the
     paper text's, or between other published variants; the text says what each value does. It
-    joins the spec's ``switches`` (README's code≠paper column), next to the field it describes.
+    joins the spec's ``switches`` (the code≠paper column of the docs/ tables and docs/switches.md), next to the field it describes.
 
     No default makes the key required. ``rounds=True``: the value counts communication
     rounds (a warm-up, a ramp, a stage boundary), so a scale rescales it with
@@ -173,7 +173,7 @@ class Spec:
     ClassVars: ``kind`` (what errors call it: 'method', 'partition', 'noise model'),
     ``name`` (the config name), ``paper`` (where it comes from), ``switch_notes`` (code≠paper
     differences no field selects; a field's own switch is ``param(switch=...)``, and ``switches``
-    lists both, for README), ``slug_head`` and ``slug_fields`` (see the module doc). Defining a
+    lists both, for docs/), ``slug_head`` and ``slug_fields`` (see the module doc). Defining a
     subclass registers nothing: its kind's registry's ``register`` does (``@NOISE_MODELS.register``).
     """
 

@@ -155,7 +155,7 @@ def method_params(slug):
         raise ValueError(f"method {slug!r} is not used by any selected table")
 
 
-# Packing (README "What a table costs"): `--groups train=pack --group-components pack=N` runs N
+# Packing (docs/cluster.md, "Packing several training runs onto one GPU job"): `--groups train=pack --group-components pack=N` runs N
 # training runs in one Slurm job. Snakemake sums a group's integer resources over the jobs
 # that run side by side (N runs would ask for N GPUs; it also turns "1" into 1), but passes a
 # non-numeric string once when every job of the group gives the same one: grouped runs ask

@@ -8,7 +8,7 @@ imports torch or numpy: tests that compare recorded bits run their cases in a ch
 started with them (``PortableWorker``), and ``python -m tests.golden`` re-executes itself
 under them (``reexec_portable``).
 
-Measured on an AVX-512 machine (README "Tests"): without them, ``ATEN_CPU_CAPABILITY=avx2`` or
+Measured on an AVX-512 machine (docs/testing.md): without them, ``ATEN_CPU_CAPABILITY=avx2`` or
 ``MKL_CBWR=AVX2`` alone changes every golden record; with them, capping ATen, oneDNN, MKL,
 OpenBLAS or NumPy's dispatch changes none. One library cannot be pinned by any variable: MKL's
 vector math (torch's CPU sqrt, exp, log, ...), whose kernel follows the CPU's maker. The code

@@ -327,7 +327,7 @@ def test_the_contract_covers_every_method_with_a_batched_stage_on_each_label_kin
 
 
 # -- the contract catches a wrong batched form ----------------------------------------------------------
-# tests/support/batched_mismatch.py: GCE-FedAvg written as README's one-file plug-in, never registered
+# tests/support/batched_mismatch.py: GCE-FedAvg written as a one-file plug-in of docs/extending.md, never registered
 # (a registered one would need a golden record, pinned slugs, ...): the contract is handed the classes.
 
 

@@ -57,7 +57,11 @@ def test_config_readme_names_every_scale_and_paper():
     scales = sorted(p.stem for p in (REPO_ROOT / "config" / "scales").glob("*.yaml"))
     assert [s for s in scales if f"| `{s}` |" not in text] == [], "a scale of config/scales/ has no row"
     papers = sorted(p.stem for p in (REPO_ROOT / "config" / "papers").glob("*.yaml"))
-    assert [p for p in papers if f"`{p}`" not in text] == [], "a paper of config/papers/ is not named"
+    unnamed = [p for p in papers if f"`{p}`" not in text]
+    assert unnamed == [], (
+        "config/README.md does not name " + ", ".join(f"config/papers/{p}.yaml" for p in unnamed)
+        + ": add " + ", ".join(f"`{p}` (with its tables)" for p in unnamed) + " to the 'Papers:' list under "
+        "'## Paper tables (`papers/`)' in config/README.md")
     # every key a scale file may set
     assert [k for k in _schema("scale")["properties"] if k != "note" and f"`{k}`" not in text] == []
 
@@ -118,8 +122,8 @@ def test_snakefile_and_rules_are_snakefmt_formatted():
 
 
 def test_dot_test_label_sets_are_those_of_the_demo_table_at_its_scale(monkeypatch):
-    """Adding `--config 'tables=["demo"]'` (as .test/config/config.yaml says) trains the demo
-    table's 12 runs on the very label sets the test configuration builds, at its scale."""
+    """Adding `--config 'tables=["demo"]'` (as .test/config/config.yaml says) trains every run of the
+    demo table on the very label sets the test configuration builds, at its scale."""
     from fnlcore.app.plan import build_plan, validate_schema
 
     monkeypatch.chdir(TEST_DIR)  # the config's scale path is relative to the working directory
@@ -131,7 +135,12 @@ def test_dot_test_label_sets_are_those_of_the_demo_table_at_its_scale(monkeypatc
     def key(s):
         return (s.dataset, s.partition.slug(), s.partition_seed, s.noise.slug(), s.noise_seed)
 
-    assert [t.name for t in with_table.tables] == ["demo/demo"] and len(with_table.runs()) == 12
+    (table,) = with_table.tables
+    assert table.name == "demo/demo"
+    # one run per row x column x seed of the demo's paper file (a row added there adds its runs)
+    cells = {(tr.row, tr.column, tr.run.seed) for tr in table.runs}
+    assert len(cells) == len(table.spec.rows) * len(table.spec.columns) * len({s for _, _, s in cells})
+    assert len(with_table.runs()) == len(cells) >= 12
     assert {key(r) for r in with_table.runs()} == {key(s) for s in grid.label_sets}
     assert with_table.tables[0].scale == "test"  # results/tables/test/demo/demo.*
 

@@ -466,4 +466,8 @@ def test_smoke_all_config_names_every_paper():
     with open(REPO / "config" / "smoke-all.yaml") as fh:
         config = yaml.safe_load(fh)
     assert config["scale"] == "smoke" and config["data_grid"] == []
-    assert sorted(config["tables"]) == PAPERS, "add the new paper to config/smoke-all.yaml"
+    missing = [p for p in PAPERS if p not in config["tables"]]
+    assert missing == [], (
+        ", ".join(f"config/papers/{p}.yaml" for p in missing) + " is not in config/smoke-all.yaml: add "
+        + ", ".join(missing) + " to the `tables:` list of config/smoke-all.yaml")
+    assert sorted(config["tables"]) == PAPERS, "config/smoke-all.yaml names a paper that config/papers/ lacks"

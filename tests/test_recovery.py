@@ -10,7 +10,7 @@ not look finished: its csv comes last (fnlcore.app.build_table).
 
 The partition and noise cases run the data side of one small label set (digits, 3 clients:
 prepare, partition, noise); the table case builds the demo table from stand-in metrics of
-its 12 runs, Snakemake restricted to the table (``--allowed-rules table all``, in both
+every one of its runs, Snakemake restricted to the table (``--allowed-rules table all``, in both
 commands), so no run is trained.
 """
 

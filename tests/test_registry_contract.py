@@ -269,15 +269,14 @@ def test_prepared_labels_are_writable_so_torch_does_not_warn(tmp_path):
 
 
 def test_the_readme_one_file_examples_register_and_run(tmp_path):
-    """README's Extending examples, each saved as its own module and named in FNL_PLUGINS, just work.
+    """The examples of docs/extending.md, each saved as its own module and named in FNL_PLUGINS, just work.
 
-    They load beside the test-only plug-ins (tests/support/plugins.py) and the built-ins: README's
+    They load beside the test-only plug-ins (tests/support/plugins.py) and the built-ins: the docs'
     are named ``my_*``, the test plug-ins ``test_*``, so no name or slug head can be taken twice.
     """
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Extending"):readme.index("## Tests and benchmarks")]
+    section = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
     names = re.findall(r"\*\*A [a-z ]+\*\* — `fnlcore/\w+/(\w+)\.py`:\s*```python\n(.*?)```", section, re.S)
     assert [n for n, _ in names] == ["my_smooth", "my_halfsym", "my_blocks", "my_blobs"]
     # a FedAvg variant with another loss: one file of at most 40 lines, one loss form for both engines

@@ -331,6 +331,10 @@ def test_cancelled_training_job_is_retried_and_resumes_from_its_checkpoint(local
     assert local.returncode == 0, ref_out.read_text()[-5000:]
     resumed = pd.read_parquet(metrics)
     reference = pd.read_parquet(ref / run.files("local")["metrics"])
+    # the local `fnl cell` ends with the cell's value, per metric and seed, and the file it read
+    said = ref_out.read_text().split("Cell demo/demo", 1)[-1]
+    best = 100 * reference["bacc"].max()
+    assert re.search(rf"Best, .*: {best:.2f}\n\s+seed 0: {best:.2f}  {re.escape(run.files('local')['metrics'])}", said), said
     assert len(resumed) == ROUNDS
     cols = [c for c in reference.columns if c != "seconds"]
     pd.testing.assert_frame_equal(resumed[cols], reference[cols])

@@ -1,8 +1,8 @@
-"""README's cluster advice, checked with dry runs (no Slurm job is submitted).
+"""The cluster advice of docs/cluster.md, checked with dry runs (no Slurm job is submitted).
 
 A site profile (a copy of slurm/ with its SITE lines edited) keeps every resource of the
 profile's `set-resources` block; a command-line `--set-resources` replaces that whole block,
-which is why README recommends the site profile: the dry run shows the annotator's memory
+which is why docs/cluster.md recommends the site profile: the dry run shows the annotator's memory
 and time and the train caps dropped.
 """
 
@@ -41,7 +41,7 @@ def _resources(out: str, rule: str) -> dict[str, str]:
 
 
 def _site_profile(tmp_path: Path) -> Path:
-    """README's form: a copy of slurm/ whose SITE partition lines name the site's partitions."""
+    """docs/cluster.md's form: a copy of slurm/ whose SITE partition lines name the site's partitions."""
     site = tmp_path / "mysite"
     shutil.copytree(REPO / "slurm", site)
     text = (site / "config.yaml").read_text()
@@ -64,7 +64,7 @@ def test_a_site_profile_keeps_every_resource_of_the_profile(tmp_path):
 
 
 def test_a_command_line_set_resources_replaces_the_profiles_whole_block(tmp_path):
-    """The pitfall README warns about: the annotator's memory and time fall back to the rule's."""
+    """The pitfall docs/cluster.md warns about: the annotator's memory and time fall back to the rule's."""
     (tmp_path / "slurm").symlink_to(REPO / "slurm", target_is_directory=True)
     profile = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())["set-resources"]
     out = _dry_run(tmp_path, "--profile", "slurm", "--set-resources", "train:slurm_partition=gpu",

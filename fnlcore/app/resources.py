@@ -415,7 +415,7 @@ def resource_columns(plan, results_dir: str | None = None, cap: SiteCap = DEFAUL
     runs = list(res.values())
     notes = [f"mem/disk/job h/jobs: the largest request of a table's runs (train jobs; site cap "
              f"{cap.max_runtime} min a job{'' if cap.max_mem_mb is None else f', {cap.max_mem_mb} MB'}; "
-             "README \"Resources and wall-time limits\"); * marks a table where some run's figures are "
+             "docs/cluster.md, \"Resources and wall-time limits\"); * marks a table where some run's figures are "
              "not measured here (shipped or default)"]
     notes.append("memory and disk from: " + _count_sources([r.mem_source for r in runs], len(runs)))
     notes.append("job time from: " + _count_sources([r.time_source for r in runs], len(runs)))

@@ -58,7 +58,7 @@ class TrainSettings:
     drop_last: bool = False
     eval_batch_size: int = 1024
     checkpoint_every: int = 5
-    # Speed switches (fnlcore/fl/batched.py, README "Speed switches"). engine: default (auto on a
+    # Speed switches (fnlcore/fl/batched.py, docs/methods.md "Speed switches"). engine: default (auto on a
     # GPU, sequential on a CPU: fnlcore.fl.rounds.effective_engine) | sequential (one client after
     # another, the reference) | batched (the round's clients as one stacked computation; the same
     # random draws, equal up to floating-point rounding; a ConfigError for a method or model it

@@ -1,4 +1,4 @@
-"""Config name -> noise-model spec class; building specs from config dicts; the README table."""
+"""Config name -> noise-model spec class; building specs from config dicts; the docs/ table."""
 
 from __future__ import annotations
 
@@ -23,5 +23,5 @@ def noise_spec_from_dict(
 
 
 def noise_models_markdown() -> str:
-    """A markdown table of every registered noise model for the README."""
+    """A markdown table of every registered noise model for docs/noise-models.md."""
     return NOISE_MODELS.markdown(("name", "parameters (defaults)", "paper", "code≠paper switches"))

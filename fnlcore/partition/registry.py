@@ -46,7 +46,7 @@ def describe_partitioners() -> list[dict[str, Any]]:
 
 
 def partitioners_markdown() -> str:
-    """A markdown table of every registered partitioner, for the README/docs."""
+    """A markdown table of every registered partitioner, for docs/partitioners.md."""
     return PARTITIONERS.markdown(("name", "parameters (defaults)", "from", "code≠paper switches"))
 
 

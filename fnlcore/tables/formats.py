@@ -102,6 +102,16 @@ def _cell_markdown(parts: dict[str, str]) -> str:
     return text
 
 
+def cell_text(rt: "RenderedTable", line: Any) -> str:
+    """One cell as the Markdown table prints it (``line``: a row of ``rt.long``)."""
+    return _cell_markdown(_cell_parts(rt, line))
+
+
+def number_text(x: float, decimals: int) -> str:
+    """A number as the tables print it (``NaN``, and a true minus sign)."""
+    return _num(x, decimals)
+
+
 def _grid(rt: "RenderedTable") -> dict[tuple[str, str, str], Any]:
     return {(ln.row, ln.column, ln.metric): ln for ln in rt.long.itertuples(index=False)}
 

@@ -1,6 +1,6 @@
 """Test-only method plug-ins for the batched ≡ sequential contract (tests/test_batched_contract.py).
 
-Written in the one-file form of tests/support/plugins.py (README "Extending"), but NEVER
+Written in the one-file form of tests/support/plugins.py (docs/extending.md), but NEVER
 registered: this module is not named in FNL_PLUGINS and calls no ``METHODS.register``, so no
 registry (hence no registry-wide test: golden records, pinned slugs, resume contracts) ever sees them.
 The contract test hands the classes to its comparison directly.
