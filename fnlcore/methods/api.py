@@ -25,12 +25,12 @@ from ..fl.state import State, load, parameter_keys, per_tensor_distance, snapsho
 from ..registry import param
 from ..syncs import host_side
 from .base import ClientUpdate, FLMethod, LocalJob, MethodParams, Phase, Stage, register
-from .costs import CostStage, warm_up_then
+from .schedule import Stretch, warm_up_then
 
 __all__ = [
-    "assign_clients_", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError", "LocalJob",
+    "assign_clients_", "ClientStore", "ClientUpdate", "ConfigError", "FLMethod", "FNLError", "LocalJob",
     "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "clients_cross_entropy", "clients_mean",
     "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on", "param",
-    "numerics", "parameter_keys", "per_tensor_distance", "predict", "register", "sampling", "snapshot", "warm_up_then",
+    "numerics", "parameter_keys", "per_tensor_distance", "predict", "register", "sampling", "snapshot", "Stretch", "warm_up_then",
     "weighted_average",
 ]
