@@ -1,6 +1,6 @@
 """Count every method's round in FedAvg rounds (ops and FLOPs): writes benchmarks/method_costs.json.
 
-    python benchmarks/count_method_costs.py                     # every registered method (about 20 min, one thread)
+    python benchmarks/count_method_costs.py                     # every registered method (about 15 min, one thread)
     python benchmarks/count_method_costs.py --methods fedgr my_method
     python benchmarks/count_method_costs.py --out results/plan/method_costs.json
 
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fnlcore.app.method_costs import METHOD_COSTS_VERSION, SHIPPED_METHOD_COSTS  # noqa: E402
-from fnlcore.app.round_counts import COUNT_RUN, count_method, describe, ratios  # noqa: E402
+from fnlcore.app.round_counts import components, count_pair, describe, ratios  # noqa: E402
 from fnlcore.methods import METHODS  # noqa: E402
 from fnlcore.provenance import git_describe  # noqa: E402
 
@@ -59,7 +59,7 @@ def main() -> int:
         sys.exit(f"unknown method(s) {', '.join(unknown)}; registered: {', '.join(sorted(METHODS))}")
     path = Path(args.out)
     raw = _load(path)
-    reference = describe(COUNT_RUN)
+    reference = describe()
     others = [n for n, e in raw["methods"].items() if "counted" in e and n not in names]
     if raw.get("reference", reference) != reference and others:
         sys.exit(f"{path} was counted at another reference run ({raw['reference']}); count every method "
@@ -71,13 +71,15 @@ def main() -> int:
         t0 = time.perf_counter()
         multi = "single" not in METHODS[name].label_kinds
         if multi not in fedavg:
-            fedavg[multi] = count_method("fedavg", COUNT_RUN, multi=multi)  # the unit: FedAvg on the same labels
+            fedavg[multi] = count_pair("fedavg", multi=multi)  # the unit: FedAvg on the same labels
         entry = raw["methods"].setdefault(name, {})
-        entry["counted"] = {**ratios(count_method(name, COUNT_RUN), fedavg[multi]), **stamp}
-        for v in entry.get("variants", []):
-            v["counted"] = {**ratios(count_method(name, COUNT_RUN, v["params"]), fedavg[multi]), **stamp}
+        for e in [entry, *entry.get("variants", [])]:
+            pair = count_pair(name, e.get("params"))
+            # stretches: what the plan prices; stages: each stage's ratios at two steps a client, for reference
+            e["counted"] = {"stretches": components(pair, fedavg[multi]),
+                            "stages": ratios(pair[1], fedavg[multi][1])["stages"], **stamp}
         _save(path, raw)
-        shown = ", ".join(f"{k} ops {r['ops']:.2f} FLOPs {r['flops']:.2f}" for k, r in entry["counted"]["stretches"].items())
+        shown = ", ".join(f"{k} ops {r['ops']:.2f} FLOPs {r['flops']:.2f}" for k, r in entry["counted"]["stages"].items())
         print(f"{name:18s} {time.perf_counter() - t0:6.1f} s  {shown}", flush=True)
     print(f"wrote {path}")
     return 0

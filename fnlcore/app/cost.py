@@ -19,8 +19,9 @@ A run's device time is estimated as
   rounds come on top of ``training.rounds``; ``factor`` is a round's cost over a FedAvg
   round on the same clients, per device kind (:mod:`fnlcore.app.method_costs`,
   ``benchmarks/method_costs.json``): on a CPU the time ratio ``benchmarks/bench_methods.py``
-  measured on the digits MLP, on a GPU the ratio of dispatched ops and FLOPs counted over the
-  whole round (local steps and the method's extra passes) priced by the GPU's step-time model;
+  measured on the digits MLP, on a GPU the ratios of dispatched ops and FLOPs counted over the
+  whole round (local steps and the method's extra passes) at the run's local steps, priced by
+  the GPU's step-time model;
   a method or stretch without one counts 1.0 and is flagged.
 
 On a GPU (:class:`Pricing`) the plan prices the engine each run will use there
@@ -350,15 +351,16 @@ class Pricing:
     memory_bytes: float | None = None
     method_costs: Any = None
 
-    def factor(self, run, stretch: str, shape: StepShape):
-        """The round cost of ``run``'s stretch ``stretch`` on this device (:mod:`fnlcore.app.method_costs`)."""
+    def factor(self, run, stretch: str, shape: StepShape, steps: float = 1.0):
+        """The round cost of ``run``'s stretch ``stretch``, ``steps`` local steps a client, on this device
+        (:mod:`fnlcore.app.method_costs`)."""
         from .method_costs import MethodCosts
 
         costs = self.method_costs or MethodCosts()
         split = None
         if self.device_type == "cuda" and self.model is not None:
             split = self.model.split(shape, self.model.train_s(shape))
-        return costs.factor(run.method.name, run.method, stretch, self.device_type, split)
+        return costs.factor(run.method.name, run.method, stretch, self.device_type, split, steps)
 
     def stages(self, run, ds, shape: StepShape) -> list[StagePlan]:
         """The run's stages, each with the clients a step trains on this device."""
@@ -380,7 +382,7 @@ class Pricing:
         out = []
         for st in cls.schedule(run.method, t, k):
             stage = cls.stages.get(st.name)
-            f = self.factor(run, st.name, shape)
+            f = self.factor(run, st.name, shape, t.local_epochs * per_epoch)
             at_once = 1
             if batched and (stage.batchable if stage is not None else True):
                 per_client = (client_bytes(counts["param_bytes"], counts["activation_bytes"], shape.batch_size,
@@ -390,9 +392,12 @@ class Pricing:
                                  st.evaluated, at_once, f))
         return out
 
-    def price(self, run, ds, shape: StepShape, cost: StepCost) -> tuple[float, float, float, int, tuple]:
-        """(device seconds of the run, of its longest round, its FLOPs, the most clients a step trains,
-        (stretch, factor) of each stretch)."""
+    def price(self, run, ds, shape: StepShape, cost: StepCost) -> tuple[float, float, float, int]:
+        """(device seconds of the run, of its longest round, its FLOPs, the most clients a step trains)."""
+        return self.priced(run, ds, shape, cost)[:4]
+
+    def priced(self, run, ds, shape: StepShape, cost: StepCost) -> tuple[float, float, float, int, tuple]:
+        """:meth:`price`'s figures and (stretch name, :class:`~fnlcore.app.method_costs.Factor`) of each stretch."""
         total, longest, flops, most = 0.0, 0.0, 0.0, 1
         counts = self.counts.of(shape) if self.counts is not None else None
         stretches = self.stages(run, ds, shape)
@@ -448,7 +453,7 @@ def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, An
     ds = _data_shape(run, dataset_options)
     shape = _step_shape(run, ds)
     c = calibration.cost(shape)
-    seconds, longest, flops, at_once, factors = (pricing or Pricing()).price(run, ds, shape, c)
+    seconds, longest, flops, at_once, factors = (pricing or Pricing()).priced(run, ds, shape, c)
     return RunCost(shape, seconds, all(f.measured for _, f in factors), longest, flops, at_once,
                    run.method.name, factors)
 
@@ -601,6 +606,39 @@ def device_label(description: str) -> tuple[str, str]:
     return short, ("GPU-hours" if short.startswith("cuda") else "CPU core-hours")
 
 
+def method_factor_lines(cost: PlanCost) -> list[str]:
+    """The plan's round cost of each method's stretches on the device priced, and where each came from
+    (:mod:`fnlcore.app.method_costs`); a GPU's counted factor varies with the shape: its range."""
+    from .method_costs import COUNT_COMMAND, MethodCosts
+
+    seen: dict[str, dict[str, list]] = {}
+    for rc in cost.runs.values():
+        for stretch, f in rc.factors:
+            seen.setdefault(rc.method, {}).setdefault(stretch, []).append(f)
+    kinds = {f.kind for per in seen.values() for fs in per.values() for f in fs}
+    costs = (cost.pricing.method_costs if cost.pricing is not None else None) or MethodCosts()
+    lines = ["method round costs (x a FedAvg round on the same clients, per stretch of the method's rounds; "
+             f"{costs.path.name}), [source]:"]
+    if "counted" in kinds:
+        lines.append("  [counted] the ratios of ops dispatched and of matrix FLOPs over a whole round (local steps and "
+                     f"the method's extra passes) to FedAvg's, counted on the CPU at the reference run ({costs.reference()}), "
+                     "weighted by this GPU's fitted time per op and per FLOP at each run's shape (a range over shapes)")
+    if "cpu time" in kinds:
+        lines.append("  [cpu time] a round's seconds over FedAvg's, measured on the digits MLP on a CPU "
+                     "(benchmarks/bench_methods.py)")
+    if "unmeasured" in kinds:
+        lines.append(f"  [unmeasured] 1.0 (FedAvg's): `{COUNT_COMMAND.format(name='NAME')}` counts a method")
+
+    def shown(fs: list) -> str:
+        lo, hi = min(f.value for f in fs), max(f.value for f in fs)
+        return f"{lo:.2f}" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f}"
+
+    for name, per in sorted(seen.items()):
+        parts = [f"{stretch} {shown(fs)} [{'/'.join(sorted({f.kind for f in fs}))}]" for stretch, fs in per.items()]
+        lines.append(f"  {name}: " + ", ".join(parts))
+    return lines
+
+
 def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=None) -> str:
     """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.plan_columns`).
     Every figure is of one device, named in the header; the last line is the total."""
@@ -676,8 +714,7 @@ def format_plan(cost: PlanCost, calibration: Calibration, scale: str, resources=
         lines += ["", f"{len(estimated)} of {len(by_shape)} step costs are estimated from the shapes this device "
                   "measured (dispatched ops and FLOPs counted on the CPU: benchmarks/shape_counts.json); "
                   "`fnl plan --device cuda --recalibrate` on such a GPU measures them"]
-    lines += ["", "method round costs (x a FedAvg round, the methods' round_cost): measured on the digits MLP on a "
-              "CPU (benchmarks/bench_methods.py), not on this device"]
+    lines += ["", *method_factor_lines(cost)]
     if cost.unmeasured:
         listed = ", ".join(f"{m} ({n})" for m, n in sorted(cost.unmeasured.items()))
         lines += [f"round cost not measured, counted as FedAvg's (runs): {listed}"]

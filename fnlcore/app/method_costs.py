@@ -6,14 +6,18 @@ for each method (and variant: hyper-parameters whose rounds cost otherwise, FedG
 
 * ``cpu``: a round's seconds over a FedAvg round's, measured by ``benchmarks/bench_methods.py``
   on the digits MLP on a CPU (the source says which); what a CPU plan applies;
-* ``counted``: its dispatched ops and matrix FLOPs over FedAvg's, counted on the CPU at the
-  reference run (:mod:`fnlcore.app.round_counts`); what a GPU plan applies.
+* ``counted``: its dispatched ops and matrix FLOPs, counted on the CPU at the reference runs
+  (:mod:`fnlcore.app.round_counts`) and split into what a round costs besides its local steps
+  (``*_fixed``) and what each local step adds (``*_step``), in FedAvg local steps; what a GPU
+  plan applies.
 
-A GPU's step time is ``a x ops + b x FLOPs`` (:mod:`fnlcore.app.gpu_cost`), so a stretch's factor
-there is ``(t_ops x ops ratio + t_flops x FLOPs ratio) / (t_ops + t_flops)`` with ``t_ops``,
-``t_flops`` the priced shape's step split by the GPU's fitted model: the ratios are the reference
-run's, the weights the priced shape's. Without a model (a GPU with under two measured shapes)
-the ops ratio alone (the step is host-bound). A GPU figure never takes a CPU's time ratio.
+A stretch whose clients take S local steps a round then dispatches
+``(ops_fixed + S x ops_step) / (FedAvg's ops_fixed + S)`` times FedAvg's ops (likewise FLOPs), and
+as a GPU's step time is ``a x ops + b x FLOPs`` (:mod:`fnlcore.app.gpu_cost`) its factor there is
+``(t_ops x ops ratio + t_flops x FLOPs ratio) / (t_ops + t_flops)`` with ``t_ops``, ``t_flops``
+the priced shape's step split by the GPU's fitted model. Without a model (a GPU with under two
+measured shapes) the ops ratio alone (the step is host-bound). A GPU figure never takes a CPU's
+time ratio.
 
 A method or stretch the file lacks (a plug-in method) counts 1.0 and is flagged unmeasured in
 the plan's text, which names the command that counts it: counting takes seconds to minutes a
@@ -94,11 +98,22 @@ class MethodCosts:
     def reference(self) -> str:
         return self.raw.get("reference", "")
 
+    def ratios(self, name: str, params, stretch: str, steps: float) -> tuple[float, float] | None:
+        """(ops, FLOPs) of a round of ``stretch`` over FedAvg's at ``steps`` local steps a client; None uncounted."""
+        e = self.entry(name, params)
+        c = ((e or {}).get("counted") or {}).get("stretches", {}).get(stretch)
+        fedavg = ((self.methods.get("fedavg") or {}).get("counted") or {}).get("stretches", {}).get("main")
+        if c is None or fedavg is None:
+            return None
+        s = max(float(steps), 1.0)
+        return ((c["ops_fixed"] + s * c["ops_step"]) / (fedavg["ops_fixed"] + s),
+                (c["flops_fixed"] + s * c["flops_step"]) / (fedavg["flops_fixed"] + s))
+
     def factor(self, name: str, params, stretch: str, device_type: str,
-               split: tuple[float, float] | None = None) -> Factor:
+               split: tuple[float, float] | None = None, steps: float = 1.0) -> Factor:
         """Stretch ``stretch`` of method ``name`` (run with ``params``) on a ``device_type`` ("cpu"
-        or "cuda") device; ``split``: (dispatch s, arithmetic s) of the priced shape's FedAvg step
-        on that GPU (module docstring)."""
+        or "cuda") device, its clients taking ``steps`` local steps a round; ``split``: (dispatch s,
+        arithmetic s) of the priced shape's FedAvg step on that GPU (module docstring)."""
         e = self.entry(name, params)
         how = COUNT_COMMAND.format(name=name)
         if device_type != "cuda":
@@ -107,10 +122,10 @@ class MethodCosts:
             if v is None:
                 return Factor(1.0, "unmeasured", "no CPU time ratio: benchmarks/bench_methods.py measures one")
             return Factor(float(v), "cpu time", cpu.get("source", "benchmarks/bench_methods.py"))
-        counted = ((e or {}).get("counted") or {}).get("stretches", {}).get(stretch)
+        counted = self.ratios(name, params, stretch, steps)
         if counted is None:
             return Factor(1.0, "unmeasured", f"not counted: `{how}`")
-        r_ops, r_flops = float(counted["ops"]), float(counted["flops"])
+        r_ops, r_flops = counted
         if split is None or sum(split) <= 0:
             return Factor(r_ops, "counted", "counted ops ratio (no device model: a host-bound step)")
         t_ops, t_flops = split

@@ -28,14 +28,20 @@ from ..fl.footprint import OpCounter
 from .device_check import TinyRun, tiny_arrays, tiny_method
 from .opcount import gpu_paths
 
-# The reference run: ResNet-18 (the CIFAR papers' backbone: its ops a step are the paper runs'; ops do
-# not depend on the image size, FLOPs scale alike for a method and FedAvg) at 8 pixels, six clients of
-# two steps a round, three rounds (every stage entered): about 20 s a method on one CPU thread.
-COUNT_RUN = TinyRun("resnet18_cifar", 8, 16, 8, 8, 3)
+# The reference runs: ResNet-18 (the CIFAR papers' backbone: its ops a step are the paper runs'; ops do
+# not depend on the image size, FLOPs scale alike for a method and FedAvg) at 10 pixels (its last blocks
+# 2x2: BatchNorm trains on a one-sample batch, DivideMix's last unlabelled one), six clients, three
+# rounds (every stage entered), one and two local steps a client: their difference splits a round
+# into what each local step adds and what the round costs besides (:func:`components`).
+# About 20 s a method on one CPU thread.
+COUNT_RUNS = (TinyRun("resnet18_cifar", 10, 8, 8, 8, 3), TinyRun("resnet18_cifar", 10, 16, 8, 8, 3))
+COUNT_RUN = COUNT_RUNS[-1]
 
 
-def describe(run: TinyRun) -> str:
-    return (f"{run.model}, 3x{run.size}x{run.size}, {run.clients} clients x {run.per_client} samples, batch "
+def describe(runs: tuple[TinyRun, ...] = COUNT_RUNS) -> str:
+    run = runs[-1]
+    per = " and ".join(str(r.per_client // r.batch) for r in runs)
+    return (f"{run.model}, 3x{run.size}x{run.size}, {run.clients} clients x {per} local steps of batch "
             f"{run.batch}, {run.rounds} rounds, sequential engine, CPU")
 
 
@@ -126,10 +132,7 @@ def count_method(name: str, run: TinyRun = COUNT_RUN, overrides: dict | None = N
 def ratios(method: MethodCount, fedavg: MethodCount) -> dict[str, dict[str, dict[str, float]]]:
     """``{"stretches": {name: {"ops": x, "flops": y}}, "stages": ...}``: each stretch's and stage's
     ops and FLOPs per client trained over FedAvg's (its one stretch, every round)."""
-    base = Tally()
-    for t in fedavg.stretches.values():
-        base.ops, base.flops, base.clients = base.ops + t.ops, base.flops + t.flops, base.clients + t.clients
-    f_ops, f_flops = base.per_client()
+    f_ops, f_flops = _total(fedavg).per_client()
     out: dict[str, dict[str, dict[str, float]]] = {}
     for kind in ("stretches", "stages"):
         out[kind] = {}
@@ -137,4 +140,38 @@ def ratios(method: MethodCount, fedavg: MethodCount) -> dict[str, dict[str, dict
             m_ops, m_flops = t.per_client()
             out[kind][key] = {"ops": round(m_ops / f_ops, 3), "flops": round(m_flops / f_flops, 3),
                               "rounds": t.rounds}
+    return out
+
+
+def count_pair(name: str, overrides: dict | None = None, multi: bool | None = None,
+               runs: tuple[TinyRun, TinyRun] = COUNT_RUNS) -> tuple[MethodCount, MethodCount]:
+    """:func:`count_method` at one and at two local steps a client (``runs``)."""
+    return count_method(name, runs[0], overrides, multi), count_method(name, runs[1], overrides, multi)
+
+
+def components(method: tuple[MethodCount, MethodCount], fedavg: tuple[MethodCount, MethodCount]
+               ) -> dict[str, dict[str, float]]:
+    """Stretch name -> its round per client trained as ``{ops,flops}_{fixed,step}``: what a round costs
+    besides its local steps and what each local step adds, in units of a FedAvg local step (the
+    difference of the one-step and two-step counts; a fixed part below 0, counting noise, is 0).
+    A stretch of S local steps a client then costs (fixed + S x step) / (FedAvg's fixed + S) FedAvg rounds."""
+    def split(pair: tuple[MethodCount, MethodCount], key: str | None) -> tuple[float, float, float, float]:
+        one, two = ((_total(c) if key is None else c.stretches[key]).per_client() for c in pair)
+        ops_step, flops_step = two[0] - one[0], two[1] - one[1]
+        return one[0] - ops_step, ops_step, one[1] - flops_step, flops_step
+
+    _, f_ops, _, f_flops = split(fedavg, None)
+    out = {}
+    for key in method[1].stretches:
+        ops_fixed, ops_step, flops_fixed, flops_step = split(method, key)
+        out[key] = {"ops_fixed": round(max(ops_fixed, 0.0) / f_ops, 4), "ops_step": round(ops_step / f_ops, 4),
+                    "flops_fixed": round(max(flops_fixed, 0.0) / f_flops, 4),
+                    "flops_step": round(flops_step / f_flops, 4), "rounds": method[1].stretches[key].rounds}
+    return out
+
+
+def _total(count: MethodCount) -> Tally:
+    out = Tally()
+    for t in count.stretches.values():
+        out.ops, out.flops, out.clients = out.ops + t.ops, out.flops + t.flops, out.clients + t.clients
     return out
