@@ -130,7 +130,8 @@ def test_a_device_models_split_weights_the_ops_and_flops_ratios():
     assert costs.factor("dividemix", params, "dividemix", "cuda", (0.0, 2.0), 50).value == pytest.approx(flops)
     mixed = costs.factor("dividemix", params, "dividemix", "cuda", (3.0, 1.0), 50)
     assert mixed.value == pytest.approx(0.75 * ops + 0.25 * flops) and mixed.kind == "counted"
-    assert costs.ratios("fedavg", method_from_dict({"name": "fedavg"}), "main", 7) == pytest.approx((1.0, 1.0))
+    # FedAvg is the unit (counted twice in one process: an op of one-time caches apart)
+    assert costs.ratios("fedavg", method_from_dict({"name": "fedavg"}), "main", 7) == pytest.approx((1.0, 1.0), rel=1e-3)
 
 
 def _count(name: str, per_client: tuple[float, float], clients: int = 2) -> MethodCount:

@@ -630,8 +630,8 @@ def method_factor_lines(cost: PlanCost) -> list[str]:
         lines.append(f"  [unmeasured] 1.0 (FedAvg's): `{COUNT_COMMAND.format(name='NAME')}` counts a method")
 
     def shown(fs: list) -> str:
-        lo, hi = min(f.value for f in fs), max(f.value for f in fs)
-        return f"{lo:.2f}" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f}"
+        lo, hi = f"{min(f.value for f in fs):.2f}", f"{max(f.value for f in fs):.2f}"
+        return lo if lo == hi else f"{lo}-{hi}"
 
     for name, per in sorted(seen.items()):
         parts = [f"{stretch} {shown(fs)} [{'/'.join(sorted({f.kind for f in fs}))}]" for stretch, fs in per.items()]
