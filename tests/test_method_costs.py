@@ -169,7 +169,11 @@ def test_a_method_without_counts_costs_one_and_the_plan_text_names_the_command()
     unmeasured = method_costs.MethodCosts().factor("test_smooth", params, "main", "cuda")
     runs = {"a": RunCost(shape, 1.0, True, method="dividemix", factors=(("dividemix", counted),)),
             "b": RunCost(shape, 1.0, False, method="test_smooth", factors=(("main", unmeasured),))}
-    text = "\n".join(method_factor_lines(PlanCost([], runs, {"test_smooth": 1})))
+    from fnlcore.app.cost import Pricing
+
+    text = "\n".join(method_factor_lines(PlanCost([], runs, {"test_smooth": 1}, Pricing("cuda"))))
     assert f"  dividemix: dividemix {counted.value:.2f} [counted]" in text
     assert "  test_smooth: main 1.00 [unmeasured]" in text
     assert "python benchmarks/count_method_costs.py --methods NAME" in text and "[cpu time]" not in text
+    on_cpu = "\n".join(method_factor_lines(PlanCost([], runs, {"test_smooth": 1}, Pricing("cpu"))))
+    assert "bench_methods.py --methods fedavg NAME" in on_cpu and "count_method_costs" not in on_cpu

@@ -627,7 +627,10 @@ def method_factor_lines(cost: PlanCost) -> list[str]:
         lines.append("  [cpu time] a round's seconds over FedAvg's, measured on the digits MLP on a CPU "
                      "(benchmarks/bench_methods.py)")
     if "unmeasured" in kinds:
-        lines.append(f"  [unmeasured] 1.0 (FedAvg's): `{COUNT_COMMAND.format(name='NAME')}` counts a method")
+        how = (f"`{COUNT_COMMAND.format(name='NAME')}` counts a method" if cost.pricing is not None
+               and cost.pricing.device_type == "cuda" else "`python benchmarks/bench_methods.py --methods fedavg "
+               f"NAME` measures a method's CPU time ratio (its `cpu` entry in {costs.path.name})")
+        lines.append(f"  [unmeasured] 1.0 (FedAvg's): {how}")
 
     def shown(fs: list) -> str:
         lo, hi = f"{min(f.value for f in fs):.2f}", f"{max(f.value for f in fs):.2f}"
