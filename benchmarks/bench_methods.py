@@ -18,7 +18,8 @@ per round in the same process; methods run interleaved seed by seed, so machine 
 shifts all of them alike. Accuracy: Best = max test accuracy over the rounds the method's
 ``reported_stages`` count (FedCorr: stages 2-3; FedDiv: main phase), mean over seeds.
 
-``--engines``: each method on each training engine (default: sequential, as ``round_cost`` was
+``--engines``: each method on each training engine (default: sequential, as the CPU time ratios in
+benchmarks/method_costs.json were
 measured), interleaved in one process; the ratio is always over FedAvg's sequential round.
 
 Not a test: prints markdown and asserts nothing.

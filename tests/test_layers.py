@@ -171,7 +171,7 @@ def test_every_folder_of_modules_is_a_package_that_an_install_ships():
 # The methods' one door into the engine: fnlcore.methods.api (base, the registry's glue and the cost
 # stages it re-exports sit beside it). A method module importing fnlcore.fl.* directly is a leak.
 ENGINE_PARTS = ("fnlcore.fl", "fnlcore.errors", "fnlcore.registry", "fnlcore.syncs", "fnlcore.spec")
-METHODS_DOOR = {"fnlcore.methods", "fnlcore.methods.api", "fnlcore.methods.base", "fnlcore.methods.costs"}
+METHODS_DOOR = {"fnlcore.methods", "fnlcore.methods.api", "fnlcore.methods.base", "fnlcore.methods.schedule"}
 
 
 def test_methods_reach_the_engine_only_through_the_api_module(graph):

@@ -83,12 +83,12 @@ def test_group_passes_come_first_unevaluated_at_the_first_learning_rate(name, pa
     m = METHODS[name](method_from_dict(spec), ctx)  # 2 groups of 2 a pass
     assert (m.groups_per_iteration, m.pre_rounds, m.num_rounds()) == (2, 4, 8)
     assert [m.should_evaluate(r) for r in (3, 4)] == [False, True] and [m.lr_round(r) for r in (0, 3, 5)] == [0, 0, 1]
-    first = METHODS[name].cost_stages(m.params, ctx.settings, 4)[0]
+    first = METHODS[name].schedule(m.params, ctx.settings, 4)[0]
     assert (first.rounds, first.clients, first.evaluated) == (4, 2, False)
     with pytest.raises(ConfigError, match=rf"^method '{name}': frac1: fraction 0.1 gives 0 clients per group for K=4"):
         METHODS[name](method_from_dict({**spec, "frac1": 0.1}), ctx)
     with pytest.raises(ConfigError, match=rf"^method '{name}': frac1: fraction 0.1"):  # `fnl plan` says the same
-        METHODS[name].cost_stages(method_from_dict({**spec, "frac1": 0.1}), ctx.settings, 4)
+        METHODS[name].schedule(method_from_dict({**spec, "frac1": 0.1}), ctx.settings, 4)
 
 
 def test_true_noise_rates_and_the_client_table():

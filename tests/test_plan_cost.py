@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from fnlcore.app import method_costs
 from fnlcore.app.cost import Calibration, StepShape, estimate_plan, format_estimate, run_work, step_shape
 from fnlcore.app.plan import build_plan, validate_schema
 from fnlcore.app.runs import RunSpec
@@ -39,6 +40,11 @@ def _run(method: dict, partition: dict | None = None, dataset: str = "digits", *
     )
 
 
+def _cpu(name: str, stretch: str = "main", **params) -> float:
+    """The CPU round cost the plan applies (benchmarks/method_costs.json)."""
+    return method_costs.MethodCosts().factor(name, method_from_dict({"name": name, **params}), stretch, "cpu").value
+
+
 def test_fedavg_work_is_rounds_times_clients_times_local_steps():
     steps, eval_samples, measured = run_work(_run({"name": "fedavg"}))
     per_client = math.ceil(1347 / 4 / 16)  # digits: 1,347 train / 450 test
@@ -53,34 +59,39 @@ def test_client_fraction_drop_last_and_method_factor():
     dropped, _, _ = run_work(_run({"name": "fedavg"}, {"name": "iid", "num_clients": 10}, client_fraction=0.3, drop_last=True))
     assert dropped == 3 * 3 * 2 * math.floor(1347 / 10 / 16)
     prox, _, measured = run_work(_run({"name": "fedprox", "mu": 0.01}, {"name": "iid", "num_clients": 10}, client_fraction=0.3))
-    assert measured and prox == pytest.approx(base * METHODS["fedprox"].round_cost)
+    assert measured and prox == pytest.approx(base * _cpu("fedprox")) and _cpu("fedprox") == 1.5
 
 
 def test_fedcorr_and_feddiv_one_client_rounds_come_on_top_and_are_not_evaluated():
     per_client = math.ceil(1347 / 5 / 16)
     run = _run({"name": "fedcorr", "iterations1": 2, "rounds1": 1}, {"name": "iid", "num_clients": 5}, client_fraction=0.4)
     steps, eval_samples, _ = run_work(run)
-    pre = 2 * 5 * 1 * 2 * per_client * 1.4  # 2 passes of 5 one-client rounds
-    main = 3 * 2 * 2 * per_client * METHODS["fedcorr"].round_cost
+    pre = 2 * 5 * 1 * 2 * per_client * _cpu("fedcorr", "preprocess")  # 2 passes of 5 one-client rounds
+    main = 3 * 2 * 2 * per_client * _cpu("fedcorr")
     assert steps == pytest.approx(pre + main)
     assert eval_samples == 3 * 450  # pre-processing rounds score nothing
-    stages = METHODS["feddiv"].cost_stages(method_from_dict({"name": "feddiv", "warmup_iterations": 3}), run.training, 5)
+    stages = METHODS["feddiv"].schedule(method_from_dict({"name": "feddiv", "warmup_iterations": 3}), run.training, 5)
     assert [(s.name, s.rounds, s.clients, s.evaluated) for s in stages] == [("warmup", 15, 1, False), ("main", 3, 2, True)]
 
 
 @pytest.mark.parametrize("name", ["fednoro", "dividemix"])
 def test_warm_up_stages_split_the_rounds(name):
     run = _run({"name": name, "warmup_rounds": 2}, rounds=5)
-    stages = METHODS[name].cost_stages(run.method, run.training, 4)
-    assert [s.rounds for s in stages] == [2, 3] and [s.factor for s in stages] == [1.0, METHODS[name].round_cost]
+    stages = METHODS[name].schedule(run.method, run.training, 4)
+    assert [s.rounds for s in stages] == [2, 3] and stages[0].name == "warmup"
+    warm, rest = (_cpu(name, s.name) for s in stages)
+    assert warm == 1.0 and rest > 1.0
     steps, _, measured = run_work(run)
     per_round = 4 * 2 * math.ceil(1347 / 4 / 16)
-    assert measured and steps == pytest.approx(per_round * (2 + 3 * METHODS[name].round_cost))
+    assert measured and steps == pytest.approx(per_round * (2 * warm + 3 * rest))
 
 
-def test_unmeasured_method_counts_one_and_is_flagged(monkeypatch):
+def test_unmeasured_method_counts_one_and_is_flagged(monkeypatch, tmp_path):
     fedavg, _, _ = run_work(_run({"name": "fedavg"}))
-    monkeypatch.setattr(METHODS["fedprox"], "round_cost", None)
+    raw = json.loads(method_costs.SHIPPED_METHOD_COSTS.read_text())
+    del raw["methods"]["fedprox"]
+    (tmp_path / "costs.json").write_text(json.dumps(raw))
+    monkeypatch.setattr(method_costs, "SHIPPED_METHOD_COSTS", tmp_path / "costs.json")
     other, _, measured = run_work(_run({"name": "fedprox", "mu": 0.01}))
     assert not measured and other == pytest.approx(fedavg)
 

@@ -54,6 +54,12 @@ def test_fnl_plan_gpu_h200_on_a_cpu_prices_every_table_from_the_h200_only(tmp_pa
     assert fnl(["plan", "--scale", "paper", "--gpu", "h200", "--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert TOTAL.match(out[-1]), out[-1]
+    # every method's round cost on the GPU is a counted one, never a CPU's time ratio
+    start = next(i for i, ln in enumerate(out) if ln.startswith("method round costs")) + 1
+    block = out[start:out.index("", start)]
+    listed = [ln for ln in block if re.match(r"^  [a-z_0-9]+: ", ln)]
+    assert len(listed) >= 20 and all("[counted]" in ln for ln in listed), block
+    assert not any("[cpu time]" in ln or "[unmeasured]" in ln for ln in block), block
     shape_lines = [ln for ln in out if re.match(r"^\s+\d+\.\d+\s+\d+\.\d+\s+\d+\s+[\d.]+\s+\S+\s+\S+\|", ln)]
     sources = [ln.rsplit("[", 1)[1].rstrip("]") for ln in shape_lines]
     assert len(shape_lines) == 13

@@ -15,10 +15,14 @@ A run's device time is estimated as
   shape once.
 * local steps of a client: ``local_epochs x ceil(n_k / batch_size)`` with ``n_k`` the mean
   client size (the partition's :meth:`expected_samples` over its clients).
-* the method's stages (:meth:`FLMethod.cost_stages`): FedCorr's and FedDiv's one-client
+* the method's stretches of rounds (:meth:`FLMethod.schedule`): FedCorr's and FedDiv's one-client
   rounds come on top of ``training.rounds``; ``factor`` is a round's cost over a FedAvg
-  round on the same clients, measured by ``benchmarks/bench_methods.py`` on the digits MLP
-  (``FLMethod.round_cost``; methods without a measurement count 1.0 and are flagged).
+  round on the same clients, per device kind (:mod:`fnlcore.app.method_costs`,
+  ``benchmarks/method_costs.json``): on a CPU the time ratio ``benchmarks/bench_methods.py``
+  measured on the digits MLP, on a GPU the ratios of dispatched ops and FLOPs counted over the
+  whole round (local steps and the method's extra passes) at the run's local steps, priced by
+  the GPU's step-time model;
+  a method or stretch without one counts 1.0 and is flagged.
 
 On a GPU (:class:`Pricing`) the plan prices the engine each run will use there
 (``training.engine: default`` batches where the method's stage batches, the images are in memory
@@ -30,7 +34,6 @@ A CPU plan prices the sequential engine, the CPU's default.
 
 Not modelled: data preparation, partitions, noise and FedNoRo's annotator networks (minutes
 against hours of training), reading and decoding on-disk images (224 and 512 pixel sets).
-A method's ``round_cost`` is still the digits MLP's on a CPU, on every device.
 """
 
 from __future__ import annotations
@@ -279,10 +282,12 @@ class RunCost:
 
     shape: StepShape
     seconds: float
-    factor_measured: bool  # the method's round cost comes from a benchmark (not the 1.0 default)
+    factor_measured: bool  # every stretch's round cost was measured or counted (not the 1.0 default)
     longest_round_s: float = 0.0
     flops: float = 0.0  # its local steps' and test passes' FLOPs, the floor's (0: not counted)
     at_once: int = 1  # the most clients one step trains (1: the sequential engine)
+    method: str = ""
+    factors: tuple = ()  # (stretch name, fnlcore.app.method_costs.Factor) of each stretch of the run
 
 
 def _data_shape(run, dataset_options: Mapping[str, Any] | None):
@@ -316,6 +321,7 @@ class StagePlan:
     factor: float  # the method's round cost over a FedAvg round
     evaluated: bool
     at_once: int = 1
+    source: Any = None  # the factor's fnlcore.app.method_costs.Factor
 
 
 @dataclass
@@ -324,12 +330,26 @@ class Pricing:
     use there, :func:`fnlcore.fl.rounds.effective_engine`); ``model``: the GPU's step-time model
     (:class:`fnlcore.app.gpu_cost.DeviceModel`: the batched step and estimated shapes); ``counts``:
     the shapes' ops and FLOPs (:class:`fnlcore.app.counts.ShapeCounts`: the floor, stackable
-    models, a client's memory); ``memory_bytes``: the device's memory (clients at once)."""
+    models, a client's memory); ``memory_bytes``: the device's memory (clients at once);
+    ``method_costs``: the methods' round costs (:class:`fnlcore.app.method_costs.MethodCosts`,
+    default the shipped file)."""
 
     device_type: str = "cpu"
     model: Any = None
     counts: Any = None
     memory_bytes: float | None = None
+    method_costs: Any = None
+
+    def factor(self, run, stretch: str, shape: StepShape, steps: float = 1.0):
+        """The round cost of ``run``'s stretch ``stretch``, ``steps`` local steps a client, on this device
+        (:mod:`fnlcore.app.method_costs`)."""
+        from .method_costs import MethodCosts
+
+        costs = self.method_costs or MethodCosts()
+        split = None
+        if self.device_type == "cuda" and self.model is not None:
+            split = self.model.split(shape, self.model.train_s(shape))
+        return costs.factor(run.method.name, run.method, stretch, self.device_type, split, steps)
 
     def stages(self, run, ds, shape: StepShape) -> list[StagePlan]:
         """The run's stages, each with the clients a step trains on this device."""
@@ -349,22 +369,28 @@ class Pricing:
         batched = (self.device_type == "cuda" and use_batched_engine(cls, effective_engine(t.engine, "cuda"))
                    and get_dataset(run.dataset).in_memory and (counts is None or counts["stackable"]))
         out = []
-        for st in cls.cost_stages(run.method, t, k):
+        for st in cls.schedule(run.method, t, k):
             stage = cls.stages.get(st.name)
+            f = self.factor(run, st.name, shape, t.local_epochs * per_epoch)
             at_once = 1
             if batched and (stage.batchable if stage is not None else True):
                 per_client = (client_bytes(counts["param_bytes"], counts["activation_bytes"], shape.batch_size,
                                            shape.optimizer, len(cls.networks)) if counts else None)
                 at_once = clients_at_once(t.batched_clients, st.clients, self.memory_bytes, per_client)
-            out.append(StagePlan(st.name, st.rounds, st.clients, t.local_epochs * per_epoch, st.factor,
-                                 st.evaluated, at_once))
+            out.append(StagePlan(st.name, st.rounds, st.clients, t.local_epochs * per_epoch, f.value,
+                                 st.evaluated, at_once, f))
         return out
 
     def price(self, run, ds, shape: StepShape, cost: StepCost) -> tuple[float, float, float, int]:
         """(device seconds of the run, of its longest round, its FLOPs, the most clients a step trains)."""
+        return self.priced(run, ds, shape, cost)[:4]
+
+    def priced(self, run, ds, shape: StepShape, cost: StepCost) -> tuple[float, float, float, int, tuple]:
+        """:meth:`price`'s figures and (stretch name, :class:`~fnlcore.app.method_costs.Factor`) of each stretch."""
         total, longest, flops, most = 0.0, 0.0, 0.0, 1
         counts = self.counts.of(shape) if self.counts is not None else None
-        for sp in self.stages(run, ds, shape):
+        stretches = self.stages(run, ds, shape)
+        for sp in stretches:
             if sp.at_once > 1 and self.model is not None:
                 steps = math.ceil(sp.clients / sp.at_once) * sp.steps * sp.factor
                 train = steps * self.model.group_step_s(shape, cost.train_s, sp.at_once)
@@ -374,25 +400,30 @@ class Pricing:
             total += sp.rounds * one
             longest = max(longest, one if sp.rounds else 0.0)
             most = max(most, sp.at_once)
-            if counts is not None:  # a lower bound: a method's extra passes (its round_cost, a CPU's time ratio) not counted
+            if counts is not None:  # a lower bound: a method's extra passes not counted
                 flops += sp.rounds * (sp.clients * sp.steps * counts["flops"]
                                       + (ds.n_test * counts["eval_flops"] if sp.evaluated else 0.0))
-        return total, longest, flops, most
+        return total, longest, flops, most, tuple((sp.name, sp.source) for sp in stretches)
 
 
 def _work(run, ds) -> tuple[float, int, bool]:
+    """(weighted client steps, test samples scored, every factor measured), at a CPU's round costs."""
     from ..methods import METHODS
+    from .method_costs import MethodCosts
 
     t = run.training
     k = run.partition.num_clients
     n_k = run.partition.expected_samples(ds.n_train) / k
     per_epoch = math.floor(n_k / t.batch_size) if t.drop_last else math.ceil(n_k / t.batch_size)
     cls = METHODS[run.method.name]
-    steps, evaluated = 0.0, 0
-    for st in cls.cost_stages(run.method, t, k):
-        steps += st.rounds * st.clients * t.local_epochs * per_epoch * st.factor
+    costs = MethodCosts()
+    steps, evaluated, measured = 0.0, 0, True
+    for st in cls.schedule(run.method, t, k):
+        f = costs.factor(run.method.name, run.method, st.name, "cpu")
+        steps += st.rounds * st.clients * t.local_epochs * per_epoch * f.value
         evaluated += st.rounds if st.evaluated else 0
-    return steps, evaluated * ds.n_test, cls.round_cost is not None
+        measured = measured and f.measured
+    return steps, evaluated * ds.n_test, measured
 
 
 def step_shape(run, dataset_options: Mapping[str, Any] | None = None) -> StepShape:
@@ -408,13 +439,12 @@ def run_work(run, dataset_options: Mapping[str, Any] | None = None) -> tuple[flo
 def estimate_run(run, calibration: Calibration, dataset_options: Mapping[str, Any] | None = None,
                  pricing: Pricing | None = None) -> RunCost:
     """The run's estimate (its step shape measured first where the calibration lacks it)."""
-    from ..methods import METHODS
-
     ds = _data_shape(run, dataset_options)
     shape = _step_shape(run, ds)
     c = calibration.cost(shape)
-    seconds, longest, flops, at_once = (pricing or Pricing()).price(run, ds, shape, c)
-    return RunCost(shape, seconds, METHODS[run.method.name].round_cost is not None, longest, flops, at_once)
+    seconds, longest, flops, at_once, factors = (pricing or Pricing()).priced(run, ds, shape, c)
+    return RunCost(shape, seconds, all(f.measured for _, f in factors), longest, flops, at_once,
+                   run.method.name, factors)
 
 
 # -- a plan's report -------------------------------------------------------------------------
@@ -567,6 +597,42 @@ def device_label(description: str) -> tuple[str, str]:
     return short, ("GPU-hours" if short.startswith("cuda") else "CPU core-hours")
 
 
+def method_factor_lines(cost: CostEstimate) -> list[str]:
+    """The plan's round cost of each method's stretches on the device priced, and where each came from
+    (:mod:`fnlcore.app.method_costs`); a GPU's counted factor varies with the shape: its range."""
+    from .method_costs import COUNT_COMMAND, MethodCosts
+
+    seen: dict[str, dict[str, list]] = {}
+    for rc in cost.runs.values():
+        for stretch, f in rc.factors:
+            seen.setdefault(rc.method, {}).setdefault(stretch, []).append(f)
+    kinds = {f.kind for per in seen.values() for fs in per.values() for f in fs}
+    costs = (cost.pricing.method_costs if cost.pricing is not None else None) or MethodCosts()
+    lines = ["method round costs (x a FedAvg round on the same clients, per stretch of the method's rounds; "
+             f"{costs.path.name}), [source]:"]
+    if "counted" in kinds:
+        lines.append("  [counted] the ratios of ops dispatched and of matrix FLOPs over a whole round (local steps and "
+                     f"the method's extra passes) to FedAvg's, counted on the CPU at the reference run ({costs.reference()}), "
+                     "weighted by this GPU's fitted time per op and per FLOP at each run's shape (a range over shapes)")
+    if "cpu time" in kinds:
+        lines.append("  [cpu time] a round's seconds over FedAvg's, measured on the digits MLP on a CPU "
+                     "(benchmarks/bench_methods.py)")
+    if "unmeasured" in kinds:
+        how = (f"`{COUNT_COMMAND.format(name='NAME')}` counts a method" if cost.pricing is not None
+               and cost.pricing.device_type == "cuda" else "`python benchmarks/bench_methods.py --methods fedavg "
+               f"NAME` measures a method's CPU time ratio (its `cpu` entry in {costs.path.name})")
+        lines.append(f"  [unmeasured] 1.0 (FedAvg's): {how}")
+
+    def shown(fs: list) -> str:
+        lo, hi = f"{min(f.value for f in fs):.2f}", f"{max(f.value for f in fs):.2f}"
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    for name, per in sorted(seen.items()):
+        parts = [f"{stretch} {shown(fs)} [{'/'.join(sorted({f.kind for f in fs}))}]" for stretch, fs in per.items()]
+        lines.append(f"  {name}: " + ", ".join(parts))
+    return lines
+
+
 def format_estimate(cost: CostEstimate, calibration: Calibration, scale: str, resources=None) -> str:
     """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.resource_columns`).
     Every figure is of one device, named in the header; the last line is the total."""
@@ -642,8 +708,7 @@ def format_estimate(cost: CostEstimate, calibration: Calibration, scale: str, re
         lines += ["", f"{len(estimated)} of {len(by_shape)} step costs are estimated from the shapes this device "
                   "measured (dispatched ops and FLOPs counted on the CPU: benchmarks/shape_counts.json); "
                   "`fnl plan --device cuda --recalibrate` on such a GPU measures them"]
-    lines += ["", "method round costs (x a FedAvg round, the methods' round_cost): measured on the digits MLP on a "
-              "CPU (benchmarks/bench_methods.py), not on this device"]
+    lines += ["", *method_factor_lines(cost)]
     if cost.unmeasured:
         listed = ", ".join(f"{m} ({n})" for m, n in sorted(cost.unmeasured.items()))
         lines += [f"round cost not measured, counted as FedAvg's (runs): {listed}"]

@@ -100,7 +100,7 @@ def shortened(run, spec: dict):
     if (spec["per_round"] or spec.get("pass_clients")) and "frac1" in {f.name for f in dataclasses.fields(params)}:
         params = dataclasses.replace(params, frac1=0.5)  # a pass in two groups, each capped
     settings = dataclasses.replace(t, rounds=rounds, local_epochs=1)
-    total = sum(st.rounds for st in METHODS[params.name].cost_stages(params, settings, run.partition.num_clients))
+    total = sum(st.rounds for st in METHODS[params.name].schedule(params, settings, run.partition.num_clients))
     return dataclasses.replace(settings, checkpoint_every=max(1, total // 2)), params
 
 

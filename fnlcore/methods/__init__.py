@@ -8,7 +8,7 @@ See :mod:`fnlcore.methods.base` for the method contract.
 from ..fl.contract import Batch, ClientUpdate, LocalJob, Phase, Stage
 from ..fl.persist import ClientStore
 from .base import METHODS, FLMethod, MethodParams, method_from_dict
-from .costs import CostStage
+from .schedule import Stretch
 
-__all__ = ["METHODS", "Batch", "ClientStore", "ClientUpdate", "CostStage", "FLMethod", "LocalJob", "MethodParams",
-           "Phase", "Stage", "method_from_dict"]
+__all__ = ["METHODS", "Batch", "ClientStore", "ClientUpdate", "FLMethod", "LocalJob", "MethodParams",
+           "Phase", "Stage", "Stretch", "method_from_dict"]

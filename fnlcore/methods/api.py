@@ -29,12 +29,13 @@ from ..fl.state import State, load, parameter_keys, per_tensor_distance, snapsho
 from ..registry import param
 from ..syncs import host_side
 from .base import METHODS, FLMethod, MethodParams
-from .costs import CostStage, warm_up_then
+from .schedule import Stretch, warm_up_then
 
 __all__ = [
-    "assign_clients_", "Batch", "ClientStore", "ClientUpdate", "ConfigError", "CostStage", "FLMethod", "FNLError",
-    "LocalJob", "METHODS", "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "clients_cross_entropy",
-    "clients_mean", "draw_device", "draw_predict", "evaluate", "forward_bounded", "host_side", "load", "masked_mean", "on",
-    "param", "numerics", "parameter_keys", "per_tensor_distance", "predict", "sampling", "snapshot", "warm_up_then",
+    "assign_clients_", "Batch", "ClientStore", "ClientUpdate", "ConfigError", "FLMethod", "FNLError",
+    "LocalJob", "METHODS", "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "Stretch",
+    "clients_cross_entropy", "clients_mean", "draw_device", "draw_predict", "evaluate", "forward_bounded",
+    "host_side", "load", "masked_mean", "on", "param", "numerics", "parameter_keys", "per_tensor_distance",
+    "predict", "sampling", "snapshot", "warm_up_then",
     "weighted_average",
 ]

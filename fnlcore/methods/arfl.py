@@ -180,8 +180,6 @@ class ARFL(FLMethod):
     Params = ARFLParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "Fu et al. 2019; baseline (via FedCorr) in FedDiv"
-    # benchmarks/README.md, bench_methods.py: grows with the model: its robust aggregation is per coordinate
-    round_cost = 1.35
 
     persistent = ("weight_sum", "times_selected")
 

@@ -23,7 +23,7 @@ A method declares:
   ``client_results``.
 
 Shared pieces live beside, not in methods: :mod:`.parts`, :mod:`.logit_adjust`, :mod:`.multilabel`,
-:mod:`.costs`.
+:mod:`.schedule`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from ..fl.context import RunContext
 from ..fl.persist import ClientStore, load_method_state, method_state, persistent_names
 from ..fl.state import RunningAverage, load
 from ..spec import Spec
-from .costs import CostStage
+from .schedule import Stretch
 from .multilabel import client_active_classes, client_pos_weights, partial_bce
 
 
@@ -72,10 +72,6 @@ class FLMethod:
     # Label kinds the method trains on: "single" (one class per sample) and/or "multi"
     # (multi-label, FedMLP's partial labels). Running on another kind is a ConfigError.
     label_kinds: ClassVar[tuple[str, ...]] = ("single",)
-    # Seconds of a round over a FedAvg round on the same clients, as benchmarks/bench_methods.py
-    # measures it (digits MLP, CPU; benchmarks/README.md). None: not measured; `fnl plan`
-    # counts 1.0 and flags the estimate.
-    round_cost: ClassVar[float | None] = None
     # Global networks, aggregated by name; the first is evaluated unless eval_model says otherwise.
     networks: ClassVar[tuple[str, ...]] = ("model",)
     # Working networks of a client besides copies of the global ones (loaded by the stage's prepare).
@@ -113,11 +109,13 @@ class FLMethod:
                             "rename the method")
 
     @classmethod
-    def cost_stages(cls, params: MethodParams, settings, num_clients: int) -> list[CostStage]:
-        """The run's rounds for the cost model: one stage of ``training.rounds`` by default;
-        a method whose rounds differ in clients or cost (FedCorr, FedDiv) lists its stages."""
+    def schedule(cls, params: MethodParams, settings, num_clients: int) -> list[Stretch]:
+        """The run's rounds as stretches (:class:`~fnlcore.methods.schedule.Stretch`), in order: one of
+        ``training.rounds`` by default; a method whose rounds differ in clients or in what they do
+        (FedCorr, FedDiv, FedNoRo, DivideMix) lists its stretches. What each costs is `fnl plan`'s
+        (fnlcore.app.method_costs)."""
         m = sampling.clients_per_round(num_clients, settings.client_fraction)
-        return [CostStage("main", settings.rounds, m, cls.round_cost or 1.0)]
+        return [Stretch("main", settings.rounds, m)]
 
     def __init__(self, params: MethodParams, ctx: RunContext):
         check_label_kind(type(self), ctx.data.multi_label)
@@ -249,7 +247,7 @@ def check_label_kind(cls: type[FLMethod], multi_label: bool, where: str = "") ->
                       f"{', '.join(fits) or '(none)'}")
 
 
-__all__ = ["ClientStore", "CostStage", "FLMethod", "MethodParams", "check_label_kind", "method_from_dict", "METHODS"]
+__all__ = ["ClientStore", "FLMethod", "MethodParams", "Stretch", "check_label_kind", "method_from_dict", "METHODS"]
 
 
 #: config name -> method class; every module of fnlcore.methods is imported on first use,

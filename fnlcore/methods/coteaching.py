@@ -68,7 +68,6 @@ def exchanged_losses(l1: torch.Tensor, l2: torch.Tensor, m: torch.Tensor,
 class Coteaching(FLMethod):
     Params = CoteachingParams
     paper = "Han et al. 2018 (Co-teaching); FL-Coteaching in FedGR"
-    round_cost = 2.0  # benchmarks/README.md, bench_methods.py
     networks = ("net1", "net2")
 
     def __init__(self, params: CoteachingParams, ctx):

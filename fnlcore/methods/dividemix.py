@@ -163,14 +163,11 @@ class EnsembleModel(torch.nn.Module):
 class DivideMix(FLMethod):
     Params = DivideMixParams
     paper = "Li et al. 2020 (ICLR), inside FL; baseline in FedGR (FL-DivideMix) and FedDiv (via FedCorr)"
-    # benchmarks/README.md, bench_methods.py: the co-divide rounds (two networks, GMMs, MixMatch);
-    # the warm-up rounds about 1.0x (cost_stages)
-    round_cost = 3.0
     networks = ("net1", "net2")
 
     @classmethod
-    def cost_stages(cls, params, settings, num_clients):
-        return warm_up_then(cls, params.warmup_rounds, settings, num_clients, "dividemix")
+    def schedule(cls, params, settings, num_clients):
+        return warm_up_then(params.warmup_rounds, settings, num_clients, "dividemix")
 
     def __init__(self, params: DivideMixParams, ctx):
         super().__init__(params, ctx)

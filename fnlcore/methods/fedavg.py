@@ -21,4 +21,3 @@ class FedAvg(FLMethod):
     Params = FedAvgParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "McMahan et al. 2017; baseline in all five papers"
-    round_cost = 1.0  # the unit of benchmarks/bench_methods.py's ratios

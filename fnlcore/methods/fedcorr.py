@@ -154,13 +154,10 @@ class FedCorr(LogitAdjusted, GroupPasses, FLMethod):
     Params = FedCorrParams
     paper = "FedCorr (CVPR'22); baseline in FedNoRo (IJCAI'23, also +LA) and FedDiv"
     reported_stages = ("finetune", "usual")
-    # benchmarks/README.md, bench_methods.py: usual and fine-tuning rounds; a pre-processing
-    # round trains one client at 1.4x its FedAvg cost (cost_stages)
-    round_cost = 1.31
     persistent = ("groups", "lid_acc", "lid_client", "losses", "noise_level", "noisy_set", "candidates",
                   "finetune_skipped")
     passes_param = "iterations1"
-    pass_stage = ("preprocess", 1.4)  # cost_stages (then fine-tuning, whose rounds train min(m, candidates))
+    pass_stage = "preprocess"  # schedule (then fine-tuning, whose rounds train min(m, candidates))
 
     def __init__(self, params: FedCorrParams, ctx):
         super().__init__(params, ctx)

@@ -267,13 +267,10 @@ class FedDiv(GroupPasses, FLMethod):
     Params = FedDivParams
     paper = "FedDiv (AAAI'24)"
     reported_stages = ("main",)
-    # benchmarks/README.md, bench_methods.py: main rounds; a warm-up round trains one client at
-    # 1.5x its FedAvg cost (cost_stages)
-    round_cost = 1.33
     persistent = ("global_filter", "filter_cache", "cached", "local_filters", "priors", "counts", "delta_hat",
                   "debiased", "warmup_groups")
     passes_param = "warmup_iterations"
-    pass_stage = ("warmup", 1.5)  # cost_stages
+    pass_stage = "warmup"  # schedule
 
     def __init__(self, params: FedDivParams, ctx):
         super().__init__(params, ctx)

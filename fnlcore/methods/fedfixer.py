@@ -161,7 +161,6 @@ def mix_aggregate(old: State, weighted: Iterable[tuple[State, float]], gamma: fl
 class FedFixer(FLMethod):
     Params = FedFixerParams
     paper = "Ji et al. 2024 (AAAI), FedFixer; baseline in FedGR"
-    round_cost = 6.8  # benchmarks/README.md, bench_methods.py (the personalised and global models both train)
     client_networks = ("theta",)  # the personalised model θ, kept per client while it trains
     persistent = ("personal",)
 

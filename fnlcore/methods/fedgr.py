@@ -76,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import (
-    clients_cross_entropy, clients_mean, ClientStore, CostStage, FLMethod, forward_bounded, load, LocalJob,
+    clients_cross_entropy, clients_mean, ClientStore, FLMethod, forward_bounded, load, LocalJob,
     MethodParams, on, OneCopy, param, Phase, METHODS, sampling, StackedBatch, Stage,
 )
 from .parts import check_rounds_left, fit_two_gaussians
@@ -224,17 +224,9 @@ class _JobInfo:
 class FedGR(FLMethod):
     Params = FedGRParams
     paper = "FedGR: Learning Locally, Revising Globally (ICML 2026)"
-    # benchmarks/README.md, bench_methods.py: the strong view (RandAugment + Cutout) dominates
-    # a CPU round; 1.75x with `strong_aug: false` (cost_stages)
-    round_cost = 9.47
     client_networks = ("ema",)  # the selected client's EMA model
     persistent = ("noisy_labels", "loss_mean", "loss_count", "clean_prob", "noisy_flag", "has_reliable", "ema",
                   "sampler")
-
-    @classmethod
-    def cost_stages(cls, params, settings, num_clients):
-        (main,) = super().cost_stages(params, settings, num_clients)
-        return [main if params.strong_aug else CostStage(main.name, main.rounds, main.clients, 1.75)]
 
     def __init__(self, params: FedGRParams, ctx):
         super().__init__(params, ctx)

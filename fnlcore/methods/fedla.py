@@ -24,9 +24,6 @@ class FedLAParams(MethodParams):
 class FedLA(LogitAdjusted, FLMethod):
     Params = FedLAParams
     paper = "FedNoRo (IJCAI'23) baseline"
-    # FedAvg's local work with a shifted CE (benchmarks/README.md, bench_methods.py measured
-    # 0.54-0.78x: the noise of a 0.15 s round)
-    round_cost = 1.0
 
     def begin_round(self, r: int) -> None:
         super().begin_round(r)

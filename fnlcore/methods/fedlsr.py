@@ -71,7 +71,6 @@ def fedlsr_loss(z1, z2, y, lam, gamma_t: float, p: FedLSRParams, mask: torch.Ten
 class FedLSR(FLMethod):
     Params = FedLSRParams
     paper = "Jiang et al. (CIKM'22); baseline in FedNoRo and FedMLP"
-    round_cost = 2.0  # benchmarks/README.md, bench_methods.py
 
     def loss(self, sb: StackedBatch):
         z1, z2 = sb.forward(sb.views["weak:1"]), sb.forward(sb.views["weak:2"])

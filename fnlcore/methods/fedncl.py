@@ -166,7 +166,6 @@ def confident_relabel(probs: torch.Tensor, noisy_labels: torch.Tensor, eta: floa
 class FedNCL(FLMethod):
     Params = FedNCLParams
     paper = "Fed-NCL (Tam et al., TNNLS)"
-    round_cost = 1.0  # benchmarks/README.md, bench_methods.py
 
     persistent = ("counts", "in_correction", "last_noisy", "original")
 

@@ -91,14 +91,11 @@ class FedNoRo(LogitAdjusted, FLMethod):
     Params = FedNoRoParams
     paper = "FedNoRo (IJCAI'23)"
     reported_stages = ("stage2",)  # the code's Best/Last skip the warm-up rounds (fednoro.md §6)
-    # benchmarks/README.md, bench_methods.py: stage 2 (DaAgg, per-client LA, distances);
-    # warm-up rounds about 1.0x (cost_stages)
-    round_cost = 1.4
     persistent = ("noisy", "loss_matrix")
 
     @classmethod
-    def cost_stages(cls, params, settings, num_clients):
-        return warm_up_then(cls, params.warmup_rounds, settings, num_clients, "stage2")
+    def schedule(cls, params, settings, num_clients):
+        return warm_up_then(params.warmup_rounds, settings, num_clients, "stage2")
 
     def __init__(self, params: FedNoRoParams, ctx):
         super().__init__(params, ctx)

@@ -67,7 +67,6 @@ def gmm_detection_rates(features: np.ndarray, truth: np.ndarray, seeds: int, noi
 class FedNoRoDetection(LogitAdjusted, FLMethod):
     Params = FedNoRoDetectionParams
     paper = "FedNoRo (IJCAI'23) Table 3: noisy-client detection indicators"
-    round_cost = 1.4  # as FedNoRo's stage 2 (benchmarks/README.md, bench_methods.py)
     persistent = ("features", "rates")
 
     def __init__(self, params, ctx):

@@ -33,7 +33,6 @@ class FedProxParams(MethodParams):
 class FedProx(FLMethod):
     Params = FedProxParams
     paper = "Li et al. 2020; baseline in FedNoRo, Fed-NCL, FedGR, FedDiv"
-    round_cost = 1.5  # benchmarks/README.md, bench_methods.py: 1.54x with FedCorr's mu = 1 form, 1.51x with mu = 0.01
 
     def begin_round(self, r: int) -> None:
         super().begin_round(r)

@@ -28,7 +28,6 @@ def gce_per_sample(logits: torch.Tensor, y: torch.Tensor, q: float) -> torch.Ten
 class GCE(FLMethod):
     Params = GCEParams
     paper = "Zhang & Sabuncu, NeurIPS 2018 (generalized cross-entropy); FedAvg's server; FNBench and FedNoisy baseline"
-    round_cost = 1.0  # FedAvg's round with another per-sample loss
 
     def loss(self, sb):  # the one loss form: each client's mean over its real rows -> (K,)
         per = gce_per_sample(sb.logits.flatten(0, 1), self.labels(sb.idx.reshape(-1)), self.params.q)

@@ -95,9 +95,6 @@ class GeometricMedian(FLMethod):
     Params = GeometricMedianParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "RFA: Pillutla et al., IEEE TSP 2022 (smoothed Weiszfeld as krishnap25/RFA's code)"
-    # bench_methods.py (digits MLP, 10 clients, 20 rounds, seeds 1 2, load 6): 0.94x FedAvg's round; the
-    # server step (2 x (max_iter + 1) passes over n states) is small next to local training there
-    round_cost = 1.0
 
     def aggregate(self, r: int, updates) -> None:
         ups = list(updates)  # every Weiszfeld iteration reads every client's state

@@ -101,7 +101,6 @@ def history_mean(history: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 class JointOpt(FLMethod):
     Params = JointOptParams
     paper = "Tanaka et al. 2018; baseline (via FedCorr) in FedDiv"
-    round_cost = 1.65  # benchmarks/README.md, bench_methods.py
     persistent = ("soft", "history", "counts")
 
     def __init__(self, params: JointOptParams, ctx):

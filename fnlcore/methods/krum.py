@@ -112,9 +112,6 @@ class Krum(FLMethod):
     Params = KrumParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "Blanchard et al., NeurIPS 2017 (Krum, Multi-Krum); no official code"
-    # bench_methods.py (digits MLP, 10 clients, 20 rounds, seeds 1 2, load 6): 0.95x FedAvg's round; the
-    # server step is small next to local training there (it grows as n^2 d: n clients, d coordinates)
-    round_cost = 1.0
 
     def __init__(self, params: KrumParams, ctx):
         super().__init__(params, ctx)

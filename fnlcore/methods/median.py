@@ -66,9 +66,6 @@ class Median(FLMethod):
     Params = MedianParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "Yin et al., ICML 2018 (coordinate-wise median); no official code"
-    # bench_methods.py (digits MLP, 10 clients, 20 rounds, seeds 1 2, load 6): 0.99x FedAvg's round; the
-    # server step (a sort of n values per coordinate) is small next to local training there
-    round_cost = 1.0
 
     def aggregate(self, r: int, updates) -> None:
         states = [u.state for u in updates]  # the median needs every client's value of each coordinate

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .api import ConfigError, CostStage, draw_device, draw_predict, host_side, masked_mean, on, predict
+from .api import ConfigError, draw_device, draw_predict, host_side, masked_mean, on, predict, Stretch
 from .api import numerics
 
 
@@ -122,14 +122,13 @@ class GroupPasses:
     training round 0's learning rate. The method's ``__init__`` calls :meth:`init_passes`."""
 
     passes_param: ClassVar[str]  # the hyper-parameter counting the passes
-    pass_stage: ClassVar[tuple[str, float]]  # their cost stage: name, a round's cost over a FedAvg round
+    pass_stage: ClassVar[str]  # the name of their stretch of the schedule
 
     @classmethod
-    def cost_stages(cls, params, settings, num_clients):
+    def schedule(cls, params, settings, num_clients):
         per_group, groups = group_shape(num_clients, params.frac1, params.name)
-        name, factor = cls.pass_stage
-        passes = CostStage(name, getattr(params, cls.passes_param) * groups, per_group, factor, evaluated=False)
-        return [passes, *super().cost_stages(params, settings, num_clients)]
+        passes = Stretch(cls.pass_stage, getattr(params, cls.passes_param) * groups, per_group, evaluated=False)
+        return [passes, *super().schedule(params, settings, num_clients)]
 
     def init_passes(self) -> None:
         self.groups_per_iteration = group_shape(self.ctx.data.num_clients, self.params.frac1, self.params.name)[1]

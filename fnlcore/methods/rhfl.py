@@ -55,7 +55,6 @@ def ccr_aggregation_weights(prev: np.ndarray, cur: np.ndarray, beta_c: float) ->
 class RHFL(FLMethod):
     Params = RHFLParams
     paper = "Fang & Ye (CVPR'22) as FedNoRo's baseline: CCR + FedAvg"
-    round_cost = 1.1  # benchmarks/README.md, bench_methods.py
 
     persistent = ("prev_loss",)
 

@@ -177,7 +177,6 @@ def logits_and_features(ctx, model: torch.nn.Module, idx: torch.Tensor) -> tuple
 class RoFL(FLMethod):
     Params = RoFLParams
     paper = "Yang et al. 2022; baseline in FedNoRo and (via FedCorr) FedDiv"
-    round_cost = 2.17  # benchmarks/README.md, bench_methods.py
 
     persistent = ("f_g",)
 

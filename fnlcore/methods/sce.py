@@ -28,7 +28,6 @@ class SCEParams(MethodParams):
 class SCE(FLMethod):
     Params = SCEParams
     paper = "Wang et al., ICCV 2019 (symmetric cross-entropy); FedAvg's server; FNBench baseline"
-    round_cost = 1.0  # FedAvg's round with another per-sample loss
 
     def loss(self, sb):  # each client's mean per-sample loss over its real rows
         p = self.params

@@ -74,7 +74,6 @@ class TrimmedMean(FLMethod):
     Params = TrimmedMeanParams
     label_kinds = ("single", "multi")  # multi-label: the engine's default loss (FedMLP's FedAvg)
     paper = "Yin et al. 2018, as in Fed-NCL's code; baseline of Fed-NCL Tables I-III"
-    round_cost = 1.11  # benchmarks/README.md, bench_methods.py
 
     def __init__(self, params: TrimmedMeanParams, ctx):
         super().__init__(params, ctx)

@@ -173,17 +173,26 @@ def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.cpu() for k, v in state.items()}
 
 
+def tiny_method(name: str, engine: str, arrays: dict, run: TinyRun, device: torch.device,
+                overrides: dict | None = None):
+    """(method, simulation) of the short run of method ``name`` on ``device`` (:func:`tiny_params`'
+    hyper-parameters, then ``overrides``), ready to run."""
+    cls = METHODS[name]
+    multi = arrays["active"] is not None
+    params, settings = tiny_params(cls, run.settings(engine, multi))
+    if overrides:
+        params = dataclasses.replace(params, **overrides)
+    ctx = build_context(tiny_data(arrays, device), "device-check", (run.size, run.size), 3, settings, 0, device,
+                        log=lambda m: None)
+    method = cls(params, ctx)
+    return method, Simulation(method, ctx, progress=lambda m: None)
+
+
 def run_tiny(name: str, engine: str, arrays: dict, run: TinyRun, device: torch.device,
              count: bool = False) -> TinyResult:
     """One short run of method ``name`` on ``device``: the global models after the first and the
     last round, the per-round metrics, the stages entered and how many rounds the batched engine ran."""
-    cls = METHODS[name]
-    multi = arrays["active"] is not None
-    params, settings = tiny_params(cls, run.settings(engine, multi))
-    ctx = build_context(tiny_data(arrays, device), "device-check", (run.size, run.size), 3, settings, 0, device,
-                        log=lambda m: None)
-    method = cls(params, ctx)
-    sim = Simulation(method, ctx, progress=lambda m: None)
+    method, sim = tiny_method(name, engine, arrays, run, device)
     kept: dict[int, dict] = {}
     seen = {"stages": [], "batched": 0}
     end_round, last = method.end_round, method.num_rounds() - 1
