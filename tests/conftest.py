@@ -57,16 +57,44 @@ def pytest_unconfigure(config):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """tests/test_slurm.py first (the order of everything else unchanged).
+# The slowest files, slowest first (worker-seconds of a loaded --durations=0 run). With --dist
+# loadfile a worker takes a whole file and the next free worker the next file: a slow file
+# collected last runs alone at the end while the other worker idles. Keep the longest here;
+# a file left off only runs later, in its usual (alphabetical) place.
+SLOW_FILES_FIRST = (
+    "test_slurm.py",  # first: see pytest_collection_modifyitems
+    "test_run_identity.py",
+    "test_staleness.py",
+    "test_workflow.py",
+    "test_one_writer.py",
+    "test_paper_tables.py",
+    "test_run_group_workflow.py",
+    "test_recovery.py",
+    "test_op_counts.py",
+    "test_run_group.py",
+    "test_device_check.py",
+    "test_rehearse.py",
+    "test_user_path.py",
+    "test_bad_input.py",
+    "test_resources.py",
+    "test_golden.py",
+    "test_user_path_logs.py",
+    "test_batched_contract.py",
+)
 
-    Its session fixture starts a local Slurm that stays up until the session ends. Where Slurm
-    is installed but not running, every `snakemake` start waits ~9 s: the Slurm executor
-    plugin, imported by Snakemake's command line, runs `scontrol show config` at import, which
-    retries the absent controller for MessageTimeout (10 s). With the Slurm tests first, the
-    later Snakemake starts find the controller up and pay nothing.
+
+def pytest_collection_modifyitems(session, config, items):
+    """tests/test_slurm.py first, then the other SLOW_FILES_FIRST in their order, then the rest
+    (their order unchanged). pyproject's --no-loadscope-reorder makes xdist keep this order.
+
+    Slurm first: its session fixture starts a local Slurm that stays up until the session ends.
+    Where Slurm is installed but not running, every `snakemake` start waits ~9 s: the Slurm
+    executor plugin, imported by Snakemake's command line, runs `scontrol show config` at
+    import, which retries the absent controller for MessageTimeout (10 s). With the Slurm
+    tests first, the later Snakemake starts find the controller up and pay nothing.
     """
-    items.sort(key=lambda item: item.path.name != "test_slurm.py")  # stable: False (Slurm) first
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 def _shared_dir() -> Path:
