@@ -16,6 +16,12 @@ import os
 os.environ.setdefault("FNL_PLUGINS", "tests.support.plugins")
 _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_checkout, os.environ.get("PYTHONPATH", "")) if p)
+# The suite's scontrol first on PATH (tests/support/bin/scontrol): the real one where a Slurm controller
+# runs here, an immediate "unreachable" elsewhere, so a Snakemake start (whose Slurm plugin asks
+# `scontrol show config` at import) does not wait 10 s on an installed but stopped Slurm.
+_bin = os.path.join(_checkout, "tests", "support", "bin")
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
+    os.environ["PATH"] = os.pathsep.join(p for p in (_bin, os.environ.get("PATH", "")) if p)
 import shutil
 import subprocess
 import tempfile
@@ -87,11 +93,10 @@ def pytest_collection_modifyitems(session, config, items):
     """tests/test_slurm.py first, then the other SLOW_FILES_FIRST in their order, then the rest
     (their order unchanged). pyproject's --no-loadscope-reorder makes xdist keep this order.
 
-    Slurm first: its session fixture starts a local Slurm that stays up until the session ends.
-    Where Slurm is installed but not running, every `snakemake` start waits ~9 s: the Slurm
-    executor plugin, imported by Snakemake's command line, runs `scontrol show config` at
-    import, which retries the absent controller for MessageTimeout (10 s). With the Slurm
-    tests first, the later Snakemake starts find the controller up and pay nothing.
+    Slurm first: its session fixture starts a local Slurm that stays up until the session ends,
+    and it is the longest file. (Where Slurm is installed but not running, the Slurm executor
+    plugin's `scontrol show config` at each Snakemake start would wait 10 s for the absent
+    controller: the suite's scontrol, tests/support/bin, answers at once instead.)
     """
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
