@@ -20,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+import zipfile
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -158,8 +160,6 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
 def read_npz(path: str | os.PathLike, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     """The arrays ``keys`` of an ``.npz`` artifact (no pickles: object arrays are refused); an empty,
     truncated or corrupt file, or one lacking a key, raises :class:`DataError` naming it and the fix."""
-    import zipfile
-    import zlib
 
     try:
         with np.load(path, allow_pickle=False) as z:

@@ -28,6 +28,7 @@ import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+from . import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -60,7 +61,6 @@ def git_describe() -> str | None:
 
 def code_version() -> str:
     """``<fnlcore version>+src.<digest>``: equal exactly when the package's source is."""
-    from . import __version__
 
     return f"{__version__}+src.{source_digest()}"
 

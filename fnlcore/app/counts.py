@@ -32,6 +32,8 @@ import torch
 
 from ..errors import ConfigError
 from ..fl.footprint import OpCounter
+from ..fl.stacked import check_stackable
+from .cost import build_step
 
 COUNTS_VERSION = 1
 COUNT_BATCH = 2  # BatchNorm needs more than one sample a batch in training mode
@@ -42,8 +44,6 @@ def count_shape(shape) -> dict[str, Any]:
     """The counts of one :class:`~fnlcore.app.cost.StepShape` (see the module docstring), on the CPU."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..fl.stacked import check_stackable
-    from .cost import build_step
 
     cpu = torch.device("cpu")
     step, model, pipeline, autocast = build_step(shape, cpu, batch_size=COUNT_BATCH, foreach=True)

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 from .measurements import batched_rounds, gpu_descriptions, shapes_measured, short_device
+from .step_shape import StepShape
 
 # NVIDIA H100 SXM datasheet: 989 TFLOP/s TF32 Tensor Core with sparsity, half of it dense.
 H100_TF32_DENSE_FLOPS = 494.7e12
@@ -48,7 +49,6 @@ def floor_seconds(flops: float) -> float:
 
 def shape_from_key(key: str):
     """The :class:`~fnlcore.app.cost.StepShape` of a shape key (``StepShape.key``'s inverse)."""
-    from .step_shape import StepShape
 
     parts = key.split("|")
     try:
@@ -78,7 +78,6 @@ class BatchedRow:
 
 def batched_measurements(path: str | os.PathLike | None = None) -> dict[str, list[BatchedRow]]:
     """device description -> its measured batched rounds (``batched`` of the step-cost file)."""
-    from .step_shape import StepShape
 
     names = {f.name for f in fields(StepShape)}
     out: dict[str, list[BatchedRow]] = {}

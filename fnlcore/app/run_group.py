@@ -32,9 +32,15 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import dataclasses
 
 from ..errors import EXIT_CONTINUE, ConfigError, FNLError
 from .runs import RUN_FILES
+from ..fl.settings import TrainSettings
+from ..io import write_json
+from ..methods import METHODS
+from .results_lock import lock_run, note_refused_start, RunBusy
+from .train import run_journal, RunSpec
 
 GROUP_RECORD = "{results}/groups/{group}.json"
 IDENTITY_FILE = "identity.json"
@@ -119,7 +125,6 @@ def staged_complete(spec, identity: str) -> bool:
 
 def mark_staged(spec, identity: str) -> None:
     """Written last, after every staged output: the staging is complete."""
-    from ..io import write_json
 
     write_json({"identity": identity}, staged_dir(spec.checkpoint) / IDENTITY_FILE)
 
@@ -180,8 +185,6 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
     """Train one run of a group as its ``train`` job would, into its staging folder: the exit status
     (0 done, EXIT_CONTINUE stopped before ``deadline`` (epoch seconds) with a checkpoint; a run
     another live process holds is refused with 1, as a train job is)."""
-    from .results_lock import RunBusy, lock_run, note_refused_start
-    from .train import run_journal
 
     try:
         run_lock = lock_run(member.spec.checkpoint)
@@ -234,7 +237,6 @@ def _child_main() -> int:
 
 def member_to_json(m: Member) -> dict[str, Any]:
     """A member as plain data: its settings and method as the config entries that rebuild them."""
-    import dataclasses
 
     spec = {f.name: getattr(m.spec, f.name) for f in dataclasses.fields(m.spec)}
     spec["settings"] = dataclasses.asdict(m.spec.settings)
@@ -243,10 +245,6 @@ def member_to_json(m: Member) -> dict[str, Any]:
 
 
 def member_from_json(d: dict[str, Any]) -> Member:
-    from ..fl.settings import TrainSettings
-    from ..methods import METHODS
-    from .train import RunSpec
-
     spec = dict(d["spec"], settings=TrainSettings.from_dict(d["spec"]["settings"]),
                 method=METHODS.from_dict(d["spec"]["method"]))
     return Member(RunSpec(**spec), d["identity"], d["log"], d["tag"])
@@ -339,7 +337,6 @@ def train_group(members: Sequence[Member], record: str | os.PathLike, attempt: i
         return 1
     if any(r.status == "continues" for r in results):
         return EXIT_CONTINUE
-    from ..io import write_json
 
     write_json({"runs": [vars(r) for r in results]}, record)
     return 0

@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
+from ..provenance import other_code_runs
 
 # Options of the run that the report needs too: the same workflow, folder and configuration.
 _KEEP_ONE = {"--snakefile", "-s", "--directory", "-d"}
@@ -38,7 +39,6 @@ def finished_message(plan, argv: Sequence[str] | None = None, cwd: str | None = 
 def other_code_warning(plan) -> list[str]:
     """A line when runs of the plan's tables were made by another code version (a code change alone
     reruns nothing, so this is where it shows); `fnl status` and the table footers name them."""
-    from ..provenance import other_code_runs
 
     done = [f for f in (run.files(plan.results_dir)["metrics"] for run in plan.runs()) if Path(f).exists()]
     other = other_code_runs(done)

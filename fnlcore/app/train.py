@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+import json
 
 import numpy as np
 import pandas as pd
@@ -32,12 +33,16 @@ from ..io import atomic_path, write_parquet
 from ..provenance import MADE_BY_KEY, file_digest, made_by
 from .failures import failure_marker, run_attempt
 from .results_lock import results_holder
+from ..datasets import DATASETS, load_prepared
+from ..datasets.decoded_cache import cache_geometries, find_decoded_cache
+from ..logs import job_log
+from ..methods import METHODS
+from ..noise import read_noise
 
 
 def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
     """The papers' training augmentation for a dataset (fedcorr.md §1, fednoro.md §1, fedncl.md §4):
     the dataset's own (``DatasetInfo.augmentation``: CIFAR's crop+flip), else by size."""
-    from ..datasets import DATASETS
 
     info = DATASETS.get(dataset)
     if info is not None and info.augmentation:
@@ -61,7 +66,6 @@ def train_job_log(log_path: str | os.PathLike, checkpoint_path: str | os.PathLik
                   tag: str | None = None):
     """:func:`fnlcore.logs.job_log` of one training job: the run continues (its log starts with the
     earlier jobs' lines) when this is a retry (``attempt`` > 1) or a checkpoint is there to resume."""
-    from ..logs import job_log
 
     return job_log(log_path, tag=tag, journal=run_journal(checkpoint_path),
                    continued=attempt > 1 or Path(checkpoint_path).exists())
@@ -75,9 +79,6 @@ def load_federated_data(
 
     ``image_transform`` (training.image_transform): how images streamed from files are resized
     and cut per split (fnlcore.fl.pipeline.image_loading); in-memory sets are stored at size."""
-    from ..datasets import load_prepared
-    from ..datasets.decoded_cache import cache_geometries, find_decoded_cache
-    from ..noise import read_noise
 
     ds = load_prepared(data_dir)
     info = ds.info
@@ -191,7 +192,6 @@ def write_metrics(metrics: pd.DataFrame, path: str | os.PathLike) -> None:
     """A run's metrics as :func:`fnlcore.io.write_parquet` writes them, with the code version that
     made the run in the file's schema metadata (fnlcore.provenance.recorded_made_by reads it): the
     metrics are the run's completion mark, so the record is there exactly when the run is."""
-    import json
 
     write_parquet(metrics, path, metadata={MADE_BY_KEY: json.dumps(made_by(), sort_keys=True).encode()})
 
@@ -203,9 +203,6 @@ def _orphaned(results_dir: str | None, started_under: str | None) -> bool:
 
 
 def _train(spec: RunSpec, progress, stop_after, budget=None) -> pd.DataFrame:
-    from ..datasets import load_prepared
-    from ..methods import METHODS
-
     check_device(spec.device)  # a config error (not retried), not PyTorch's message
     started_under = results_holder(spec.results_dir) if spec.results_dir else None  # the workflow running it
     dev = resolve_device(spec.device)

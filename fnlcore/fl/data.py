@@ -23,6 +23,7 @@ import torch
 
 from ..assignment import ClientAssignment
 from .relabels import RelabelLog
+from ..imagefiles import ImageFiles
 
 
 # In-memory gathers are done in blocks of whole batches of about this many bytes (a view per batch).
@@ -100,7 +101,6 @@ class ImageSource:
     def _file_batches(self, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from torch.utils.data import DataLoader, Subset
 
-        from ..imagefiles import ImageFiles
 
         subset = Subset(ImageFiles(self.paths, self.image_size, self.channels, self.short_side, self.cache), order.tolist())
         loader = DataLoader(

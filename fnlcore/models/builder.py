@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..registry import Registry
 from ..safe_pickle import weights_only_refusal
 from . import cifar_resnet, small
+from ..tv_compat import import_torchvision
 
 
 class Classifier(nn.Module):
@@ -149,8 +150,6 @@ def _check_published_hash(path: str, url: str) -> None:
 
 def _resnet_tv(arch):
     def build(num_classes, in_channels, image_size, pretrained):
-        from ..tv_compat import import_torchvision
-
         tv = import_torchvision()
         net = getattr(tv.models, arch)(weights=None)
         if pretrained:
