@@ -32,8 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError, StorageError
 from ..io import atomic_path, ensure_free_space, write_json
-from ..fl.pipeline import image_loading
-from ..imagefiles import ImageFiles
+from ..imagefiles import ImageFiles, image_loading
 from .base import get_dataset, load_prepared, META_FILE
 from .rawfiles import image_size_setting
 
