@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from .datasets import DATASETS as REGISTRY
 from .fl.settings import TrainSettings
-from .methods import METHODS
 from .noise import NOISE_MODELS, noise_models_markdown
 from .partition import PARTITIONERS, partitioners_markdown
 
@@ -32,11 +31,14 @@ PAGES: dict[str, tuple[str, ...]] = {
 
 
 def methods_markdown() -> str:
+    from .methods import METHODS
+
     return METHODS.markdown(("name", "hyper-parameters (defaults)", "from", "code≠paper switches")).rstrip("\n")
 
 
 def batched_markdown() -> str:
     """Which built-in methods' stages the batched engine runs (from their stage tables)."""
+    from .methods import METHODS
 
     builtin = METHODS.builtin()
     rows, sequential = [], []
@@ -76,6 +78,7 @@ def datasets_markdown() -> str:
 
 def switches_markdown() -> str:
     """Every code≠paper switch of the built-in methods, noise models and partitioners, one line each."""
+    from .methods import METHODS
 
     lines = ["| kind | name | switch | code (default) vs paper |", "|---|---|---|---|"]
     for kind, registry in (("method", METHODS), ("noise model", NOISE_MODELS), ("partitioner", PARTITIONERS)):

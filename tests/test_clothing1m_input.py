@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fnlcore import augment
 from fnlcore.errors import ConfigError
 from fnlcore.fl.pipeline import InputPipeline, make_pipeline
-from fnlcore.imagefiles import ImageLoading, image_loading
+from fnlcore.image_transforms import ImageLoading, image_loading
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.imagefiles import ImageFiles, short_side_size
 from fnlcore.methods import METHODS

@@ -13,7 +13,6 @@ import re
 
 from .papers import PaperTable, TableRun
 from ..io import atomic_path
-from ..methods import METHODS
 from ..metrics import _curve, summarise
 from ..provenance import other_code_runs, other_code_text
 from ..tables import load_reported, render
@@ -22,6 +21,7 @@ from ..tables.curves import curve_stats
 def _run_rule(tr: TableRun, rule):
     """The metric's summary rule for one run: limited to the method's reported stages."""
 
+    from ..methods import METHODS
 
     stages = getattr(METHODS[tr.run.method.name], "reported_stages", None)
     return rule if rule.stages is not None or stages is None else replace(rule, stages=tuple(stages))

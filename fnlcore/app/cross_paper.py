@@ -33,7 +33,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 from ..io import write_csv
-from ..methods import METHODS
 from ..metrics import summarise
 from ..tables.reported import load_reported, place_reported
 from .build_table import _written_together, metric_definition
@@ -160,6 +159,7 @@ def _summary_rule(run: Any, rule: Any) -> Any:
 
     if rule.stages is not None:
         return rule
+    from ..methods import METHODS
 
     stages = getattr(METHODS[run.method.name], "reported_stages", None)
     return rule if stages is None else replace(rule, stages=tuple(stages))

@@ -19,7 +19,6 @@ from ..provenance import _plain, _stable_str
 from ..datasets import DATASETS
 from ..fl.settings import TrainSettings
 from ..spec import Spec
-from .annotate import annotator_training, AnnotatorSettings
 from .plan import DatasetSettings
 
 # -- the identity of a workflow job's settings ----------------------------------------------
@@ -91,6 +90,7 @@ def train_identity(training: Any, method: Any, dataset: str) -> str:
 def annotator_identity(settings: Any, dataset: str) -> str:
     """The identity of one of ``dataset``'s H-IDN annotators: its settings (fnlcore.app.annotate.AnnotatorSettings)
     and every resolved training setting it trains with, digested as a run's are."""
+    from .annotate import annotator_training
 
     return settings_identity(settings, annotator_training(settings, *_geometry(dataset)))
 
@@ -100,6 +100,7 @@ def noise_identity(spec: Any, dataset: str) -> str:
     (H-IDN), every resolved setting they train with, as in :func:`annotator_identity`."""
     if spec.annotator_slug() is None:
         return settings_identity(spec)
+    from .annotate import AnnotatorSettings, annotator_training
 
     settings = AnnotatorSettings.from_noise_spec(spec)
     return settings_identity(spec, annotator_training(settings, *_geometry(dataset)))

@@ -32,7 +32,6 @@ from ..fl.settings import TrainSettings
 from ..metrics import SummaryRule
 from ..registry import round_fields
 from .runs import PAPERS_DIR, REPORTED_DIR, SCALES_DIR, TABLE, TABLE_FILES, RunSpec
-from ..methods import method_from_dict
 from ..noise import noise_spec_from_dict
 from ..partition import partition_spec_from_dict, PARTITIONERS
 from ..schemas import load_yaml
@@ -186,6 +185,8 @@ def load_paper(paper: str, scale: Scale) -> list[PaperTable]:
 def _expand_table(
     paper: str, t: dict, scale: Scale, where: str, inherited: Mapping[str, str] | None = None
 ) -> PaperTable:
+    from ..methods import method_from_dict
+
     for k in ("id", "dataset", "partition", "training", "rows", "columns", "metrics"):
         if k not in t:
             raise ConfigError(f"{where}: missing key {k!r}")

@@ -29,11 +29,6 @@ from ..errors import ConfigError, FNLError
 from ..errors import located as _at
 from ..schemas import load_yaml
 from ..datasets import expected_shape, get_dataset
-from ..fl.device import check_device
-from ..fl.rounds import use_batched_engine
-from ..methods import METHODS
-from ..methods.base import check_label_kind
-from ..models import MODELS
 from ..noise import noise_spec_from_dict
 from ..partition import partition_spec_from_dict
 from ..tables.reported import check_reported
@@ -130,6 +125,7 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
 
     ``jobs_run_here``: the jobs run on this machine (not submitted to a cluster), so a CUDA
     ``device`` must exist here; for a cluster only the PyTorch build is checked."""
+    from ..fl.device import check_device
 
     results = str(config.get("results_dir", "results"))
     check_device(str(config.get("device", "auto")), here=jobs_run_here)
@@ -400,6 +396,10 @@ def _check_partition_fits(where: str, spec: Any, info: Any) -> None:
 
 
 def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -> None:
+    from ..methods import METHODS
+    from ..fl.rounds import use_batched_engine
+    from ..methods.base import check_label_kind
+
     check_label_kind(METHODS[spec.name], bool(info.multi_label), where)
     if training is not None:
         _check_model(where, training)
@@ -408,6 +408,7 @@ def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -
 
 def _check_model(where: str, training: Any) -> None:
     """The training's model is registered, with ImageNet weights when ``pretrained`` asks for them."""
+    from ..models import MODELS
 
     name = training.model
     if name == "auto":

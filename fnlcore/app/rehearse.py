@@ -30,13 +30,10 @@ from ..safe_files import open_regular
 from ..provenance import code_version
 from .measurements import MEASURED, read_rehearsal_rows, write_rehearsal_csv
 from ..fl import sampling
-from ..fl.device import check_device
 from ..fl.settings import TrainSettings
 from ..io import atomic_path
-from ..methods import method_from_dict, METHODS
 from ..noise import noise_spec_from_dict
 from ..partition import partition_spec_from_dict
-from .cost import _data_shape, _step_shape
 from .runs import RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +87,8 @@ class TrainingConfig:
 def training_config(run, dataset_options: Mapping[str, Any] | None = None) -> TrainingConfig:
     """The :class:`TrainingConfig` of a run of the plan (``Plan.runs()``); ``dataset_options``:
     the plan's options of the run's dataset (``plan.datasets[run.dataset].options``)."""
+    from ..methods import METHODS
+    from .cost import _data_shape, _step_shape
 
     ds = _data_shape(run, dataset_options)
     shape = _step_shape(run, ds)
@@ -225,6 +224,7 @@ def run_to_dict(run) -> dict:
 
 def run_from_dict(d: Mapping[str, Any]):
     """The RunSpec of :func:`run_to_dict`'s entries, through the validating spec constructors."""
+    from ..methods import method_from_dict
 
     if not isinstance(d, Mapping) or sorted(d) != sorted(_RUN_FIELDS):
         raise ConfigError(f"a run needs exactly the keys {list(_RUN_FIELDS)}")
@@ -371,6 +371,7 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
     ``earlier``: rows of configurations already rehearsed (:func:`earlier_rows`), kept in plan order
     (with ``only`` too) and not run again, so a rehearsal longer than one sitting goes on where it stopped.
     A device that cannot run here (``cuda`` without one) is refused before any work (a ConfigError)."""
+    from ..fl.device import check_device
 
     check_device(opts.device, where="--device")
     configs = distinct_configs(plan)

@@ -55,8 +55,6 @@ from ..errors import ConfigError
 from .measurements import (DEFAULT, OWN, Measured, device_memory_mb, gpu_descriptions, measured_on, own_rehearsal,
                            own_step_costs, rehearsal_with_sources, shipped_provenance, shipped_step_costs_path,
                            step_costs_with_sources)
-from .cost import _data_shape, _step_shape, gpu_step_costs, Pricing, step_shape, StepCost
-from .counts import ShapeCounts
 from .gpu_cost import find_gpu
 from .rehearse import training_config
 
@@ -157,6 +155,7 @@ class Resources:
 def _round_seconds(run, dataset_options, train_s: float, eval_s: float, pricing=None) -> tuple[float, float]:
     """(device seconds of the run, of its longest round) by the cost model (fnlcore/app/cost.py), on
     the engine ``pricing`` says the device runs (the sequential one without it)."""
+    from .cost import Pricing, StepCost, _data_shape, _step_shape
 
     ds = _data_shape(run, dataset_options)
     total, longest, _, _ = (pricing or Pricing()).price(run, ds, _step_shape(run, ds), StepCost(train_s, eval_s))
@@ -172,6 +171,7 @@ def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mappi
     ``mem_sources`` / ``cost_sources``: where each configuration's / shape's measurement came from.
     ``pricing``: how a run's seconds follow from its step cost (:class:`fnlcore.app.cost.Pricing`: the
     engine the device runs); ``priced``: (seconds, longest round) already priced (`fnl plan`'s own)."""
+    from .cost import step_shape
 
     notes = []
     config = training_config(run, dataset_options).key
@@ -298,6 +298,8 @@ class TrainResources:
         GPU's), else the estimate from the measured shapes of one GPU (the user's own with two or more,
         else the shipped one with the most; fnlcore/app/gpu_cost.py); never a CPU's: a 2-second table
         must not ask for a day. Also the pricing of that GPU (its batched engine, clients at once)."""
+        from .cost import gpu_step_costs, step_shape
+        from .counts import ShapeCounts
 
         costs, sources = step_costs_with_sources(self.results_dir, True, self.shipped_dir, self.step_costs_path)
         gpu_only = {k for k, src in sources.items() if "a CPU's" not in src}

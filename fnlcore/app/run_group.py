@@ -38,9 +38,7 @@ from ..errors import EXIT_CONTINUE, ConfigError, FNLError
 from .runs import RUN_FILES
 from ..fl.settings import TrainSettings
 from ..io import write_json
-from ..methods import METHODS
 from .results_lock import lock_run, note_refused_start, RunBusy
-from .train import run_journal, RunSpec
 
 GROUP_RECORD = "{results}/groups/{group}.json"
 IDENTITY_FILE = "identity.json"
@@ -185,6 +183,7 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
     """Train one run of a group as its ``train`` job would, into its staging folder: the exit status
     (0 done, EXIT_CONTINUE stopped before ``deadline`` (epoch seconds) with a checkpoint; a run
     another live process holds is refused with 1, as a train job is)."""
+    from .train import run_journal
 
     try:
         run_lock = lock_run(member.spec.checkpoint)
@@ -245,6 +244,9 @@ def member_to_json(m: Member) -> dict[str, Any]:
 
 
 def member_from_json(d: dict[str, Any]) -> Member:
+    from ..methods import METHODS
+    from .train import RunSpec
+
     spec = dict(d["spec"], settings=TrainSettings.from_dict(d["spec"]["settings"]),
                 method=METHODS.from_dict(d["spec"]["method"]))
     return Member(RunSpec(**spec), d["identity"], d["log"], d["tag"])

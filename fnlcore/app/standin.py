@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..fl.data import FederatedData, ImageSource
-from ..imagefiles import image_loading
+from ..image_transforms import image_loading
 from ..datasets import get_dataset
 
 

@@ -26,7 +26,7 @@ from ..fl.context import RunContext, resolve_model_name
 from ..fl.data import FederatedData, ImageSource
 from ..fl.device import check_device, resolve_device
 from ..fl.pipeline import make_pipeline
-from ..imagefiles import image_loading
+from ..image_transforms import image_loading
 from ..fl.settings import TrainSettings
 from ..fl.simulation import Simulation
 from ..fl.time_budget import TimeBudget
@@ -79,7 +79,7 @@ def load_federated_data(
     """Assemble a run's data from the prepared dataset and a noisy-label artifact.
 
     ``image_transform`` (training.image_transform): how images streamed from files are resized
-    and cut per split (fnlcore.imagefiles.image_loading); in-memory sets are stored at size."""
+    and cut per split (fnlcore.image_transforms.image_loading); in-memory sets are stored at size."""
 
     ds = load_prepared(data_dir)
     info = ds.info

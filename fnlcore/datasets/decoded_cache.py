@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError, StorageError
 from ..io import atomic_path, ensure_free_space, write_json
-from ..imagefiles import ImageFiles, image_loading
+from ..image_transforms import image_loading
 from .base import get_dataset, load_prepared, META_FILE
 from .rawfiles import image_size_setting
 
@@ -147,8 +147,10 @@ def build_decoded_cache(
     The array is written through ``np.lib.format.open_memmap`` under a temporary name, so memory
     stays at one batch whatever the split's size; it is renamed onto its place when complete,
     and the JSON follows it."""
+    # lazy: torch only where a cache is built; fnlcore.datasets imports without it (envs/labels.yaml)
     from torch.utils.data import DataLoader
 
+    from ..imagefiles import ImageFiles  # lazy: as above (ImageFiles is a torch Dataset)
 
     ds = load_prepared(data_dir)
     if ds.meta["in_memory"]:

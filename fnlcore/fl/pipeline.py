@@ -9,7 +9,7 @@ import torch
 
 from .. import augment
 from ..errors import ConfigError
-from ..imagefiles import ImageLoading
+from ..image_transforms import ImageLoading
 from ..randaugment import RandAugmentSpec, apply_rand_augment, draw_rand_augment
 from ..syncs import host_side
 
