@@ -31,14 +31,14 @@ PAGES: dict[str, tuple[str, ...]] = {
 
 
 def methods_markdown() -> str:
-    from .methods import METHODS
+    from .methods import METHODS  # lazy: imports torch; fnlcore.docs imports without it (envs/labels.yaml)
 
     return METHODS.markdown(("name", "hyper-parameters (defaults)", "from", "code≠paper switches")).rstrip("\n")
 
 
 def batched_markdown() -> str:
     """Which built-in methods' stages the batched engine runs (from their stage tables)."""
-    from .methods import METHODS
+    from .methods import METHODS  # lazy: imports torch; fnlcore.docs imports without it (envs/labels.yaml)
 
     builtin = METHODS.builtin()
     rows, sequential = [], []
@@ -78,7 +78,7 @@ def datasets_markdown() -> str:
 
 def switches_markdown() -> str:
     """Every code≠paper switch of the built-in methods, noise models and partitioners, one line each."""
-    from .methods import METHODS
+    from .methods import METHODS  # lazy: imports torch; fnlcore.docs imports without it (envs/labels.yaml)
 
     lines = ["| kind | name | switch | code (default) vs paper |", "|---|---|---|---|"]
     for kind, registry in (("method", METHODS), ("noise model", NOISE_MODELS), ("partitioner", PARTITIONERS)):

@@ -156,6 +156,7 @@ def shorten_reason(reason: str, keep: int = 2, longest: int = 6) -> str:
 def shorten_snakemake_reasons() -> None:
     """Make Snakemake print short job reasons (see :func:`shorten_reason`); a no-op where its API differs."""
     try:
+        # lazy: Snakemake (humanfriendly is its dependency) is absent from envs/labels.yaml and device checks
         from snakemake.jobs import Reason
     except ImportError:
         return

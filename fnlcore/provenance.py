@@ -135,7 +135,7 @@ def made_by() -> dict[str, str | None]:
 def recorded_made_by(metrics_path: str | Path) -> dict | None:
     """:func:`made_by` as a run's metrics file records it; None where it records none (a run made
     before runs recorded it) or cannot be read."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow only where parquet is read or written
 
     try:
         meta = pq.read_schema(str(metrics_path)).metadata or {}

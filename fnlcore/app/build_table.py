@@ -21,6 +21,7 @@ from ..tables.curves import curve_stats
 def _run_rule(tr: TableRun, rule):
     """The metric's summary rule for one run: limited to the method's reported stages."""
 
+    # lazy: imports torch; fnlcore.app.build_table imports without it (envs/labels.yaml)
     from ..methods import METHODS
 
     stages = getattr(METHODS[tr.run.method.name], "reported_stages", None)
@@ -113,7 +114,7 @@ def build_table(pt: PaperTable, metrics_files: Sequence[str], outputs: Mapping[s
     (one panel per column).
     """
 
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only where a table is built
 
 
     if len(metrics_files) != len(pt.runs):
@@ -210,8 +211,8 @@ def _write_with_notes(text: str, notes: list[str], path: str, markdown: bool) ->
 def plot_curve_grid(curves: Mapping[str, Mapping[str, Any]], metric: str, path: str, title: str = "") -> None:
     """One panel per table column, one line (mean over seeds) per row."""
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only where a figure is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib only where a figure is drawn
 
 
     cols = list(curves)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import ConfigError
 from ..fl.footprint import OpCounter
@@ -42,8 +43,6 @@ SHIPPED_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "shape_cou
 
 def count_shape(shape) -> dict[str, Any]:
     """The counts of one :class:`~fnlcore.app.cost.StepShape` (see the module docstring), on the CPU."""
-    from torch.utils.flop_counter import FlopCounterMode
-
 
     cpu = torch.device("cpu")
     step, model, pipeline, autocast = build_step(shape, cpu, batch_size=COUNT_BATCH, foreach=True)

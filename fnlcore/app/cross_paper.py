@@ -159,6 +159,7 @@ def _summary_rule(run: Any, rule: Any) -> Any:
 
     if rule.stages is not None:
         return rule
+    # lazy: imports torch; fnlcore.app.cross_paper imports without it (envs/labels.yaml)
     from ..methods import METHODS
 
     stages = getattr(METHODS[run.method.name], "reported_stages", None)

@@ -33,6 +33,8 @@ import statistics
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+import numpy as np
+
 from ..errors import ConfigError
 from .measurements import batched_rounds, gpu_descriptions, shapes_measured, short_device
 from .step_shape import StepShape
@@ -92,8 +94,7 @@ def batched_measurements(path: str | os.PathLike | None = None) -> dict[str, lis
 
 def _nnls(rows: list[tuple[float, float]], targets: list[float]) -> tuple[float, float]:
     """Non-negative (x, y) minimising the relative error of x*u + y*v against each target."""
-    import numpy as np
-    from scipy.optimize import nnls
+    from scipy.optimize import nnls  # lazy: scipy only for this fit (fnl plan --gpu)
 
     a = np.array([[u / t, v / t] for (u, v), t in zip(rows, targets)])
     sol, _ = nnls(a, np.ones(len(targets)))

@@ -90,6 +90,7 @@ def train_identity(training: Any, method: Any, dataset: str) -> str:
 def annotator_identity(settings: Any, dataset: str) -> str:
     """The identity of one of ``dataset``'s H-IDN annotators: its settings (fnlcore.app.annotate.AnnotatorSettings)
     and every resolved training setting it trains with, digested as a run's are."""
+    # lazy: imports torch; fnlcore.app.identity imports without it (envs/labels.yaml)
     from .annotate import annotator_training
 
     return settings_identity(settings, annotator_training(settings, *_geometry(dataset)))
@@ -100,6 +101,7 @@ def noise_identity(spec: Any, dataset: str) -> str:
     (H-IDN), every resolved setting they train with, as in :func:`annotator_identity`."""
     if spec.annotator_slug() is None:
         return settings_identity(spec)
+    # lazy: imports torch; fnlcore.app.identity imports without it (envs/labels.yaml)
     from .annotate import AnnotatorSettings, annotator_training
 
     settings = AnnotatorSettings.from_noise_spec(spec)

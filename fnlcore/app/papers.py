@@ -185,6 +185,7 @@ def load_paper(paper: str, scale: Scale) -> list[PaperTable]:
 def _expand_table(
     paper: str, t: dict, scale: Scale, where: str, inherited: Mapping[str, str] | None = None
 ) -> PaperTable:
+    # lazy: imports torch; fnlcore.app.papers imports without it (envs/labels.yaml)
     from ..methods import method_from_dict
 
     for k in ("id", "dataset", "partition", "training", "rows", "columns", "metrics"):

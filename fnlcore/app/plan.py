@@ -125,6 +125,7 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
 
     ``jobs_run_here``: the jobs run on this machine (not submitted to a cluster), so a CUDA
     ``device`` must exist here; for a cluster only the PyTorch build is checked."""
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..fl.device import check_device
 
     results = str(config.get("results_dir", "results"))
@@ -396,8 +397,11 @@ def _check_partition_fits(where: str, spec: Any, info: Any) -> None:
 
 
 def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -> None:
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..methods import METHODS
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..fl.rounds import use_batched_engine
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..methods.base import check_label_kind
 
     check_label_kind(METHODS[spec.name], bool(info.multi_label), where)
@@ -408,6 +412,7 @@ def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -
 
 def _check_model(where: str, training: Any) -> None:
     """The training's model is registered, with ImageNet weights when ``pretrained`` asks for them."""
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..models import MODELS
 
     name = training.model

@@ -87,7 +87,9 @@ class TrainingConfig:
 def training_config(run, dataset_options: Mapping[str, Any] | None = None) -> TrainingConfig:
     """The :class:`TrainingConfig` of a run of the plan (``Plan.runs()``); ``dataset_options``:
     the plan's options of the run's dataset (``plan.datasets[run.dataset].options``)."""
+    # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
     from ..methods import METHODS
+    # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
     from .cost import _data_shape, _step_shape
 
     ds = _data_shape(run, dataset_options)
@@ -224,6 +226,7 @@ def run_to_dict(run) -> dict:
 
 def run_from_dict(d: Mapping[str, Any]):
     """The RunSpec of :func:`run_to_dict`'s entries, through the validating spec constructors."""
+    # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
     from ..methods import method_from_dict
 
     if not isinstance(d, Mapping) or sorted(d) != sorted(_RUN_FIELDS):
@@ -371,6 +374,7 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
     ``earlier``: rows of configurations already rehearsed (:func:`earlier_rows`), kept in plan order
     (with ``only`` too) and not run again, so a rehearsal longer than one sitting goes on where it stopped.
     A device that cannot run here (``cuda`` without one) is refused before any work (a ConfigError)."""
+    # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
     from ..fl.device import check_device
 
     check_device(opts.device, where="--device")

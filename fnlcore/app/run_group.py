@@ -21,6 +21,7 @@ memory needs are alike; ``fnl cell`` trains its own runs ungrouped."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -183,6 +184,7 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
     """Train one run of a group as its ``train`` job would, into its staging folder: the exit status
     (0 done, EXIT_CONTINUE stopped before ``deadline`` (epoch seconds) with a checkpoint; a run
     another live process holds is refused with 1, as a train job is)."""
+    # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
     from .train import run_journal
 
     try:
@@ -192,9 +194,11 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
         sys.stderr.write(f"\nRun not started: {busy}\n\n")
         return 1
     try:
-        import torch
+        import torch  # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
 
+        # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
         from ..progress import round_reporter
+        # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
         from .train import train_job, train_job_log
 
         torch.set_num_threads(threads)  # what the run's own job would use (rule train's threads)
@@ -218,8 +222,6 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
 def _die_with_parent(parent: int) -> None:
     """A child killed with its group (kill -9 of the group's process): else it trains on, holding its run."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         return  # not Linux: Slurm's scancel still ends the job's whole cgroup
@@ -244,7 +246,9 @@ def member_to_json(m: Member) -> dict[str, Any]:
 
 
 def member_from_json(d: dict[str, Any]) -> Member:
+    # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
     from ..methods import METHODS
+    # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
     from .train import RunSpec
 
     spec = dict(d["spec"], settings=TrainSettings.from_dict(d["spec"]["settings"]),

@@ -54,7 +54,9 @@ def warn_when_nothing_to_do(workflow, plan) -> None:
     must hear that the results were made by another code version. A no-op where Snakemake's logging
     API differs (the hook's message still comes whenever a job runs)."""
     try:
+        # lazy: Snakemake (humanfriendly is its dependency) is absent from envs/labels.yaml and device checks
         from snakemake.common import NOTHING_TO_BE_DONE_MSG
+        # lazy: Snakemake (humanfriendly is its dependency) is absent from envs/labels.yaml and device checks
         from snakemake.logging import logger
     except ImportError:
         return

@@ -11,6 +11,7 @@ from typing import Callable
 from urllib.parse import urlparse
 
 import torch
+import torch.hub
 from torch import nn
 
 from ..errors import ConfigError
@@ -95,8 +96,6 @@ def imagenet_state_dict(weights) -> dict:
     torch.hub checks a download, and a file already in the cache (put there by hand, or by
     anyone who can write a shared TORCH_HOME) is checked here, before it is read.
     """
-    import torch.hub
-
     filename = os.path.basename(urlparse(weights.url).path)
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
     cached = os.path.join(folder, filename)
