@@ -94,15 +94,15 @@ def load_federated_data(
         train = ImageSource(device, images=ds.images("train"))
         test = ImageSource(device, images=ds.images("test"))
     else:
-        load = image_loading(image_transform, info.image_size)
+        # each split's loading (image_transform's sizes) is the geometry its decoded cache is named by
         geometry = cache_geometries(info.channels, info.image_size, image_transform)
         paths = {split: [str(p) for p in ds.paths(split)] for split in ("train", "test")}
         # each split's decoded cache where one was built (rules/cache.smk): the same pixels, no decoding
         cache = {split: find_decoded_cache(data_dir, split, paths[split], geometry[split]) for split in paths}
-        train = ImageSource(device, paths=paths["train"], image_size=load.train_size, channels=info.channels,
+        train = ImageSource(device, paths=paths["train"], image_size=geometry["train"].size, channels=info.channels,
                             workers=workers, cache=cache["train"])
-        test = ImageSource(device, paths=paths["test"], image_size=load.test_size, channels=info.channels,
-                           workers=workers, short_side=load.test_short_side, cache=cache["test"])
+        test = ImageSource(device, paths=paths["test"], image_size=geometry["test"].size, channels=info.channels,
+                           workers=workers, short_side=geometry["test"].short_side, cache=cache["test"])
     as_t = (lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)) if info.multi_label else (
         lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
     )
@@ -205,8 +205,8 @@ def _orphaned(results_dir: str | None, started_under: str | None) -> bool:
 
 def _train(spec: RunSpec, progress, stop_after, budget=None) -> pd.DataFrame:
     check_device(spec.device)  # a config error (not retried), not PyTorch's message
-    started_under = results_holder(spec.results_dir) if spec.results_dir else None  # the workflow running it
     dev = resolve_device(spec.device)
+    started_under = results_holder(spec.results_dir) if spec.results_dir else None  # the workflow running it
     settings = spec.settings
     ds = load_prepared(spec.data_dir)
     data = load_federated_data(spec.data_dir, spec.noise_parquet, spec.num_clients, dev,
