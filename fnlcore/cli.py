@@ -29,19 +29,24 @@ Everything after ``--`` goes to Snakemake unchanged (``--cores 2``, ``--profile 
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .errors import ConfigError
+
+# The commands import what they use inside their functions (each marked `# lazy:`): `fnl --help`
+# and argument errors answer at once, without loading torch, pandas or Snakemake.
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _tables(scale: str, paper: str | None = None):
     """Tables of one paper (or of all papers) at a scale; a cell needs only its own paper."""
-    from .app.papers import Scale, load_paper
-    from .app.runs import PAPERS_DIR
+    from .app.papers import Scale, load_paper  # lazy: fnl --help start-up (note at the top)
+    from .app.runs import PAPERS_DIR  # lazy: fnl --help start-up (note at the top)
 
     sc = Scale.load(scale)
     papers = [paper] if paper else [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc != 0 and any(Path(".snakemake", "locks").glob("*")):
         print(_snakemake_lock_note(args.results), file=sys.stderr)
     if rc == 0:
-        from .app.cell_value import cell_report
+        from .app.cell_value import cell_report  # lazy: fnl --help start-up (note at the top)
 
         print(cell_report(pt, args.row, args.col, args.results, args.seed, args.scale), flush=True)
     return rc
@@ -195,7 +200,7 @@ def _scale_and_results_from_config(args) -> dict:
 def _workflow_holding(results: str) -> str | None:
     """The message for a results folder a running workflow holds (None when none does): Snakemake
     would stop with its own LockException and advise --unlock, which is unsafe while it runs."""
-    from .app.results_lock import results_holder
+    from .app.results_lock import results_holder  # lazy: fnl --help start-up (note at the top)
 
     holder = results_holder(results)
     if holder is None:
@@ -207,7 +212,7 @@ def _workflow_holding(results: str) -> str | None:
 
 def _snakemake_lock_note(results: str) -> str:
     """After Snakemake failed with its own lock left in this directory: what is known about it."""
-    from .app.results_lock import results_holder
+    from .app.results_lock import results_holder  # lazy: fnl --help start-up (note at the top)
 
     holder = results_holder(results)
     if holder is not None:
@@ -260,7 +265,7 @@ def run_status(run, results: str) -> str:
 
 def run_writer(run, results: str) -> str:
     """Who writes a started run now: the live process holding its lock, or that none does."""
-    from .app.results_lock import run_holder
+    from .app.results_lock import run_holder  # lazy: fnl --help start-up (note at the top)
 
     holder = run_holder(run.checkpoint(results))
     if holder is not None:
@@ -277,14 +282,14 @@ def status_config(configfile: str | None = None, config: list[str] | None = None
     """The configuration the workflow reads for the same options: config/config.yaml (``base``;
     without it, what the options alone set), then ``configfile``, then ``config`` (KEY=VALUE
     strings), merged as Snakemake merges them."""
-    from .schemas import load_yaml
+    from .schemas import load_yaml  # lazy: fnl --help start-up (note at the top)
 
     merged = load_yaml(REPO / "config" / "config.yaml") if base else {}
     if not (configfile or config):
         return merged
     # Snakemake's own merge and KEY=VALUE parser; imported only when an option asks for them
-    from snakemake.cli import parse_config
-    from snakemake.utils import update_config
+    from snakemake.cli import parse_config  # lazy: fnl --help start-up (note at the top)
+    from snakemake.utils import update_config  # lazy: fnl --help start-up (note at the top)
 
     if configfile:
         update_config(merged, load_yaml(configfile))
@@ -299,8 +304,8 @@ def _status(configfile: str | None = None, config: list[str] | None = None) -> i
     """Every run of the configured tables, failed and running first, each with its log; a
     started run says whether a live process writes it. On stderr: what was read and whether
     a workflow runs on the results folder."""
-    from .app.plan import build_plan, validate_schema
-    from .app.results_lock import results_holder
+    from .app.plan import build_plan, validate_schema  # lazy: fnl --help start-up (note at the top)
+    from .app.results_lock import results_holder  # lazy: fnl --help start-up (note at the top)
 
     plan = build_plan(validate_schema(status_config(configfile, config)))
     results = plan.results_dir
@@ -322,6 +327,7 @@ def _status(configfile: str | None = None, config: list[str] | None = None) -> i
             print(f"{kind:8s} {run.files(results)['metrics'].rsplit('/', 1)[0]}{where}{writer}")
     # done runs of another code version: a code change alone reruns nothing, so say so (on
     # stderr, after the listing that scripts read)
+    # lazy: fnl --help start-up (note at the top)
     from .provenance import other_code_runs, other_code_text
 
     done = [run.files(results)["metrics"] for run in groups["done"]]
@@ -336,16 +342,18 @@ def _plan(args) -> int:
 
     A GPU (``--device cuda`` here, or ``--gpu NAME`` from any machine) is priced from that GPU's
     measurements only, a shape it never measured estimated from them (fnlcore/app/gpu_cost.py)."""
-    import torch
+    import torch  # lazy: fnl --help start-up (note at the top)
 
+    # lazy: fnl --help start-up (note at the top)
     from .app.cost import Calibration, Pricing, estimate_plan, format_estimate, gpu_step_costs, step_shape
-    from .app.counts import ShapeCounts
-    from .app.gpu_cost import find_gpu
+    from .app.counts import ShapeCounts  # lazy: fnl --help start-up (note at the top)
+    from .app.gpu_cost import find_gpu  # lazy: fnl --help start-up (note at the top)
+    # lazy: fnl --help start-up (note at the top)
     from .app.measurements import device_memory_mb, own_step_costs, shipped_step_costs, shipped_step_costs_path
-    from .app.plan import build_plan, validate_schema
-    from .app.resources import resource_columns
-    from .app.runs import PAPERS_DIR
-    from .fl.device import check_device, resolve_device
+    from .app.plan import build_plan, validate_schema  # lazy: fnl --help start-up (note at the top)
+    from .app.resources import resource_columns  # lazy: fnl --help start-up (note at the top)
+    from .app.runs import PAPERS_DIR  # lazy: fnl --help start-up (note at the top)
+    from .fl.device import check_device, resolve_device  # lazy: fnl --help start-up (note at the top)
 
     if args.gpu is not None and not args.gpu.strip():
         raise ConfigError("--gpu: name a GPU, e.g. --gpu h200 (part of its name in benchmarks/step_costs.json)")
@@ -376,7 +384,7 @@ def _plan(args) -> int:
             description = find_gpu(args.gpu, files)
             memory = (device_memory_mb(description) or 0) * 2**20 or None
         else:
-            from .app.cost import device_description
+            from .app.cost import device_description  # lazy: fnl --help start-up (note at the top)
 
             description = device_description(device)
             memory = torch.cuda.get_device_properties(device).total_memory
@@ -422,13 +430,13 @@ def _rehearse_arguments(rh) -> None:
 
 def _rehearse(args) -> int:
     """Rehearse the selected tables' configurations (fnlcore/app/rehearse.py); 1 when one did not pass."""
-    import time
 
-    from .app.plan import build_plan, validate_schema
-    from .app.measurements import rehearsal_csv
+    from .app.plan import build_plan, validate_schema  # lazy: fnl --help start-up (note at the top)
+    from .app.measurements import rehearsal_csv  # lazy: fnl --help start-up (note at the top)
+    # lazy: fnl --help start-up (note at the top)
     from .app.rehearse import Options, distinct_configs, earlier_rows, merge_tables, rehearse, write_rehearsal
-    from .app.runs import PAPERS_DIR
-    from .fl.device import check_device
+    from .app.runs import PAPERS_DIR  # lazy: fnl --help start-up (note at the top)
+    from .fl.device import check_device  # lazy: fnl --help start-up (note at the top)
 
     if not (args.list or args.merge):  # they train nothing; a rehearsal is refused before any work
         check_device(args.device, where="--device")
@@ -501,8 +509,8 @@ def table_cells(pt, results: str) -> dict[str, int]:
 
 
 def _list(tables, results: str) -> int:
-    from .app.build_table import spec_at_rounds
-    from .app.papers import Scale
+    from .app.build_table import spec_at_rounds  # lazy: fnl --help start-up (note at the top)
+    from .app.papers import Scale  # lazy: fnl --help start-up (note at the top)
 
     scales = sorted({t.scale for t in tables})
     for name in scales:
@@ -535,10 +543,9 @@ def _device_check_arguments(dc) -> None:
 
 def _device_check(args, argv: list[str]) -> int:
     """One device check (fnlcore/app/device_check/), or shipping its step costs (fnlcore/app/measurements.py)."""
-    import shlex
 
-    from .app import device_check
-    from .app.measurements import ship_step_costs
+    from .app import device_check  # lazy: fnl --help start-up (note at the top)
+    from .app.measurements import ship_step_costs  # lazy: fnl --help start-up (note at the top)
 
     if args.ship_step_costs:
         added = ship_step_costs(args.ship_step_costs)

@@ -13,6 +13,10 @@ import dataclasses
 import re
 import sys
 from pathlib import Path
+from .datasets import DATASETS as REGISTRY
+from .fl.settings import TrainSettings
+from .noise import NOISE_MODELS, noise_models_markdown
+from .partition import PARTITIONERS, partitioners_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,14 +31,14 @@ PAGES: dict[str, tuple[str, ...]] = {
 
 
 def methods_markdown() -> str:
-    from .methods import METHODS
+    from .methods import METHODS  # lazy: imports torch; fnlcore.docs imports without it (envs/labels.yaml)
 
     return METHODS.markdown(("name", "hyper-parameters (defaults)", "from", "code≠paper switches")).rstrip("\n")
 
 
 def batched_markdown() -> str:
     """Which built-in methods' stages the batched engine runs (from their stage tables)."""
-    from .methods import METHODS
+    from .methods import METHODS  # lazy: imports torch; fnlcore.docs imports without it (envs/labels.yaml)
 
     builtin = METHODS.builtin()
     rows, sequential = [], []
@@ -51,14 +55,10 @@ def batched_markdown() -> str:
 
 
 def training_markdown() -> str:
-    from .fl.settings import TrainSettings
-
     return "`" + "`, `".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(TrainSettings)) + "`"
 
 
 def datasets_markdown() -> str:
-    from .datasets import DATASETS as REGISTRY
-
     DATASETS = REGISTRY.builtin()
     lines = ["| name | classes | labels | input | storage | papers | source |", "|---|---|---|---|---|---|---|"]
     for name in sorted(DATASETS):
@@ -78,9 +78,7 @@ def datasets_markdown() -> str:
 
 def switches_markdown() -> str:
     """Every code≠paper switch of the built-in methods, noise models and partitioners, one line each."""
-    from .methods import METHODS
-    from .noise import NOISE_MODELS
-    from .partition import PARTITIONERS
+    from .methods import METHODS  # lazy: imports torch; fnlcore.docs imports without it (envs/labels.yaml)
 
     lines = ["| kind | name | switch | code (default) vs paper |", "|---|---|---|---|"]
     for kind, registry in (("method", METHODS), ("noise model", NOISE_MODELS), ("partitioner", PARTITIONERS)):
@@ -92,9 +90,6 @@ def switches_markdown() -> str:
 
 
 def sections() -> dict[str, str]:
-    from .noise import noise_models_markdown
-    from .partition import partitioners_markdown
-
     return {
         "datasets": datasets_markdown(),
         "partitioners": partitioners_markdown(),

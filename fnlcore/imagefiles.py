@@ -5,7 +5,7 @@ each image resized to ``image_size`` (torchvision's ``Resize((H, W))``), or with
 ``short_side`` its shorter side resized to that length, aspect kept, then the
 central ``image_size`` cut (``Resize(short_side)`` + ``CenterCrop(image_size)``),
 both with PIL's bilinear filter as torchvision applies them to images
-(fnlcore.fl.pipeline.image_loading: which one each split gets). Augmentation and
+(fnlcore.image_transforms.image_loading: which one each split gets). Augmentation and
 normalisation then run batched on the training device (fnlcore.augment), so
 workers only decode, resize and cut.
 
@@ -46,7 +46,7 @@ class ImageFiles(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         if self.cache is not None:
             return torch.from_numpy(np.array(self._cached()[i])), i
-        from PIL import Image
+        from PIL import Image  # lazy: PIL only where image files are decoded
 
         try:
             with Image.open(self.paths[i]) as im:
@@ -89,7 +89,7 @@ def short_side_size(w: int, h: int, short: int) -> tuple[int, int]:
 
 def resize_short_side(im, short: int):
     """torchvision's Resize(short) on a PIL image (bilinear); unchanged when already that size."""
-    from PIL import Image
+    from PIL import Image  # lazy: PIL only where image files are decoded
 
     size = short_side_size(im.size[0], im.size[1], short)
     return im if size == im.size else im.resize(size, Image.BILINEAR)

@@ -20,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+import zipfile
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -133,8 +135,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, metadata: dict[byte
         if not metadata:
             df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
             return
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # lazy: pyarrow only where parquet is read or written
+        import pyarrow.parquet as pq  # lazy: pyarrow only where parquet is read or written
 
         table = pa.Table.from_pandas(df, preserve_index=False)  # what to_parquet(index=False) writes
         pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata}), tmp,
@@ -143,7 +145,7 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, metadata: dict[byte
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
     """Read a parquet artifact; a truncated or corrupt file raises :class:`DataError` naming it and the fix."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow only where parquet is read or written
 
     try:
         return pd.read_parquet(path, engine="pyarrow")
@@ -158,8 +160,6 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
 def read_npz(path: str | os.PathLike, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     """The arrays ``keys`` of an ``.npz`` artifact (no pickles: object arrays are refused); an empty,
     truncated or corrupt file, or one lacking a key, raises :class:`DataError` naming it and the fix."""
-    import zipfile
-    import zlib
 
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -201,7 +201,7 @@ def write_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
 
 def save_figure(fig: Any, path: str | os.PathLike, **kwargs: Any) -> None:
     """Save a matplotlib figure atomically and close it."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib only where a figure is drawn
 
     dest = Path(path)
     with atomic_path(dest, suffix=dest.suffix) as tmp:

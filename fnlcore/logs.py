@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .safe_files import open_regular
+from .progress import console_filter
 
 LOG = logging.getLogger("fnl")
 
@@ -34,7 +35,6 @@ def job_log(path: str | Path | None, tag: str | None = None, journal: str | Path
     ConvergenceWarning) are log records too: every one in the file, the first of
     each kind on the console with the tag, then a count of the rest.
     """
-    from .progress import console_filter
 
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(console_filter())
@@ -156,6 +156,7 @@ def shorten_reason(reason: str, keep: int = 2, longest: int = 6) -> str:
 def shorten_snakemake_reasons() -> None:
     """Make Snakemake print short job reasons (see :func:`shorten_reason`); a no-op where its API differs."""
     try:
+        # lazy: Snakemake (humanfriendly is its dependency) is absent from envs/labels.yaml and device checks
         from snakemake.jobs import Reason
     except ImportError:
         return

@@ -28,6 +28,7 @@ import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+from . import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -60,7 +61,6 @@ def git_describe() -> str | None:
 
 def code_version() -> str:
     """``<fnlcore version>+src.<digest>``: equal exactly when the package's source is."""
-    from . import __version__
 
     return f"{__version__}+src.{source_digest()}"
 
@@ -135,7 +135,7 @@ def made_by() -> dict[str, str | None]:
 def recorded_made_by(metrics_path: str | Path) -> dict | None:
     """:func:`made_by` as a run's metrics file records it; None where it records none (a run made
     before runs recorded it) or cannot be read."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow only where parquet is read or written
 
     try:
         meta = pq.read_schema(str(metrics_path)).metadata or {}

@@ -56,7 +56,7 @@ def yaml_error(path: str | Path, err: yaml.YAMLError) -> ConfigError:
 
 def check(doc: Any, schema_name: str, where: str, set_defaults: bool = False) -> Any:
     """Validate ``doc`` against a schema; raise ConfigError naming ``where`` and the key."""
-    import jsonschema
+    import jsonschema  # lazy: jsonschema is absent where the device check runs
 
     schema = load_schema(schema_name)
     cls = jsonschema.validators.validator_for(schema)
@@ -75,7 +75,7 @@ def check(doc: Any, schema_name: str, where: str, set_defaults: bool = False) ->
 def _registry():
     """Every schema of SCHEMA_DIR under its ``$id``: one file's ``$ref: "training.schema.yaml"``
     resolves to another's (the training block is declared once for papers and scales)."""
-    from referencing import Registry, Resource
+    from referencing import Registry, Resource  # lazy: jsonschema is absent where the device check runs
 
     names = sorted(p.name[: -len(".schema.yaml")] for p in SCHEMA_DIR.glob("*.schema.yaml"))
     return Registry().with_resources(
@@ -174,7 +174,7 @@ def _schema_hint(schema: dict) -> str:
 
 def _with_defaults(validator_cls):
     """A validator that fills ``default`` values while validating (as Snakemake's validate does)."""
-    import jsonschema
+    import jsonschema  # lazy: jsonschema is absent where the device check runs
 
     validate_props = validator_cls.VALIDATORS["properties"]
 

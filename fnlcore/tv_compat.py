@@ -20,7 +20,7 @@ _schema_lib = None  # keep the Library alive, or the schemas disappear
 def import_torchvision():
     global _schema_lib
     try:
-        import torchvision
+        import torchvision  # lazy: torchvision on demand, after the operator check below
 
         return torchvision
     except RuntimeError as err:
@@ -32,6 +32,6 @@ def import_torchvision():
         _schema_lib = torch.library.Library("torchvision", "DEF")
         _schema_lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
         _schema_lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    import torchvision
+    import torchvision  # lazy: torchvision on demand, after the operator check below
 
     return torchvision

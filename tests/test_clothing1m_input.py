@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from fnlcore import augment
 from fnlcore.errors import ConfigError
-from fnlcore.fl.pipeline import InputPipeline, ImageLoading, image_loading, make_pipeline
+from fnlcore.fl.pipeline import InputPipeline, make_pipeline
+from fnlcore.image_transforms import ImageLoading, image_loading
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.imagefiles import ImageFiles, short_side_size
 from fnlcore.methods import METHODS

@@ -315,3 +315,57 @@ def test_the_measurement_file_check_sees_names_and_paths_but_not_prose(tmp_path)
     src.write_text('P = Path(d) / "step_costs.json"\nQ = f"{out}/rehearsal.csv"\nG = "rehearsal_*.csv"\n'
                    'HELP = "the step costs (default: RESULTS/plan/step_costs.json)"\nT = "step_costs.csv"\n')
     assert _measurement_file_names(src) == ["/rehearsal.csv", "rehearsal_*.csv", "step_costs.json"]
+
+
+# Datasets are read and written below the engine: nothing of fnlcore.datasets imports fnlcore.fl
+# (how files become images, fnlcore.image_transforms, sits below both).
+
+
+def test_datasets_import_nothing_of_the_engine(graph):
+    assert graph["fnlcore.datasets.decoded_cache"], "the checker sees no import of the decoded cache"
+    bad = {m: sorted(d for d in deps if _part(d) == "fnlcore.fl")
+           for m, deps in graph.items() if _part(m) == "fnlcore.datasets"}
+    bad = {m: ds for m, ds in bad.items() if ds}
+    assert not bad, ("fnlcore.datasets imports the engine (move what it needs below both, as fnlcore.image_transforms): "
+                     + "; ".join(f"{m} imports {', '.join(ds)}" for m, ds in bad.items()))
+
+
+# A module's dependencies stand at its top. An import inside a function hides one, so each says why
+# it is there with a `# lazy: <why>` comment on its line or the line above: an import cycle, or a heavy
+# or optional package (torch, Snakemake, jsonschema, matplotlib, scikit-learn) that the module must
+# import without.
+LAZY_MARK = "# lazy:"
+# fnlcore/app/cost.py is being reworked elsewhere; its function-level imports are marked there. The
+# count may only fall: lower it (to 0, then drop the entry) as they are moved or marked.
+UNMARKED_STILL = {"app/cost.py": 18}
+
+
+def _unmarked_lazy_imports(path: Path) -> list[int]:
+    """Lines of ``path`` with an import inside a function and no ``# lazy:`` comment on it or above it."""
+    lines = path.read_text().splitlines()
+    found: set[int] = set()
+    for fn in ast.walk(ast.parse("\n".join(lines), str(path))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and not any(
+                        LAZY_MARK in lines[i] for i in range(max(0, node.lineno - 2), node.end_lineno)):
+                    found.add(node.lineno)
+    return sorted(found)
+
+
+def test_every_import_inside_a_function_says_why():
+    unmarked = {str(p.relative_to(PKG)): _unmarked_lazy_imports(p) for p in sorted(PKG.rglob("*.py"))}
+    still = {f: n for f, n in UNMARKED_STILL.items() if len(unmarked.get(f, ())) > n}
+    hidden = [f"fnlcore/{f}:{ln}" for f, lns in unmarked.items() if f not in UNMARKED_STILL for ln in lns]
+    assert not hidden and not still, (
+        "imports inside functions hide a dependency: move each to the module's top, or, where an import "
+        "cycle or a heavy optional package forces it, add `# lazy: <why>` on its line or the line above: "
+        + ", ".join(hidden + [f"fnlcore/{f} ({len(unmarked[f])} > {n})" for f, n in still.items()]))
+
+
+def test_the_lazy_import_check_sees_unmarked_imports(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import os\n\n\ndef f():\n    import json\n    # lazy: torch is optional here\n    import torch\n"
+                   "    from .x import (\n        y,\n    )  # lazy: a cycle with .x\n\n\ndef g():\n    def h():\n"
+                   "        from . import z\n    import re  # lazy: why\n")
+    assert _unmarked_lazy_imports(src) == [5, 15]

@@ -31,6 +31,12 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from ..fl.data import FederatedData, ImageSource
+from ..fl.settings import TrainSettings
+from ..fl.simulation import Simulation
+from ..methods import METHODS
+from ..models import build_model
+from .train import build_context
 
 ENGINES = ("bare", "sequential", "batched")
 GRAPHS = "batched_graphs"  # the batched engine with training.cuda_graphs (a CUDA device only)
@@ -89,7 +95,6 @@ PAPER_CASES = (
 
 def synthetic_data(case: Case, device: torch.device, seed: int = 0):
     """Random uint8 images and labels of the case's shape, split evenly over its clients."""
-    from ..fl.data import FederatedData, ImageSource
 
     rs = np.random.RandomState(seed)
     n = case.clients * case.per_client
@@ -102,8 +107,6 @@ def synthetic_data(case: Case, device: torch.device, seed: int = 0):
 
 
 def _settings(case: Case, engine: str, layout: str, precision: str):
-    from ..fl.settings import TrainSettings
-
     return TrainSettings(
         model=case.model, rounds=100_000, local_epochs=1, batch_size=case.batch, lr=case.lr, momentum=case.momentum,
         augmentation=case.augmentation, normalize="imagenet" if case.channels == 3 else "half",
@@ -121,10 +124,6 @@ class EngineRunner:
     """The case's method on its synthetic clients, one round per call, timed on the device."""
 
     def __init__(self, case: Case, engine: str, layout: str, precision: str, device: torch.device):
-        from ..fl.simulation import Simulation
-        from ..methods import METHODS
-        from .train import build_context
-
         self.device = device
         self.ctx = build_context(synthetic_data(case, device), "bench", (case.size, case.size), case.channels,
                                  _settings(case, engine, layout, precision), 0, device, log=lambda m: None)
@@ -159,8 +158,6 @@ class BareRunner:
     """A bare training loop over the same samples and batches as one engine round (pre-made batches on the device)."""
 
     def __init__(self, case: Case, layout: str, precision: str, device: torch.device):
-        from ..models import build_model
-
         # the engine's context, for the same data, pipeline (FedGR's strong view included) and draws
         ref = EngineRunner(case, "sequential", layout, precision, device)
         ctx = ref.ctx

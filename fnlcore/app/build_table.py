@@ -6,13 +6,22 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
+from dataclasses import replace
+import html
+import math
+import re
 
 from .papers import PaperTable, TableRun
+from ..io import atomic_path
+from ..metrics import _curve, summarise
+from ..provenance import other_code_runs, other_code_text
+from ..tables import load_reported, render
+from ..tables.curves import curve_stats
 
 def _run_rule(tr: TableRun, rule):
     """The metric's summary rule for one run: limited to the method's reported stages."""
-    from dataclasses import replace
 
+    # lazy: imports torch; fnlcore.app.build_table imports without it (envs/labels.yaml)
     from ..methods import METHODS
 
     stages = getattr(METHODS[tr.run.method.name], "reported_stages", None)
@@ -21,7 +30,6 @@ def _run_rule(tr: TableRun, rule):
 
 def summarise_run(pt: PaperTable, tr: TableRun, metrics_df) -> list[dict]:
     """One value per table metric for one finished run (rounds limited to the method's reported stages)."""
-    from ..metrics import summarise
 
     out = []
     for name, mr in pt.metrics.items():
@@ -33,7 +41,6 @@ def summarise_run(pt: PaperTable, tr: TableRun, metrics_df) -> list[dict]:
 def rounds_averaged(pt: PaperTable, tr: TableRun, metrics_df) -> dict[str, int]:
     """For each ``last_mean`` metric: how many rounds its value of this run averages (its ``n``,
     or fewer when the run, or the stages that count, has fewer evaluated rounds)."""
-    from ..metrics import _curve
 
     out = {}
     for name, mr in pt.metrics.items():
@@ -65,7 +72,6 @@ def metric_definition(source: str, rule, averaged=None) -> str:
 def title_at_rounds(title: str, n: int, averaged) -> str:
     """``title`` with its "last <n> rounds" at the rounds actually averaged (a smoke run of 4
     rounds has no last 10: its title says "last 4 rounds (of the table's 10)")."""
-    import re
 
     if not averaged or min(averaged) >= n:
         return title
@@ -78,7 +84,6 @@ def spec_at_rounds(pt: PaperTable, averaged: Mapping[str, Sequence[int]] | None 
     ``averaged``: metric name -> the rounds each run's value averages (:func:`rounds_averaged`);
     ``None``: the rounds the runs are set to train (before any has run, for ``fnl tables``).
     """
-    from dataclasses import replace
 
     if averaged is None:
         planned = [tr.run.training.rounds for tr in pt.runs]
@@ -108,11 +113,9 @@ def build_table(pt: PaperTable, metrics_files: Sequence[str], outputs: Mapping[s
     reported, delta, tolerance flags, "n.i." rows) and a figure of the test-metric curves
     (one panel per column).
     """
-    from dataclasses import replace
 
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only where a table is built
 
-    from ..tables import load_reported, render
 
     if len(metrics_files) != len(pt.runs):
         raise ValueError(f"table {pt.name}: {len(metrics_files)} metrics files for {len(pt.runs)} runs")
@@ -147,7 +150,6 @@ def _written_together(outputs: Mapping[str, str]) -> Iterator[dict[str, Path]]:
     """Temporary paths for every file of a table, renamed onto ``outputs`` only once all are
     written, the csv last: a job killed while writing leaves no csv, so a table never looks
     finished with its Markdown, HTML or figure missing (or with those of an older build)."""
-    from ..io import atomic_path
 
     order = sorted(outputs, key=lambda k: k != _LAST)  # entered first, so renamed last (LIFO exit)
     with contextlib.ExitStack() as stack:
@@ -161,7 +163,6 @@ def _written_together(outputs: Mapping[str, str]) -> Iterator[dict[str, Path]]:
 
 def _code_note(pt: PaperTable, metrics_files: Sequence[str]) -> str:
     """The footer naming the runs made by another code version than the one building the table."""
-    from ..provenance import other_code_runs, other_code_text
 
     labels = {str(p): f"{tr.row} / {tr.column} / seed {tr.run.seed}" for tr, p in zip(pt.runs, metrics_files)}
     return other_code_text(other_code_runs(metrics_files), labels, total=len(metrics_files),
@@ -196,14 +197,10 @@ def comparison_notes(pt: PaperTable, runs) -> list[str]:
 
 
 def _write_with_notes(text: str, notes: list[str], path: str, markdown: bool) -> None:
-    from ..io import atomic_path
-
     if notes:
         if markdown:
             text = text.rstrip("\n") + "\n\n**Observations**\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
         else:
-            import html
-
             items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
             block = f'<div class="fnl-observations"><strong>Observations</strong><ul>{items}</ul></div>'
             text = text.replace("</body>", block + "</body>") if "</body>" in text else text + block
@@ -213,13 +210,10 @@ def _write_with_notes(text: str, notes: list[str], path: str, markdown: bool) ->
 
 def plot_curve_grid(curves: Mapping[str, Mapping[str, Any]], metric: str, path: str, title: str = "") -> None:
     """One panel per table column, one line (mean over seeds) per row."""
-    import math
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only where a figure is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib only where a figure is drawn
 
-    from ..io import atomic_path
-    from ..tables.curves import curve_stats
 
     cols = list(curves)
     n = max(len(cols), 1)

@@ -29,9 +29,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import ConfigError
 from ..fl.footprint import OpCounter
+from ..fl.stacked import check_stackable
+from .cost import build_step
 
 COUNTS_VERSION = 1
 COUNT_BATCH = 2  # BatchNorm needs more than one sample a batch in training mode
@@ -40,10 +43,6 @@ SHIPPED_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "shape_cou
 
 def count_shape(shape) -> dict[str, Any]:
     """The counts of one :class:`~fnlcore.app.cost.StepShape` (see the module docstring), on the CPU."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from ..fl.stacked import check_stackable
-    from .cost import build_step
 
     cpu = torch.device("cpu")
     step, model, pipeline, autocast = build_step(shape, cpu, batch_size=COUNT_BATCH, foreach=True)

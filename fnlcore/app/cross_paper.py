@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
+from ..io import write_csv
+from ..metrics import summarise
+from ..tables.reported import load_reported, place_reported
+from .build_table import _written_together, metric_definition
 
 # results/tables/<scale>/cross_paper.{csv,md}: beside the papers' folders of that scale
 CROSS_PAPER = "{results}/tables/{scale}/cross_paper"
@@ -152,10 +156,10 @@ def shared_groups(tables: Sequence[Any], scale: str | None = None) -> CrossPaper
 
 def _summary_rule(run: Any, rule: Any) -> Any:
     """The table metric's rule for one run, limited to the method's reported stages (as a table does)."""
-    from dataclasses import replace
 
     if rule.stages is not None:
         return rule
+    # lazy: imports torch; fnlcore.app.cross_paper imports without it (envs/labels.yaml)
     from ..methods import METHODS
 
     stages = getattr(METHODS[run.method.name], "reported_stages", None)
@@ -163,8 +167,6 @@ def _summary_rule(run: Any, rule: Any) -> Any:
 
 
 def _reported_cells(table: Any, cache: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    from ..tables.reported import load_reported, place_reported
-
     if table.name not in cache:
         reported = load_reported(table.reported) if table.reported is not None else None
         cache[table.name] = place_reported(table.spec, reported)[0]
@@ -180,7 +182,6 @@ def cross_paper_long(cp: CrossPaper, metrics: Sequence[pd.DataFrame | None]) -> 
     """
     if len(metrics) != len(cp.runs()):
         raise ValueError(f"cross-paper view: {len(metrics)} metrics tables for {len(cp.runs())} runs")
-    from .build_table import metric_definition
 
     lines: list[dict] = []
     reported_cache: dict[str, pd.DataFrame] = {}
@@ -228,8 +229,6 @@ def cross_paper_long(cp: CrossPaper, metrics: Sequence[pd.DataFrame | None]) -> 
 
 
 def _summarise(df: pd.DataFrame, source: str, rule: Any) -> float:
-    from ..metrics import summarise
-
     return summarise(df, source, rule)
 
 
@@ -301,8 +300,6 @@ def build_cross_paper(cp: CrossPaper, metrics_files: Sequence[str], outputs: Map
     """Write the view from its runs' metrics files (the rule's inputs, in :meth:`CrossPaper.runs`
     order); ``outputs`` maps csv and md to their paths. Both are written to temporary files and
     renamed into place together, the CSV last (a killed job leaves no CSV)."""
-    from .build_table import _written_together
-    from ..io import write_csv
 
     if len(metrics_files) != len(cp.runs()):
         raise ValueError(f"cross-paper view: {len(metrics_files)} metrics files for {len(cp.runs())} runs")

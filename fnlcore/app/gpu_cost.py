@@ -33,8 +33,11 @@ import statistics
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+import numpy as np
+
 from ..errors import ConfigError
 from .measurements import batched_rounds, gpu_descriptions, shapes_measured, short_device
+from .step_shape import StepShape
 
 # NVIDIA H100 SXM datasheet: 989 TFLOP/s TF32 Tensor Core with sparsity, half of it dense.
 H100_TF32_DENSE_FLOPS = 494.7e12
@@ -48,7 +51,6 @@ def floor_seconds(flops: float) -> float:
 
 def shape_from_key(key: str):
     """The :class:`~fnlcore.app.cost.StepShape` of a shape key (``StepShape.key``'s inverse)."""
-    from .step_shape import StepShape
 
     parts = key.split("|")
     try:
@@ -78,7 +80,6 @@ class BatchedRow:
 
 def batched_measurements(path: str | os.PathLike | None = None) -> dict[str, list[BatchedRow]]:
     """device description -> its measured batched rounds (``batched`` of the step-cost file)."""
-    from .step_shape import StepShape
 
     names = {f.name for f in fields(StepShape)}
     out: dict[str, list[BatchedRow]] = {}
@@ -93,8 +94,7 @@ def batched_measurements(path: str | os.PathLike | None = None) -> dict[str, lis
 
 def _nnls(rows: list[tuple[float, float]], targets: list[float]) -> tuple[float, float]:
     """Non-negative (x, y) minimising the relative error of x*u + y*v against each target."""
-    import numpy as np
-    from scipy.optimize import nnls
+    from scipy.optimize import nnls  # lazy: scipy only for this fit (fnl plan --gpu)
 
     a = np.array([[u / t, v / t] for (u, v), t in zip(rows, targets)])
     sol, _ = nnls(a, np.ones(len(targets)))

@@ -16,6 +16,10 @@ import json
 from typing import Any, Iterable, Mapping
 
 from ..provenance import _plain, _stable_str
+from ..datasets import DATASETS
+from ..fl.settings import TrainSettings
+from ..spec import Spec
+from .plan import DatasetSettings
 
 # -- the identity of a workflow job's settings ----------------------------------------------
 
@@ -54,9 +58,6 @@ def resolved_settings(value: Any) -> Any:
     (fnlcore.app.plan.DatasetSettings): its options over the dataset's defaults and what its
     registry entry declares of the data (not where its raw files lie, nor ``decoded_cache``);
     another dataclass: every field; mappings and sequences item by item."""
-    from .plan import DatasetSettings
-    from ..fl.settings import TrainSettings
-    from ..spec import Spec
 
     if isinstance(value, DatasetSettings):
         return _dataset_identity(value)
@@ -79,7 +80,6 @@ def resolved_settings(value: Any) -> Any:
 def train_identity(training: Any, method: Any, dataset: str) -> str:
     """The identity of a training job: its training settings and method, and what an ``auto``
     augmentation resolves to from the dataset's registry entry (fnlcore.app.train.auto_augmentation)."""
-    from ..datasets import DATASETS
 
     extra = {}
     if getattr(training, "augmentation", None) == "auto" and dataset in DATASETS:
@@ -90,6 +90,7 @@ def train_identity(training: Any, method: Any, dataset: str) -> str:
 def annotator_identity(settings: Any, dataset: str) -> str:
     """The identity of one of ``dataset``'s H-IDN annotators: its settings (fnlcore.app.annotate.AnnotatorSettings)
     and every resolved training setting it trains with, digested as a run's are."""
+    # lazy: imports torch; fnlcore.app.identity imports without it (envs/labels.yaml)
     from .annotate import annotator_training
 
     return settings_identity(settings, annotator_training(settings, *_geometry(dataset)))
@@ -100,6 +101,7 @@ def noise_identity(spec: Any, dataset: str) -> str:
     (H-IDN), every resolved setting they train with, as in :func:`annotator_identity`."""
     if spec.annotator_slug() is None:
         return settings_identity(spec)
+    # lazy: imports torch; fnlcore.app.identity imports without it (envs/labels.yaml)
     from .annotate import AnnotatorSettings, annotator_training
 
     settings = AnnotatorSettings.from_noise_spec(spec)
@@ -108,7 +110,6 @@ def noise_identity(spec: Any, dataset: str) -> str:
 
 def _geometry(dataset: str) -> tuple[tuple[int, int], int]:
     """(image size, channels) of a registered dataset: what picks an annotator's network and pipeline."""
-    from ..datasets import DATASETS
 
     try:
         info = DATASETS[dataset]
@@ -129,8 +130,6 @@ def _fields(obj: Any, fields: Iterable[dataclasses.Field]) -> dict[str, Any]:
 
 
 def _dataset_identity(settings: Any) -> dict:
-    from ..datasets import DATASETS
-
     info = DATASETS.get(settings.name)
     given = {k: v for k, v in dict(settings.options).items() if k not in _DATASET_OPTIONS_NOT_IDENTITY}
     defaults = {k: v for k, v in dataset_option_defaults(info).items() if k not in _DATASET_OPTIONS_NOT_IDENTITY}

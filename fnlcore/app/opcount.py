@@ -38,6 +38,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import syncs
 from .gpu_cost import shape_from_key
 from .measurements import shipped_shapes
+from ..fl import stacked
+from ..fl.data import FederatedData, ImageSource
+from ..fl.settings import TrainSettings
+from ..fl.simulation import Simulation
+from ..methods import METHODS
+from .train import build_context
 
 KINDS = ("kernel", "create", "copy", "view", "host", "to_device")
 DEVICE_KINDS = ("kernel", "create", "copy")
@@ -159,7 +165,6 @@ class StepOps:
 @contextlib.contextmanager
 def gpu_paths():
     """The batched engine's CUDA code paths on any device (:mod:`fnlcore.fl.stacked`'s device choices)."""
-    from ..fl import stacked
 
     old = stacked.DEVICE_PATHS
     stacked.DEVICE_PATHS = "cuda"
@@ -171,7 +176,6 @@ def gpu_paths():
 
 def shape_data(shape, clients: int, per_client: int, device: torch.device, seed: int = 0):
     """Random uint8 images and labels of a StepShape, ``per_client`` samples for each of ``clients``."""
-    from ..fl.data import FederatedData, ImageSource
 
     gen = torch.Generator().manual_seed(seed)
     n = clients * per_client
@@ -193,10 +197,6 @@ def count_steps(shape, engine: str, device: torch.device | str = "cpu", clients:
     ``engine``: ``clients`` clients of ``steps`` full batches each, at ``batch_size`` (default the
     shape's: the counts do not depend on it, tests/test_op_counts.py checks so). ``gpu``: the
     batched engine's CUDA paths (:func:`gpu_paths`)."""
-    from .train import build_context
-    from ..methods import METHODS
-    from ..fl.settings import TrainSettings
-    from ..fl.simulation import Simulation
 
     device = torch.device(device)
     b = batch_size or shape.batch_size

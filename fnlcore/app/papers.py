@@ -23,6 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
+import hashlib
 
 from .. import schemas
 from ..errors import ConfigError
@@ -31,6 +32,10 @@ from ..fl.settings import TrainSettings
 from ..metrics import SummaryRule
 from ..registry import round_fields
 from .runs import PAPERS_DIR, REPORTED_DIR, SCALES_DIR, TABLE, TABLE_FILES, RunSpec
+from ..noise import noise_spec_from_dict
+from ..partition import partition_spec_from_dict, PARTITIONERS
+from ..schemas import load_yaml
+from ..tables import TableSpec
 
 @dataclass(frozen=True)
 class MetricRule:
@@ -77,7 +82,6 @@ class PaperTable:
         The table rule passes it as a param, so Snakemake rebuilds the table when it changes
         (``{kind: best}`` -> ``{kind: last_mean, n: 5}`` in a paper YAML).
         """
-        import hashlib
 
         content = (
             self.spec,
@@ -130,8 +134,6 @@ class Scale:
 
     @classmethod
     def load(cls, name: str) -> "Scale":
-        from ..schemas import load_yaml
-
         # A scale is a name in config/scales/ or the path of your own scale file (*.yaml).
         path = Path(name) if name.endswith((".yaml", ".yml")) else SCALES_DIR / f"{name}.yaml"
         if name.endswith((".yaml", ".yml")) and not path.exists():
@@ -163,7 +165,6 @@ def _seed(value: Any, train_seed: int, where: str) -> int:
 
 def load_paper(paper: str, scale: Scale) -> list[PaperTable]:
     """Read config/papers/<paper>.yaml and expand every table at the given scale."""
-    from ..schemas import load_yaml
 
     path = PAPERS_DIR / f"{paper}.yaml"
     if not path.exists():
@@ -184,10 +185,8 @@ def load_paper(paper: str, scale: Scale) -> list[PaperTable]:
 def _expand_table(
     paper: str, t: dict, scale: Scale, where: str, inherited: Mapping[str, str] | None = None
 ) -> PaperTable:
+    # lazy: imports torch; fnlcore.app.papers imports without it (envs/labels.yaml)
     from ..methods import method_from_dict
-    from ..noise import noise_spec_from_dict
-    from ..partition import partition_spec_from_dict
-    from ..tables import TableSpec
 
     for k in ("id", "dataset", "partition", "training", "rows", "columns", "metrics"):
         if k not in t:
@@ -325,8 +324,6 @@ def partition_keys(paper: str, scale: Scale, table: str = "") -> dict[tuple[str,
     """(dataset, partition slug) -> the keys that set its num_clients, over the paper's tables (its
     table ``table`` only, where given) at ``scale``. Builds partitions only: no methods, so no torch
     (the partition job's environment, which finds an on-disk set's size)."""
-    from ..partition import partition_spec_from_dict
-    from ..schemas import load_yaml
 
     doc = schemas.check(load_yaml(PAPERS_DIR / f"{paper}.yaml"), "paper", f"config/papers/{paper}.yaml")
     defaults = doc.get("defaults", {}) or {}
@@ -353,8 +350,6 @@ def _is_int(v: Any) -> bool:
 
 
 def _scales_clients(partitioner: Any) -> bool:
-    from ..partition import PARTITIONERS
-
     return partitioner not in PARTITIONERS or PARTITIONERS[partitioner].scales_clients
 
 

@@ -24,10 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import paths
+from .. import paths, schemas
 from ..errors import ConfigError, FNLError
 from ..errors import located as _at
 from ..schemas import load_yaml
+from ..datasets import expected_shape, get_dataset
+from ..noise import noise_spec_from_dict
+from ..partition import partition_spec_from_dict
+from ..tables.reported import check_reported
+from .papers import load_paper, partition_keys as table_keys, Scale
+from .run_group import form_run_groups
+from .runs import train_slug
 
 
 
@@ -108,7 +115,6 @@ def validate_schema(config: dict, set_default: bool = True) -> dict:
     ``--config`` values that should be lists or mappings arrive from the command line as
     strings; they are parsed as YAML first.
     """
-    from .. import schemas
 
     schemas.coerce_cli_strings(config)
     return schemas.check(config, "config", "configuration", set_defaults=set_default)
@@ -119,10 +125,8 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
 
     ``jobs_run_here``: the jobs run on this machine (not submitted to a cluster), so a CUDA
     ``device`` must exist here; for a cluster only the PyTorch build is checked."""
-    from ..datasets import get_dataset
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..fl.device import check_device
-    from ..noise import noise_spec_from_dict
-    from ..partition import partition_spec_from_dict
 
     results = str(config.get("results_dir", "results"))
     check_device(str(config.get("device", "auto")), here=jobs_run_here)
@@ -199,8 +203,6 @@ def _check_dataset_options(plan: Plan, per_ds: Mapping[str, Any]) -> None:
     """Options a dataset refuses, named before any job with where they were set (the config's
     data block, the scale file, a table's dataset_options), where the dataset can check them
     before preparation (the in-memory sets' sizes)."""
-    from ..datasets import expected_shape, get_dataset
-    from .papers import Scale
 
     scale = Scale.load(plan.scale) if plan.tables else None
     for name, ds in plan.datasets.items():
@@ -218,18 +220,12 @@ def _check_dataset_options(plan: Plan, per_ds: Mapping[str, Any]) -> None:
 
 
 def _run_groups(size: Any) -> int:
-    from .run_group import form_run_groups
-
     form_run_groups([], size, "")  # a ConfigError naming the key unless a whole number >= 1
     return int(size)
 
 
 def _add_tables(plan: Plan, selected: list[str], settings) -> None:
     """Expand the selected paper tables at the plan's scale and register their specs by slug."""
-    from ..datasets import get_dataset
-    from ..tables.reported import check_reported
-    from .papers import Scale, load_paper
-    from .runs import train_slug
 
     scale = _at("scale", Scale.load, plan.scale)  # validated even when no table is selected
     if not selected:
@@ -321,7 +317,6 @@ def _register(table: dict[str, Any], spec: Any, where: str) -> None:
 def _check_dataset_blocks(plan: Plan, per_ds: Mapping[str, Any]) -> None:
     """A ``data.datasets.<name>`` block of a dataset that nothing selected uses would be ignored
     without a word (a typo'd or stale setting): every key of the configuration acts or is an error."""
-    from .papers import Scale
 
     for name in per_ds:
         if name in plan.datasets:
@@ -339,7 +334,6 @@ def known_train_size(info: Any, options: Mapping[str, Any]) -> int | None:
     """The training split's size where it is known before preparation: the in-memory sets (their
     sizes are fixed by the published data and the options). An on-disk set holds the files the
     user placed, so its size is known once prepared (the partition job checks it then)."""
-    from ..datasets import expected_shape
 
     if not info.in_memory or (info.shape_for is None and info.split_sizes is None):
         return None
@@ -352,7 +346,6 @@ def known_train_size(info: Any, options: Mapping[str, Any]) -> int | None:
 def _check_clients_fit(plan: Plan) -> None:
     """More clients than training samples fails every partitioner: say so before any job runs,
     naming the key that sets num_clients."""
-    from ..datasets import get_dataset
 
     seen: set[tuple[str, str]] = set()
     used = [(s.dataset, s.partition) for s in plan.label_sets]
@@ -372,9 +365,6 @@ def partition_keys(config: Mapping[str, Any], dataset: str, slug: str) -> list[s
     """The keys of ``config`` (its data grid, its selected tables at its scale) that set num_clients
     of partition ``slug`` of ``dataset``: a job that finds a problem with it names them. Builds
     partitions only (no torch: the partition job's environment); [] where they cannot be read."""
-    from ..partition import partition_spec_from_dict
-    from .papers import Scale
-    from .papers import partition_keys as table_keys
 
     keys: list[str] = []
     try:
@@ -407,8 +397,11 @@ def _check_partition_fits(where: str, spec: Any, info: Any) -> None:
 
 
 def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -> None:
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..methods import METHODS
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..fl.rounds import use_batched_engine
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..methods.base import check_label_kind
 
     check_label_kind(METHODS[spec.name], bool(info.multi_label), where)
@@ -419,6 +412,7 @@ def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -
 
 def _check_model(where: str, training: Any) -> None:
     """The training's model is registered, with ImageNet weights when ``pretrained`` asks for them."""
+    # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..models import MODELS
 
     name = training.model

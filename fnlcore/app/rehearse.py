@@ -29,6 +29,12 @@ from ..errors import ConfigError
 from ..safe_files import open_regular
 from ..provenance import code_version
 from .measurements import MEASURED, read_rehearsal_rows, write_rehearsal_csv
+from ..fl import sampling
+from ..fl.settings import TrainSettings
+from ..io import atomic_path
+from ..noise import noise_spec_from_dict
+from ..partition import partition_spec_from_dict
+from .runs import RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,8 +87,9 @@ class TrainingConfig:
 def training_config(run, dataset_options: Mapping[str, Any] | None = None) -> TrainingConfig:
     """The :class:`TrainingConfig` of a run of the plan (``Plan.runs()``); ``dataset_options``:
     the plan's options of the run's dataset (``plan.datasets[run.dataset].options``)."""
-    from ..fl import sampling
+    # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
     from ..methods import METHODS
+    # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
     from .cost import _data_shape, _step_shape
 
     ds = _data_shape(run, dataset_options)
@@ -219,11 +226,8 @@ def run_to_dict(run) -> dict:
 
 def run_from_dict(d: Mapping[str, Any]):
     """The RunSpec of :func:`run_to_dict`'s entries, through the validating spec constructors."""
-    from ..fl.settings import TrainSettings
+    # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
     from ..methods import method_from_dict
-    from ..noise import noise_spec_from_dict
-    from ..partition import partition_spec_from_dict
-    from .runs import RunSpec
 
     if not isinstance(d, Mapping) or sorted(d) != sorted(_RUN_FIELDS):
         raise ConfigError(f"a run needs exactly the keys {list(_RUN_FIELDS)}")
@@ -307,7 +311,6 @@ def _row(cfg: TrainingConfig, cells: list, opts: Options, ev: list[dict], ended1
 
 def write_rehearsal(rows: list[dict], out: Path, header: str) -> tuple[Path, Path]:
     """``rehearsal.csv`` and ``rehearsal.md`` under ``out`` (atomically; rows in plan order)."""
-    from ..io import atomic_path
 
     out.mkdir(parents=True, exist_ok=True)
     csv = write_rehearsal_csv(rows, out)
@@ -371,6 +374,7 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
     ``earlier``: rows of configurations already rehearsed (:func:`earlier_rows`), kept in plan order
     (with ``only`` too) and not run again, so a rehearsal longer than one sitting goes on where it stopped.
     A device that cannot run here (``cuda`` without one) is refused before any work (a ConfigError)."""
+    # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
     from ..fl.device import check_device
 
     check_device(opts.device, where="--device")

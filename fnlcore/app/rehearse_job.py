@@ -33,6 +33,19 @@ from pathlib import Path
 import torch
 
 from ..safe_files import open_regular
+from ..errors import FNLError
+from ..fl import simulation as simulation_module
+from ..fl.context import resolve_model_name
+from ..fl.device import resolve_device
+from ..fl.simulation import Simulation
+from ..methods import METHODS
+from ..models import build_model
+from ..spec import pass_fields
+from .cost import _data_shape
+from .papers import rescale_rounds
+from .rehearse import read_spec
+from .standin import standin_data
+from .train import build_context
 
 WEIGHTS_ERROR = "pretrained weights"  # how fnlcore.models' download errors begin
 # Passes over every client before training.rounds (FedCorr's pre-processing, FedDiv's warm-up), at
@@ -75,8 +88,6 @@ class Events:
 
 def weights_problem(model: str, num_classes: int, channels: int, image_size) -> str | None:
     """Why the model's pretrained weights cannot be had here (None: they can)."""
-    from ..errors import FNLError
-    from ..models import build_model
 
     try:
         build_model(model, num_classes, channels, tuple(image_size), pretrained=True)
@@ -89,9 +100,6 @@ def weights_problem(model: str, num_classes: int, channels: int, image_size) -> 
 
 def shortened(run, spec: dict):
     """(training settings, method params) of the rehearsal of ``run`` (module docstring)."""
-    from ..methods import METHODS
-    from ..spec import pass_fields
-    from .papers import rescale_rounds
 
     t = run.training
     rounds = int(spec["rounds"])
@@ -105,8 +113,6 @@ def shortened(run, spec: dict):
 
 
 def main(argv: list[str]) -> int:
-    from .rehearse import read_spec
-
     spec_path, phase = Path(argv[0]), int(argv[1])
     events = Events(spec_path.parent / "events.jsonl", phase)
     try:
@@ -122,22 +128,12 @@ def main(argv: list[str]) -> int:
 
 
 def _rehearse(spec: dict, phase: int, events: Events) -> int:
-    from ..fl import simulation as simulation_module
-    from ..fl.device import resolve_device
-    from ..fl.simulation import Simulation
-    from ..methods import METHODS
-    from .cost import _data_shape
-    from .standin import standin_data
-    from .train import build_context
-
     torch.set_num_threads(int(spec["threads"]))
     device = resolve_device(spec["device"])
     run, options = spec["run"], spec["dataset_options"]
     settings, params = shortened(run, spec)
     ds = _data_shape(run, options)
     if settings.pretrained:
-        from ..fl.context import resolve_model_name
-
         why = weights_problem(resolve_model_name(settings.model, ds.channels, tuple(ds.image_size)),
                               ds.num_classes, ds.channels, ds.image_size)
         if why is not None:

@@ -55,6 +55,8 @@ from ..errors import ConfigError
 from .measurements import (DEFAULT, OWN, Measured, device_memory_mb, gpu_descriptions, measured_on, own_rehearsal,
                            own_step_costs, rehearsal_with_sources, shipped_provenance, shipped_step_costs_path,
                            step_costs_with_sources)
+from .gpu_cost import find_gpu
+from .rehearse import training_config
 
 MEM_HEADROOM = 1.3
 MEM_MARGIN_MB = 1024
@@ -111,6 +113,7 @@ def _minutes(value) -> int:
     try:
         minutes = int(value)
     except (TypeError, ValueError):
+        # lazy: Snakemake (humanfriendly is its dependency) is absent from envs/labels.yaml and device checks
         from humanfriendly import InvalidTimespan, parse_timespan  # Snakemake's own parser (its dependency)
 
         try:
@@ -153,6 +156,7 @@ class Resources:
 def _round_seconds(run, dataset_options, train_s: float, eval_s: float, pricing=None) -> tuple[float, float]:
     """(device seconds of the run, of its longest round) by the cost model (fnlcore/app/cost.py), on
     the engine ``pricing`` says the device runs (the sequential one without it)."""
+    # lazy: imports torch; fnlcore.app.resources imports without it (envs/labels.yaml)
     from .cost import Pricing, StepCost, _data_shape, _step_shape
 
     ds = _data_shape(run, dataset_options)
@@ -169,8 +173,8 @@ def predict(run, step_costs: Mapping[str, tuple[float, float]], rehearsal: Mappi
     ``mem_sources`` / ``cost_sources``: where each configuration's / shape's measurement came from.
     ``pricing``: how a run's seconds follow from its step cost (:class:`fnlcore.app.cost.Pricing`: the
     engine the device runs); ``priced``: (seconds, longest round) already priced (`fnl plan`'s own)."""
+    # lazy: imports torch; fnlcore.app.resources imports without it (envs/labels.yaml)
     from .cost import step_shape
-    from .rehearse import training_config
 
     notes = []
     config = training_config(run, dataset_options).key
@@ -297,9 +301,10 @@ class TrainResources:
         GPU's), else the estimate from the measured shapes of one GPU (the user's own with two or more,
         else the shipped one with the most; fnlcore/app/gpu_cost.py); never a CPU's: a 2-second table
         must not ask for a day. Also the pricing of that GPU (its batched engine, clients at once)."""
+        # lazy: imports torch; fnlcore.app.resources imports without it (envs/labels.yaml)
         from .cost import gpu_step_costs, step_shape
+        # lazy: imports torch; fnlcore.app.resources imports without it (envs/labels.yaml)
         from .counts import ShapeCounts
-        from .gpu_cost import find_gpu
 
         costs, sources = step_costs_with_sources(self.results_dir, True, self.shipped_dir, self.step_costs_path)
         gpu_only = {k for k, src in sources.items() if "a CPU's" not in src}

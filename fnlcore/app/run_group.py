@@ -21,6 +21,7 @@ memory needs are alike; ``fnl cell`` trains its own runs ungrouped."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -32,9 +33,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import dataclasses
 
 from ..errors import EXIT_CONTINUE, ConfigError, FNLError
 from .runs import RUN_FILES
+from ..fl.settings import TrainSettings
+from ..io import write_json
+from .results_lock import lock_run, note_refused_start, RunBusy
 
 GROUP_RECORD = "{results}/groups/{group}.json"
 IDENTITY_FILE = "identity.json"
@@ -119,7 +124,6 @@ def staged_complete(spec, identity: str) -> bool:
 
 def mark_staged(spec, identity: str) -> None:
     """Written last, after every staged output: the staging is complete."""
-    from ..io import write_json
 
     write_json({"identity": identity}, staged_dir(spec.checkpoint) / IDENTITY_FILE)
 
@@ -180,7 +184,7 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
     """Train one run of a group as its ``train`` job would, into its staging folder: the exit status
     (0 done, EXIT_CONTINUE stopped before ``deadline`` (epoch seconds) with a checkpoint; a run
     another live process holds is refused with 1, as a train job is)."""
-    from .results_lock import RunBusy, lock_run, note_refused_start
+    # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
     from .train import run_journal
 
     try:
@@ -190,9 +194,11 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
         sys.stderr.write(f"\nRun not started: {busy}\n\n")
         return 1
     try:
-        import torch
+        import torch  # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
 
+        # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
         from ..progress import round_reporter
+        # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
         from .train import train_job, train_job_log
 
         torch.set_num_threads(threads)  # what the run's own job would use (rule train's threads)
@@ -216,8 +222,6 @@ def run_member(member: Member, attempt: int, deadline: float | None, threads: in
 def _die_with_parent(parent: int) -> None:
     """A child killed with its group (kill -9 of the group's process): else it trains on, holding its run."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         return  # not Linux: Slurm's scancel still ends the job's whole cgroup
@@ -234,7 +238,6 @@ def _child_main() -> int:
 
 def member_to_json(m: Member) -> dict[str, Any]:
     """A member as plain data: its settings and method as the config entries that rebuild them."""
-    import dataclasses
 
     spec = {f.name: getattr(m.spec, f.name) for f in dataclasses.fields(m.spec)}
     spec["settings"] = dataclasses.asdict(m.spec.settings)
@@ -243,8 +246,9 @@ def member_to_json(m: Member) -> dict[str, Any]:
 
 
 def member_from_json(d: dict[str, Any]) -> Member:
-    from ..fl.settings import TrainSettings
+    # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
     from ..methods import METHODS
+    # lazy: imports torch; fnlcore.app.run_group imports without it (envs/labels.yaml)
     from .train import RunSpec
 
     spec = dict(d["spec"], settings=TrainSettings.from_dict(d["spec"]["settings"]),
@@ -339,7 +343,6 @@ def train_group(members: Sequence[Member], record: str | os.PathLike, attempt: i
         return 1
     if any(r.status == "continues" for r in results):
         return EXIT_CONTINUE
-    from ..io import write_json
 
     write_json({"runs": [vars(r) for r in results]}, record)
     return 0

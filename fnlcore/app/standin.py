@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from ..fl.data import FederatedData, ImageSource
-from ..fl.pipeline import image_loading
+from ..image_transforms import image_loading
+from ..datasets import get_dataset
 
 
 def _pixels(index: int, channels: int, size: tuple[int, int]) -> torch.Tensor:
@@ -60,7 +61,6 @@ def _labels(n: int, classes: int, multi_label: bool, seed: int) -> tuple[np.ndar
 def standin_data(dataset: str, n_train: int, n_test: int, num_clients: int, per_client: int,
                  device: torch.device, image_transform: str = "resize", seed: int = 0) -> FederatedData:
     """The stand-in of ``dataset`` (a registered name) with ``n_train``/``n_test`` samples."""
-    from ..datasets import get_dataset
 
     info = get_dataset(dataset)
     c, size = info.channels, tuple(info.image_size)

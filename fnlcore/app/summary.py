@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
+from ..provenance import other_code_runs
 
 # Options of the run that the report needs too: the same workflow, folder and configuration.
 _KEEP_ONE = {"--snakefile", "-s", "--directory", "-d"}
@@ -38,7 +39,6 @@ def finished_message(plan, argv: Sequence[str] | None = None, cwd: str | None = 
 def other_code_warning(plan) -> list[str]:
     """A line when runs of the plan's tables were made by another code version (a code change alone
     reruns nothing, so this is where it shows); `fnl status` and the table footers name them."""
-    from ..provenance import other_code_runs
 
     done = [f for f in (run.files(plan.results_dir)["metrics"] for run in plan.runs()) if Path(f).exists()]
     other = other_code_runs(done)
@@ -54,7 +54,9 @@ def warn_when_nothing_to_do(workflow, plan) -> None:
     must hear that the results were made by another code version. A no-op where Snakemake's logging
     API differs (the hook's message still comes whenever a job runs)."""
     try:
+        # lazy: Snakemake (humanfriendly is its dependency) is absent from envs/labels.yaml and device checks
         from snakemake.common import NOTHING_TO_BE_DONE_MSG
+        # lazy: Snakemake (humanfriendly is its dependency) is absent from envs/labels.yaml and device checks
         from snakemake.logging import logger
     except ImportError:
         return

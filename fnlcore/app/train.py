@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+import json
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,8 @@ from ..errors import EXIT_CONTINUE, RunIncomplete
 from ..fl.context import RunContext, resolve_model_name
 from ..fl.data import FederatedData, ImageSource
 from ..fl.device import check_device, resolve_device
-from ..fl.pipeline import image_loading, make_pipeline
+from ..fl.pipeline import make_pipeline
+from ..image_transforms import image_loading
 from ..fl.settings import TrainSettings
 from ..fl.simulation import Simulation
 from ..fl.time_budget import TimeBudget
@@ -32,12 +34,16 @@ from ..io import atomic_path, write_parquet
 from ..provenance import MADE_BY_KEY, file_digest, made_by
 from .failures import failure_marker, run_attempt
 from .results_lock import results_holder
+from ..datasets import DATASETS, load_prepared
+from ..datasets.decoded_cache import cache_geometries, find_decoded_cache
+from ..logs import job_log
+from ..methods import METHODS
+from ..noise import read_noise
 
 
 def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
     """The papers' training augmentation for a dataset (fedcorr.md §1, fednoro.md §1, fedncl.md §4):
     the dataset's own (``DatasetInfo.augmentation``: CIFAR's crop+flip), else by size."""
-    from ..datasets import DATASETS
 
     info = DATASETS.get(dataset)
     if info is not None and info.augmentation:
@@ -61,7 +67,6 @@ def train_job_log(log_path: str | os.PathLike, checkpoint_path: str | os.PathLik
                   tag: str | None = None):
     """:func:`fnlcore.logs.job_log` of one training job: the run continues (its log starts with the
     earlier jobs' lines) when this is a retry (``attempt`` > 1) or a checkpoint is there to resume."""
-    from ..logs import job_log
 
     return job_log(log_path, tag=tag, journal=run_journal(checkpoint_path),
                    continued=attempt > 1 or Path(checkpoint_path).exists())
@@ -74,10 +79,7 @@ def load_federated_data(
     """Assemble a run's data from the prepared dataset and a noisy-label artifact.
 
     ``image_transform`` (training.image_transform): how images streamed from files are resized
-    and cut per split (fnlcore.fl.pipeline.image_loading); in-memory sets are stored at size."""
-    from ..datasets import load_prepared
-    from ..datasets.decoded_cache import cache_geometries, find_decoded_cache
-    from ..noise import read_noise
+    and cut per split (fnlcore.image_transforms.image_loading); in-memory sets are stored at size."""
 
     ds = load_prepared(data_dir)
     info = ds.info
@@ -92,15 +94,15 @@ def load_federated_data(
         train = ImageSource(device, images=ds.images("train"))
         test = ImageSource(device, images=ds.images("test"))
     else:
-        load = image_loading(image_transform, info.image_size)
+        # each split's loading (image_transform's sizes) is the geometry its decoded cache is named by
         geometry = cache_geometries(info.channels, info.image_size, image_transform)
         paths = {split: [str(p) for p in ds.paths(split)] for split in ("train", "test")}
         # each split's decoded cache where one was built (rules/cache.smk): the same pixels, no decoding
         cache = {split: find_decoded_cache(data_dir, split, paths[split], geometry[split]) for split in paths}
-        train = ImageSource(device, paths=paths["train"], image_size=load.train_size, channels=info.channels,
+        train = ImageSource(device, paths=paths["train"], image_size=geometry["train"].size, channels=info.channels,
                             workers=workers, cache=cache["train"])
-        test = ImageSource(device, paths=paths["test"], image_size=load.test_size, channels=info.channels,
-                           workers=workers, short_side=load.test_short_side, cache=cache["test"])
+        test = ImageSource(device, paths=paths["test"], image_size=geometry["test"].size, channels=info.channels,
+                           workers=workers, short_side=geometry["test"].short_side, cache=cache["test"])
     as_t = (lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)) if info.multi_label else (
         lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
     )
@@ -191,7 +193,6 @@ def write_metrics(metrics: pd.DataFrame, path: str | os.PathLike) -> None:
     """A run's metrics as :func:`fnlcore.io.write_parquet` writes them, with the code version that
     made the run in the file's schema metadata (fnlcore.provenance.recorded_made_by reads it): the
     metrics are the run's completion mark, so the record is there exactly when the run is."""
-    import json
 
     write_parquet(metrics, path, metadata={MADE_BY_KEY: json.dumps(made_by(), sort_keys=True).encode()})
 
@@ -203,12 +204,9 @@ def _orphaned(results_dir: str | None, started_under: str | None) -> bool:
 
 
 def _train(spec: RunSpec, progress, stop_after, budget=None) -> pd.DataFrame:
-    from ..datasets import load_prepared
-    from ..methods import METHODS
-
     check_device(spec.device)  # a config error (not retried), not PyTorch's message
-    started_under = results_holder(spec.results_dir) if spec.results_dir else None  # the workflow running it
     dev = resolve_device(spec.device)
+    started_under = results_holder(spec.results_dir) if spec.results_dir else None  # the workflow running it
     settings = spec.settings
     ds = load_prepared(spec.data_dir)
     data = load_federated_data(spec.data_dir, spec.noise_parquet, spec.num_clients, dev,

@@ -9,7 +9,7 @@ and the ``images/`` tree. Train = the noisy-train keys with their noisy labels
 in key-list order. 14 classes (the dataset's category list).
 
 Images stay on disk; ``image_size`` (224 x 224) is the network input. How they
-are read is the training setting ``image_transform`` (fnlcore/fl/pipeline.py):
+are read is the training setting ``image_transform`` (fnlcore/image_transforms.py):
 the Clothing1M tables use the papers' codes, ``resize_crop`` (FedCorr, FedDiv
 Table 5: train Resize((256, 256)) then RandomCrop(224) + flip on the device,
 test Resize((224, 224))) or ``resize_crop_center`` (FedGR Tables 3/16: test

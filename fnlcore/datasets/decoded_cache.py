@@ -26,11 +26,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+import json
 
 import numpy as np
 
 from ..errors import ConfigError, DataError, StorageError
 from ..io import atomic_path, ensure_free_space, write_json
+from ..image_transforms import image_loading
+from .base import get_dataset, load_prepared, META_FILE
+from .rawfiles import image_size_setting
 
 __all__ = [
     "CACHE_DIR",
@@ -80,7 +84,6 @@ class CacheGeometry:
 def cache_geometries(channels: int, image_size: tuple[int, int], image_transform: str) -> dict[str, CacheGeometry]:
     """split -> the geometry training reads it at, for ``training.image_transform`` (as
     ``fnlcore.app.train.load_federated_data`` builds its loaders)."""
-    from ..fl.pipeline import image_loading
 
     load = image_loading(image_transform, tuple(image_size))
     return {
@@ -103,10 +106,7 @@ def planned_cache_files(data_dir: str | Path, dataset: str, options: dict[str, A
 
     The network size is the prepared artifact's where it exists (ICH records its files' own size),
     else the option ``image_size``, else the registry's."""
-    import json
 
-    from .base import META_FILE, get_dataset
-    from .rawfiles import image_size_setting
 
     info = get_dataset(dataset)
     if info.in_memory or not cache_enabled(options):
@@ -147,10 +147,10 @@ def build_decoded_cache(
     The array is written through ``np.lib.format.open_memmap`` under a temporary name, so memory
     stays at one batch whatever the split's size; it is renamed onto its place when complete,
     and the JSON follows it."""
+    # lazy: torch only where a cache is built; fnlcore.datasets imports without it (envs/labels.yaml)
     from torch.utils.data import DataLoader
 
-    from ..imagefiles import ImageFiles
-    from .base import load_prepared
+    from ..imagefiles import ImageFiles  # lazy: as above (ImageFiles is a torch Dataset)
 
     ds = load_prepared(data_dir)
     if ds.meta["in_memory"]:
@@ -190,7 +190,6 @@ def find_decoded_cache(data_dir: str | Path, split: str, paths: Sequence[str], g
     npy, done = cache_files(data_dir, split, geometry)
     if not done.is_file():
         return None
-    import json
 
     try:
         record = json.loads(done.read_text())

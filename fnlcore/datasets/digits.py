@@ -28,7 +28,7 @@ OPTIONS = {"test_size": 0.25, "split_seed": 0}
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """All 1,797 images as uint8 (n, 8, 8, 1) and their labels as int64, in scikit-learn's order."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # lazy: scikit-learn takes ~1 s to import; only this step uses it
 
     bunch = load_digits()
     images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
@@ -37,6 +37,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 def stratified_split(labels: np.ndarray, test_size: float = 0.25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Sorted train and test positions of a stratified split (scikit-learn's ``train_test_split``)."""
+    # lazy: scikit-learn takes ~1 s to import; only this step uses it
     from sklearn.model_selection import train_test_split
 
     if not 0.0 < test_size < 1.0:
@@ -69,7 +70,7 @@ def prepare(ctx: PrepareContext) -> None:
             "image_id": np.concatenate([train, test]).astype(np.int64),
         }
     )
-    import sklearn
+    import sklearn  # lazy: scikit-learn takes ~1 s to import; only this step uses it
 
     write_prepared(
         ctx.out_dir,

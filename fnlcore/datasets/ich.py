@@ -271,7 +271,8 @@ def fedmlp_split(n: int, seed: int = 2023, test_size: float = 0.3) -> tuple[np.n
     a private ``RandomState(seed)`` gives the same draws. Row i of FedMLP's
     train CSV is data row ``train[i]``.
     """
-    from sklearn.model_selection import train_test_split  # imported here: sklearn costs ~1 s per job
+    # lazy: scikit-learn takes ~1 s to import; only this step uses it
+    from sklearn.model_selection import train_test_split
 
     train, test = train_test_split(np.arange(n, dtype=np.int64), test_size=test_size, random_state=legacy_rng(seed))
     return np.asarray(train, np.int64), np.asarray(test, np.int64)

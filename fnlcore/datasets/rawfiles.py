@@ -463,7 +463,7 @@ def image_size_setting(value: Any) -> tuple[int, int] | None:
 
 def file_image_size(path: str | os.PathLike) -> tuple[int, int]:
     """(H, W) of an image file, from its header (no decoding)."""
-    from PIL import Image
+    from PIL import Image  # lazy: PIL only where image files are decoded
 
     try:
         with Image.open(path) as im:

@@ -20,9 +20,11 @@ from typing import Iterator
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Subset
 
 from ..assignment import ClientAssignment
 from .relabels import RelabelLog
+from ..imagefiles import ImageFiles
 
 
 # In-memory gathers are done in blocks of whole batches of about this many bytes (a view per batch).
@@ -98,9 +100,6 @@ class ImageSource:
         return itertools.chain.from_iterable(zip(x.split(batch_size), i.split(batch_size)) for x, i in blocks)
 
     def _file_batches(self, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        from torch.utils.data import DataLoader, Subset
-
-        from ..imagefiles import ImageFiles
 
         subset = Subset(ImageFiles(self.paths, self.image_size, self.channels, self.short_side, self.cache), order.tolist())
         loader = DataLoader(

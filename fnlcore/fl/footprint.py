@@ -12,6 +12,8 @@ the same on the CPU (fnlcore/app/counts.py), so the plan's clients at once are t
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 # Of a device's memory, what the stacked clients may fill; the rest: the method's global networks,
 # the data held on the device, evaluation and the allocator's slack.
@@ -24,9 +26,6 @@ class OpCounter:
     none), and the bytes of their outputs."""
 
     def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
         counter = self
 
         class Mode(TorchDispatchMode):

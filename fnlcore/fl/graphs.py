@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from ..errors import ConfigError
 
 
 def capturable(loss):
@@ -51,7 +52,6 @@ def graphable(loss, augment: str, models, copies, before_step, after_step, epoch
 def check_device(settings, device: torch.device) -> None:
     """``training.cuda_graphs`` needs a CUDA device: refused elsewhere (a CPU has no graphs to replay,
     and a run that asked for them should not silently run without)."""
-    from ..errors import ConfigError
 
     if getattr(settings, "cuda_graphs", False) and torch.device(device).type != "cuda":
         raise ConfigError(

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import ConfigError
 from .context import RunContext
+from .. import metrics
 
 # Default budget of one evaluation forward, MiB of estimated activations (:func:`activation_bytes`,
 # the sum of every leaf module's output for one sample times the sub-batch). That sum is an
@@ -174,7 +175,6 @@ def draw_predict(ctx: RunContext, n: int, batch_size: int | None = None) -> list
 
 def evaluate(ctx: RunContext, model: torch.nn.Module) -> dict[str, float]:
     """Test metrics of ``model`` (raw logits: no logit adjustment at inference)."""
-    from .. import metrics
 
     logits = predict(ctx, model, ctx.data.test)
     y = ctx.data.y_test.cpu().numpy()

@@ -39,7 +39,7 @@ import torch
 from ..errors import ConfigError, DataError
 from ..io import atomic_path, ensure_free_space
 from ..safe_pickle import weights_only_refusal
-from .state import State, snapshot
+from .state import load, snapshot, State
 
 
 class _OnDevice:
@@ -210,7 +210,6 @@ def missing_store_files(method, d: dict) -> list[str]:
 
 def load_method_state(method, d: dict) -> None:
     """Restore what :func:`method_state` saved; a ConfigError names what does not match the declarations."""
-    from .state import load
 
     want = set(persistent_names(type(method)))
     got = set(d.get("attrs", {}))

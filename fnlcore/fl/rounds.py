@@ -15,8 +15,12 @@ import torch
 
 from ..errors import ConfigError
 from .context import RunContext
+from . import batched  # train_clients is called through its module: tests replace it there
+from .batched import ChunkPhase, ClientDraws, draw_client, draw_fn
 from .contract import ClientUpdate, LocalJob, OneForm, Phase
+from .footprint import clients_in_memory
 from .sequential import train_client
+from .stacked import StackedNet, check_stackable, gains_on_cpu
 from .state import load, snapshot
 
 
@@ -59,8 +63,6 @@ def batched_fits(ctx: RunContext, model: torch.nn.Module, strict: bool) -> bool:
 
     ``strict`` (engine: batched) raises the ConfigError that says why not; otherwise (auto) False,
     also where batching is measured slower: on a CPU for models with BatchNorm or wide convolutions."""
-    from .stacked import check_stackable, gains_on_cpu
-
     if not strict and ctx.device.type == "cpu" and not gains_on_cpu(model):
         return False
     try:
@@ -99,8 +101,6 @@ class RoundEngine:
         if ctx.settings.batched_clients or ctx.device.type != "cuda":
             return max(1, min(clients, ctx.settings.batched_clients or clients))
         if self._in_memory is None:
-            from .footprint import clients_in_memory
-
             sample = ctx.pipeline.eval(torch.zeros((2, ctx.channels, *ctx.image_size), dtype=torch.uint8,
                                                    device=ctx.device))
             self._in_memory = clients_in_memory(
@@ -146,8 +146,6 @@ class RoundEngine:
         them: ``Stage.reserve`` makes them right after the client's training draws).
         ``Stage.begin``/``end`` run around each chunk, ``Stage.before_step``/``after_step`` around
         each stacked optimiser step."""
-        from .batched import ClientDraws, draw_client, draw_fn
-
         m, ctx = self.method, self.method.ctx
         jobs, shapes, ids, drawn, held = [], [], [], [], []
         for k in clients:
@@ -210,8 +208,6 @@ class RoundEngine:
 
     def _kept(self, stage, k: int, held: list[dict]) -> dict:
         """The stage's client copies for a chunk of ``k`` clients, loaded from what each prepare left."""
-        from .stacked import StackedNet
-
         m, kept = self.method, {}
         for n in stage.copies:
             if (n, k) not in self._copies:
@@ -225,14 +221,11 @@ class RoundEngine:
     def _train_phase(self, r, form: OneForm, part, jobs, phase, idx, drawn, kept):
         """One phase of a chunk's clients on the stacked network: each client's states (one per trained
         network, from the global ones) and mean loss."""
-        from .batched import train_clients
-        from .stacked import StackedNet
-
         m, ctx = self.method, self.method.ctx
         copies = len(phase.train) * len(part)
         if copies not in self._stacked:
             self._stacked[copies] = StackedNet(m.global_model, copies).to(ctx.device)
-        return train_clients(ctx, m.global_model, idx, form.loss, r, self._stacked[copies],
+        return batched.train_clients(ctx, m.global_model, idx, form.loss, r, self._stacked[copies],
                              torch.as_tensor(part, dtype=torch.int64), phase=phase, jobs=jobs,
                              after_step=form.after_step, models=[m.globals[n] for n in phase.train], drawn=drawn,
                              copies=kept, before_step=form.before_step, epoch_lr=form.epoch_lr)
@@ -246,8 +239,6 @@ def client_phases(m, r: int, k: int, job: LocalJob, copies: bool = False) -> lis
     method's first network, or several of its networks together) with the stage's loss on one
     stream (by default the client's samples), with no hook of its own: per-step work is the
     stage's ``after_step``, which both engines run. A stage that keeps client copies trains one phase."""
-    from .batched import ChunkPhase
-
     where = f"{type(m).__name__}: stage {m.stage_name(r)!r} has a loss over K clients (Stage.loss), but"
     phases = job.phases if job.phases is not None else [Phase()]
     if not isinstance(phases, (list, tuple)):
@@ -281,8 +272,6 @@ def chunk_phase(m, r: int, shapes: list):
     """The phase a chunk's clients train together: their shapes (:func:`client_phases`; None
     for a client that trains nothing) agree on augmentation, views, draws, epochs, batch size,
     learning-rate round and networks."""
-    from .batched import ChunkPhase
-
     real = [sh for sh in shapes if sh is not None]
     if any(sh != real[0] for sh in real[1:]):
         raise ConfigError(f"{type(m).__name__}: stage {m.stage_name(r)!r} has a loss over K clients (Stage.loss), but its clients' "

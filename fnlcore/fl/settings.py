@@ -8,12 +8,12 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from ..image_transforms import IMAGE_TRANSFORMS
 
 
 LR_SCHEDULES = ("exponential", "constant", "step", "cosine")
 ENGINES = ("default", "sequential", "batched", "auto")
 PRECISIONS = ("fp32", "tf32", "bf16")
-IMAGE_TRANSFORMS = ("resize", "resize_crop", "resize_crop_center")  # = fnlcore.fl.pipeline.IMAGE_TRANSFORMS
 NORMALIZE_NAMES = ("auto", "imagenet", "half", "data")  # or {mean: [...], std: [...]} (fnlcore.fl.pipeline)
 
 
@@ -49,7 +49,7 @@ class TrainSettings:
     weighting: str = "size"  # FedAvg weights: size (n_k) | uniform
     augmentation: str = "auto"  # auto | none | crop_flip | affine_flip
     normalize: str = "auto"  # auto | imagenet | half | data
-    # How images read from files become batches (fnlcore/fl/pipeline.py, IMAGE_TRANSFORMS): resize
+    # How images read from files become batches (fnlcore/image_transforms.py, IMAGE_TRANSFORMS): resize
     # (every split straight to the network size) | resize_crop (FedCorr/FedDiv code, Clothing1M:
     # train Resize((256, 256)) + RandomCrop(224) + flip, test Resize((224, 224))) |
     # resize_crop_center (FedGR code: train as resize_crop, test Resize(256) + CenterCrop(224)).

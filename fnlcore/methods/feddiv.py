@@ -229,7 +229,7 @@ def initial_filter_data(seed: int) -> np.ndarray:
     independent of the responsibilities' ``RandomState(args.seed)``. Here they come from the seed's first
     ``SeedSequence`` child (A7), a stream independent of ``RandomState(seed)``.
     """
-    from sklearn.datasets import make_blobs
+    from sklearn.datasets import make_blobs  # lazy: scikit-learn takes ~1 s to import; only this step uses it
 
     stream = np.random.RandomState(np.random.MT19937(np.random.SeedSequence(int(seed), spawn_key=(0,))))
     x, _ = make_blobs(n_samples=1000, n_features=1, centers=2, shuffle=False, random_state=stream)

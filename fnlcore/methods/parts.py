@@ -34,8 +34,8 @@ def fit_two_gaussians(x: np.ndarray, seed: int, **options):
     the (n, d) values ``x``, with BLAS on one thread: these fits are tiny, and threads only add contention.
 
     sklearn is imported here, not with the module: it costs every job and Snakefile parse ~1.7 s."""
-    from sklearn.mixture import GaussianMixture
-    from threadpoolctl import threadpool_limits
+    from sklearn.mixture import GaussianMixture  # lazy: scikit-learn takes ~1 s to import; only this step uses it
+    from threadpoolctl import threadpool_limits  # lazy: scikit-learn takes ~1 s to import; only this step uses it
 
     with threadpool_limits(1):
         return GaussianMixture(n_components=2, random_state=seed, **options).fit(x)

@@ -11,12 +11,14 @@ from typing import Callable
 from urllib.parse import urlparse
 
 import torch
+import torch.hub
 from torch import nn
 
 from ..errors import ConfigError
 from ..registry import Registry
 from ..safe_pickle import weights_only_refusal
 from . import cifar_resnet, small
+from ..tv_compat import import_torchvision
 
 
 class Classifier(nn.Module):
@@ -94,8 +96,6 @@ def imagenet_state_dict(weights) -> dict:
     torch.hub checks a download, and a file already in the cache (put there by hand, or by
     anyone who can write a shared TORCH_HOME) is checked here, before it is read.
     """
-    import torch.hub
-
     filename = os.path.basename(urlparse(weights.url).path)
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
     cached = os.path.join(folder, filename)
@@ -149,8 +149,6 @@ def _check_published_hash(path: str, url: str) -> None:
 
 def _resnet_tv(arch):
     def build(num_classes, in_channels, image_size, pretrained):
-        from ..tv_compat import import_torchvision
-
         tv = import_torchvision()
         net = getattr(tv.models, arch)(weights=None)
         if pretrained:

@@ -18,8 +18,8 @@ def _tick_labels(num: int, names: Sequence[str] | None) -> list[str]:
 def plot_noise_rates(summary: pd.DataFrame) -> Figure:
     """Per-client bars of the realised noise rate with the nominal level marked."""
     k = len(summary)
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.figure import Figure  # lazy: matplotlib only where a figure is drawn
+    from matplotlib.ticker import MaxNLocator  # lazy: matplotlib only where a figure is drawn
 
     fig = Figure(figsize=(min(2 + 0.25 * k, 16), 3.5), layout="constrained")
     ax = fig.add_subplot()
@@ -39,7 +39,7 @@ def plot_transition_matrix(matrix: np.ndarray, class_names: Sequence[str] | None
     """Heatmap of the row-normalised true -> given matrix."""
     c = matrix.shape[0]
     size = min(3 + 0.35 * c, 14)
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib only where a figure is drawn
 
     fig = Figure(figsize=(size, size * 0.85), layout="constrained")
     ax = fig.add_subplot()
@@ -63,7 +63,7 @@ def plot_transition_matrix(matrix: np.ndarray, class_names: Sequence[str] | None
 def plot_active_mask(mask: np.ndarray, class_names: Sequence[str] | None = None) -> Figure:
     """Clients x classes map of annotated (1) and missing (0) classes (partial labels)."""
     k, c = mask.shape
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib only where a figure is drawn
 
     fig = Figure(figsize=(min(3 + 0.4 * c, 14), min(2 + 0.3 * k, 14)), layout="constrained")
     ax = fig.add_subplot()

@@ -16,7 +16,7 @@ from ..assignment import ClientAssignment
 from ..errors import ConfigError
 from ..rng import legacy_rng
 from . import flips, schedules
-from .checks import single_labels
+from .checks import any_labels, single_labels
 from .maps import resolve_map
 from .result import ASYM, CLEAN, SYM, SYM_INCL, NoiseResult, make_result
 
@@ -25,7 +25,6 @@ FIRST10 = 10
 
 def clean_noise(labels: np.ndarray, assignment: ClientAssignment, num_classes: int) -> NoiseResult:
     """No noise: given = true labels (single- or multi-label)."""
-    from .checks import any_labels
 
     y = any_labels(labels, num_classes, assignment)
     k = assignment.num_clients

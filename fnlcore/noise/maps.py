@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..slugs import short_hash
 
 GROUP_SIZE = 5
 
@@ -106,7 +107,6 @@ def validate_map(mapping: np.ndarray, num_classes: int, key: str = "asym_map") -
 
 def map_slug(value: str | tuple[int, ...]) -> str:
     """Short slug piece: 'classic', 'cyclic', 'group' or 'map' + hash of an explicit list."""
-    from ..slugs import short_hash
 
     if isinstance(value, str):
         return MAP_NAMES[value]

@@ -76,7 +76,7 @@ def fedncl_gaussian_levels(
         return np.clip(rng.normal(mu, sigma, num_clients), 0.0, 1.0)
     if sigma == 0:
         return np.full(num_clients, min(max(mu, 0.0), 1.0))
-    from scipy.stats import truncnorm
+    from scipy.stats import truncnorm  # lazy: scipy only for this draw
 
     a, b = (0.0 - mu) / sigma, (1.0 - mu) / sigma
     x = truncnorm.rvs(a, b, loc=mu, scale=sigma, size=num_clients, random_state=rng)

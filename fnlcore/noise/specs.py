@@ -30,6 +30,7 @@ from .hidn import assemble_soft_labels, fednoro_noisy_clients, hidn_noise
 from .maps import canonical_map, map_slug, resolve_map
 from .partial import FEDMLP_CLASS_SEED, fedmlp_active_classes, fedmlp_partial_noise
 from .result import NoiseResult
+from ..datasets.ich import official_soft_labels
 
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.]+$")
 
@@ -250,7 +251,6 @@ class FedNoRoHIDN(NoiseSpec):
         n, c = len(dataset.labels("train")), dataset.info.num_classes
         if self.soft_labels == "annotator":
             return assemble_soft_labels(list(annotator_files), n, c)
-        from ..datasets.ich import official_soft_labels
 
         return official_soft_labels(dataset)
 

@@ -72,8 +72,8 @@ def partition_figure(
     width = float(np.clip(2.0 + 0.3 * cols, 6.0, 20.0))
     height = float(np.clip(1.6 + 0.3 * rows, 3.0, 14.0))
     # matplotlib here, not with the module: a Snakefile parse imports this module and draws nothing
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    from matplotlib.figure import Figure  # lazy: matplotlib only where a figure is drawn
+    from matplotlib.ticker import FuncFormatter, MaxNLocator  # lazy: matplotlib only where a figure is drawn
 
     fig = Figure(figsize=(width, height), layout="constrained")
     ax = fig.add_subplot()

@@ -62,9 +62,9 @@ def plot_curves(
     The figure is built on matplotlib's Agg canvas directly (no pyplot state,
     no display needed); files are byte-identical for identical inputs.
     """
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    import matplotlib  # lazy: matplotlib only where a figure is drawn
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib only where a figure is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib only where a figure is drawn
 
     if not curves:
         raise DataError("plot_curves: no curves given")

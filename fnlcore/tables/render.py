@@ -13,6 +13,7 @@ from ..io import atomic_path, write_csv
 from .aggregate import aggregate_runs, check_runs
 from .reported import place_reported
 from .spec import TableSpec
+from .formats import status_text, to_html_text, to_markdown_text
 
 STATUSES = ("done", "pending", "not_implemented", "not_reported")
 """Cell status: done = reproduced and reported; pending = reported but no runs yet;
@@ -81,18 +82,13 @@ class RenderedTable:
         return int((self.long["within_tolerance"] == False).sum())  # noqa: E712 (nullable boolean)
 
     def markdown(self) -> str:
-        from .formats import to_markdown_text
-
         return to_markdown_text(self)
 
     def html(self) -> str:
-        from .formats import to_html_text
-
         return to_html_text(self)
 
     def status_line(self) -> str:
         """The table's status in words, as the Markdown and HTML print it ("12 of 12 cells reproduced, ...")."""
-        from .formats import status_text
 
         return status_text(self)
 
