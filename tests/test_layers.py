@@ -335,9 +335,6 @@ def test_datasets_import_nothing_of_the_engine(graph):
 # or optional package (torch, Snakemake, jsonschema, matplotlib, scikit-learn) that the module must
 # import without.
 LAZY_MARK = "# lazy:"
-# fnlcore/app/cost.py is being reworked elsewhere; its function-level imports are marked there. The
-# count may only fall: lower it (to 0, then drop the entry) as they are moved or marked.
-UNMARKED_STILL = {"app/cost.py": 18}
 
 
 def _unmarked_lazy_imports(path: Path) -> list[int]:
@@ -355,12 +352,11 @@ def _unmarked_lazy_imports(path: Path) -> list[int]:
 
 def test_every_import_inside_a_function_says_why():
     unmarked = {str(p.relative_to(PKG)): _unmarked_lazy_imports(p) for p in sorted(PKG.rglob("*.py"))}
-    still = {f: n for f, n in UNMARKED_STILL.items() if len(unmarked.get(f, ())) > n}
-    hidden = [f"fnlcore/{f}:{ln}" for f, lns in unmarked.items() if f not in UNMARKED_STILL for ln in lns]
-    assert not hidden and not still, (
+    hidden = [f"fnlcore/{f}:{ln}" for f, lns in unmarked.items() for ln in lns]
+    assert not hidden, (
         "imports inside functions hide a dependency: move each to the module's top, or, where an import "
         "cycle or a heavy optional package forces it, add `# lazy: <why>` on its line or the line above: "
-        + ", ".join(hidden + [f"fnlcore/{f} ({len(unmarked[f])} > {n})" for f, n in still.items()]))
+        + ", ".join(hidden))
 
 
 def test_the_lazy_import_check_sees_unmarked_imports(tmp_path):

@@ -38,6 +38,7 @@ against hours of training), reading and decoding on-disk images (224 and 512 pix
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
@@ -49,9 +50,20 @@ from typing import Any, Mapping
 
 import torch
 
+from ..datasets import expected_shape, get_dataset
 from ..errors import ConfigError
+from ..fl.context import resolve_model_name
+from ..fl.footprint import client_bytes, clients_at_once
+from ..fl.local import forward_bounded
+from ..fl.pipeline import InputPipeline
+from ..fl.rounds import effective_engine, use_batched_engine
+from ..methods import METHODS
+from ..models import build_model
+from .gpu_cost import FLOOR_EFFICIENCY, H100_TF32_DENSE_FLOPS, DeviceModel, batched_measurements, floor_seconds
 from .measurements import is_shipped, measured_on, read_calibration, short_device, write_calibration
+from .method_costs import COUNT_COMMAND, MethodCosts
 from .step_shape import StepShape
+from .train import auto_augmentation
 
 # Other processes' load per core above which a measured step time is called unreliable.
 HIGH_LOAD_PER_CORE = 0.5
@@ -102,8 +114,6 @@ def build_step(shape: StepShape, device: torch.device, batch_size: int | None = 
     """(one local step as a function, the model, the input pipeline, the autocast context) of ``shape`` on
     random data: what :func:`measure_step` times and :mod:`fnlcore.app.counts` counts. ``batch_size``:
     another batch than the shape's; ``foreach``: the optimiser's multi-tensor form (torch's default: on a GPU)."""
-    from ..fl.pipeline import InputPipeline
-    from ..models import build_model
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     model = build_model(shape.model, shape.num_classes, shape.channels, shape.image_size).to(device)
@@ -138,7 +148,6 @@ def build_step(shape: StepShape, device: torch.device, batch_size: int | None = 
 
 def measure_step(shape: StepShape, device: torch.device, steps: int = 5, warmup: int = 2) -> StepCost:
     """Median seconds of ``steps`` local steps (after ``warmup``) and of one test sample's forward pass."""
-    from ..fl.local import forward_bounded
 
     step, model, pipeline, autocast = build_step(shape, device)
     gen = torch.Generator(device="cpu").manual_seed(1)
@@ -291,14 +300,11 @@ class RunCost:
 
 
 def _data_shape(run, dataset_options: Mapping[str, Any] | None):
-    from ..datasets import expected_shape, get_dataset
 
     return expected_shape(get_dataset(run.dataset), dataset_options)
 
 
 def _step_shape(run, ds) -> StepShape:
-    from ..fl.context import resolve_model_name
-    from .train import auto_augmentation
 
     t = run.training
     aug = auto_augmentation(run.dataset, ds.image_size) if t.augmentation == "auto" else t.augmentation
@@ -343,7 +349,6 @@ class Pricing:
     def factor(self, run, stretch: str, shape: StepShape, steps: float = 1.0):
         """The round cost of ``run``'s stretch ``stretch``, ``steps`` local steps a client, on this device
         (:mod:`fnlcore.app.method_costs`)."""
-        from .method_costs import MethodCosts
 
         costs = self.method_costs or MethodCosts()
         split = None
@@ -353,10 +358,6 @@ class Pricing:
 
     def stages(self, run, ds, shape: StepShape) -> list[StagePlan]:
         """The run's stages, each with the clients a step trains on this device."""
-        from ..datasets import get_dataset
-        from ..fl.rounds import effective_engine, use_batched_engine
-        from ..methods import METHODS
-        from ..fl.footprint import client_bytes, clients_at_once
 
         t = run.training
         k = run.partition.num_clients
@@ -408,8 +409,6 @@ class Pricing:
 
 def _work(run, ds) -> tuple[float, int, bool]:
     """(weighted client steps, test samples scored, every factor measured), at a CPU's round costs."""
-    from ..methods import METHODS
-    from .method_costs import MethodCosts
 
     t = run.training
     k = run.partition.num_clients
@@ -477,7 +476,6 @@ class CostEstimate:
 
     @property
     def floor_s(self) -> float:
-        from .gpu_cost import floor_seconds
 
         return sum(floor_seconds(r.flops) for r in self.runs.values())
 
@@ -489,7 +487,6 @@ def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricin
     is busy now), then of each as it is measured (through the calibration's ``progress``).
     ``pricing``: the device's engine model and the shapes' counts (:class:`Pricing`); without it
     the sequential engine and no floor."""
-    from .gpu_cost import floor_seconds
 
     runs: dict[str, RunCost] = {}
     unmeasured: dict[str, int] = {}
@@ -533,9 +530,7 @@ def estimate_plan(plan, calibration: Calibration, progress=None, pricing: Pricin
 def _fit_here(plan, calibration: Calibration, pricing: Pricing, options) -> Pricing:
     """A GPU with no shipped measurements of its model: every shape measured here first, then its
     step-time model fitted on them (what prices its batched step; :mod:`fnlcore.app.gpu_cost`)."""
-    import dataclasses
 
-    from .gpu_cost import DeviceModel, batched_measurements
 
     for run in plan.runs():
         calibration.cost(step_shape(run, options.get(run.dataset)))
@@ -600,7 +595,6 @@ def device_label(description: str) -> tuple[str, str]:
 def method_factor_lines(cost: CostEstimate) -> list[str]:
     """The plan's round cost of each method's stretches on the device priced, and where each came from
     (:mod:`fnlcore.app.method_costs`); a GPU's counted factor varies with the shape: its range."""
-    from .method_costs import COUNT_COMMAND, MethodCosts
 
     seen: dict[str, dict[str, list]] = {}
     for rc in cost.runs.values():
@@ -636,7 +630,6 @@ def method_factor_lines(cost: CostEstimate) -> list[str]:
 def format_estimate(cost: CostEstimate, calibration: Calibration, scale: str, resources=None) -> str:
     """``resources``: the train jobs' requests per table (:func:`fnlcore.app.resources.resource_columns`).
     Every figure is of one device, named in the header; the last line is the total."""
-    from .gpu_cost import FLOOR_EFFICIENCY, H100_TF32_DENSE_FLOPS, floor_seconds
 
     hours = 3600.0
     device, unit = device_label(calibration.description)
@@ -732,7 +725,6 @@ def gpu_step_costs(shapes, description: str, paths: list, counts, memory_bytes: 
     that GPU model's measurements in the step-cost files ``paths`` (the first path's winning), and for
     a shape it never measured the estimate of its :class:`~fnlcore.app.gpu_cost.DeviceModel`, marked
     ``estimated``; never another device's cost. Fewer than two measured shapes: no model, no estimates."""
-    from .gpu_cost import DeviceModel, batched_measurements
 
     found = measured_on(description, paths)
     out: dict[str, tuple[dict[str, Any], str]] = {}

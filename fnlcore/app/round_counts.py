@@ -25,6 +25,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..fl.footprint import OpCounter
+from ..methods import METHODS
 from .device_check.tiny import TinyRun, tiny_arrays, tiny_method
 from .opcount import gpu_paths
 
@@ -75,12 +76,6 @@ class MethodCount:
     stages: dict[str, Tally] = field(default_factory=dict)
 
 
-def stage_name(method, r: int) -> str:
-    """Round r's stage label (``stage_name``, or ``stage`` in older method classes)."""
-    named = getattr(method, "stage_name", None) or method.stage
-    return named(r)
-
-
 def _stretch_of(schedule, r: int) -> str:
     """The name of the schedule's stretch that holds round ``r`` (stretches follow one another)."""
     end = 0
@@ -96,8 +91,6 @@ def count_method(name: str, run: TinyRun = COUNT_RUN, overrides: dict | None = N
     """Count method ``name``'s rounds (module docstring) at ``run`` on the CPU; ``overrides``: hyper-parameters
     set after the run's defaults (a variant whose rounds cost otherwise, FedGR's ``strong_aug: false``);
     ``multi``: on multi-label data (default: where the method trains on nothing else)."""
-    from ..methods import METHODS
-
     cls = METHODS[name]
     multi = "single" not in cls.label_kinds if multi is None else multi
     method, sim = tiny_method(name, "sequential", tiny_arrays(run, multi), run, torch.device("cpu"), overrides)
@@ -120,7 +113,7 @@ def count_method(name: str, run: TinyRun = COUNT_RUN, overrides: dict | None = N
     def end_round(r: int) -> None:
         end(r)
         n_ops, n_flops = ops.ops - at["ops"], float(flops.get_total_flops() - at["flops"])
-        for key, table in ((_stretch_of(schedule, r), out.stretches), (stage_name(method, r), out.stages)):
+        for key, table in ((_stretch_of(schedule, r), out.stretches), (method.stage_name(r), out.stages)):
             table.setdefault(key, Tally()).add(n_ops, n_flops, int(at["clients"]))
 
     method.begin_round, method.select_clients, method.end_round = begin_round, select_clients, end_round
