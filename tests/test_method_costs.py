@@ -45,7 +45,7 @@ class Passes(FLMethod):
         m = sampling.clients_per_round(num_clients, settings.client_fraction)
         return [Stretch("first", 1, m), Stretch("extra", settings.rounds - 1, m)]
 
-    def stage(self, r: int) -> str:
+    def stage_name(self, r: int) -> str:
         return "main"
 
     def end_round(self, r: int) -> None:
