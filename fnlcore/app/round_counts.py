@@ -287,11 +287,17 @@ def components(method: tuple[MethodCount, MethodCount], fedavg: tuple[MethodCoun
 
 
 def _taken_share(pair: tuple[MethodCount, MethodCount], key: str) -> float:
-    """The share of the steps over all their samples that the clients' phases took in both runs
-    (below 1: a method that trains on the samples it keeps; 1.0 where no phase ran)."""
-    taken = sum(c.stretches[key].steps.taken for c in pair)
-    full = sum(c.stretches[key].steps.full for c in pair)
-    return round(taken / full, 3) if full else 1.0
+    """The share of the local steps its client updates would take over all their samples that they
+    took in both runs (below 1: a method that trains on the samples it keeps, or skips training)."""
+    (n1, t1), (n2, t2) = ((c.local_steps, c.stretches[key]) for c in pair)
+    full = _steps_per_step(t1, t2, n1, n2) * (t1.clients * n1 + t2.clients * n2)
+    return round((t1.steps.taken + t2.steps.taken) / full, 3) if full else 1.0
+
+
+def _steps_per_step(t1: Tally, t2: Tally, n1: int, n2: int) -> float:
+    """Steps a client update takes per local step of the run where its phases walk all its samples
+    (observed on the updates that ran a phase; 0 where none did)."""
+    return (t1.steps.full + t2.steps.full) / max(t1.steps.trained * n1 + t2.steps.trained * n2, 1)
 
 
 def _split(pair: tuple[MethodCount, MethodCount], key: str | None) -> tuple[float, float, float, float]:
@@ -305,8 +311,7 @@ def _split(pair: tuple[MethodCount, MethodCount], key: str | None) -> tuple[floa
     steps = Steps()
     steps.add(t1.steps)
     steps.add(t2.steps)
-    # steps a client takes per local step of the run where its phases walk all its samples
-    per_step = steps.full / max(t1.steps.trained * n1 + t2.steps.trained * n2, 1)
+    per_step = _steps_per_step(t1, t2, n1, n2)
     split = []
     for total1, total2, in1, in2, price, priced1 in (
             (t1.ops, t2.ops, t1.steps.ops, t2.steps.ops, steps.step_ops(), t1.steps.taken),
