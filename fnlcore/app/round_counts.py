@@ -22,7 +22,7 @@ and FLOPs, observed from outside the engine): a method that trains on the sample
 make, by a share that at the reference runs' few samples a client is neither the papers' share nor
 the same in both runs. :func:`components` therefore prices a local step from the steps actually
 taken, and counts as many of them per local step of the run as the method's phases would take over
-all the client's samples (:attr:`Tally.full_steps`): each step of the plan is priced as a step on
+all the client's samples (:attr:`Steps.full`): each step of the plan is priced as a step on
 every sample, an upper bound for a filtering method whose kept share the plan does not know.
 """
 
@@ -271,10 +271,10 @@ def components(method: tuple[MethodCount, MethodCount], fedavg: tuple[MethodCoun
 
     The work outside the local steps (detection and evaluation passes, server steps) splits by the
     difference of the two runs' counts over the difference of their local steps. The local steps
-    are priced from the steps taken (:meth:`Steps.price`) and counted at the steps the method's
-    phases take over all of a client's samples per local step of the run (module docstring); a
-    method that takes every step (FedAvg, or two phases over every sample: DivideMix's warm-up)
-    splits as the plain difference of the two runs' counts."""
+    are priced from the steps taken (:meth:`Steps.step_ops`, :meth:`Steps.step_flops`) and counted
+    at the steps the method's phases take over all of a client's samples per local step of the run
+    (module docstring); a method that takes every step (FedAvg, or two phases over every sample:
+    DivideMix's warm-up) splits as the plain difference of the two runs' counts."""
     _, f_ops, _, f_flops = _split(fedavg, None)
     out = {}
     for key in method[1].stretches:
