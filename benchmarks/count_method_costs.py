@@ -80,7 +80,9 @@ def main() -> int:
                             "stages": ratios(pair[1], fedavg[multi][1])["stages"], **stamp}
         _save(path, raw)
         shown = ", ".join(f"{k} ops {r['ops']:.2f} FLOPs {r['flops']:.2f}" for k, r in entry["counted"]["stages"].items())
-        print(f"{name:18s} {time.perf_counter() - t0:6.1f} s  {shown}", flush=True)
+        kept = "".join(f"  ({k}: {c['steps_taken']:.0%} of its steps taken)"
+                       for k, c in entry["counted"]["stretches"].items() if c["steps_taken"] < 1)
+        print(f"{name:18s} {time.perf_counter() - t0:6.1f} s  {shown}{kept}", flush=True)
     print(f"wrote {path}")
     return 0
 

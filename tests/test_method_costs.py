@@ -2,7 +2,8 @@
 data (benchmarks/method_costs.json, fnlcore/app/method_costs.py), applied by `fnl plan` (fnlcore/app/cost.py).
 
 * the counter: a plug-in whose rounds add forward passes over the training set counts FedAvg's
-  round exactly where it adds none, and one more pass's FLOPs and ops for each pass it adds;
+  round exactly where it adds none, and one more pass's FLOPs and ops for each pass it adds; a
+  plug-in that trains on a share of its samples prices each local step as FedAvg's, not at the share;
 * the shipped file counts every stretch of every method of the package (the test names the method
   and the command that counts it);
 * a GPU's factor is always a counted one, a CPU's the measured time ratio; a method the file lacks
@@ -20,10 +21,11 @@ import pytest
 from fnlcore.app import method_costs
 from fnlcore.app.cost import CostEstimate, RunCost, StepShape, method_factor_lines
 from fnlcore.app.device_check.tiny import TinyRun, tiny_params
-from fnlcore.app.round_counts import COUNT_RUN, MethodCount, Tally, components, count_method, describe, ratios
+from fnlcore.app.round_counts import (COUNT_RUN, MethodCount, Tally, components, count_method, count_pair, describe,
+                                      ratios)
 from fnlcore.fl import sampling
 from fnlcore.fl.local import predict
-from fnlcore.methods import METHODS, FLMethod, MethodParams, Stretch, method_from_dict
+from fnlcore.methods import METHODS, FLMethod, LocalJob, MethodParams, Phase, Stage, Stretch, method_from_dict
 from fnlcore.registry import param
 
 SMALL = TinyRun("tiny", 8, 8, 4, 4, 3)  # 6 clients of two steps, three rounds: seconds
@@ -76,6 +78,45 @@ def test_each_forward_pass_a_round_adds_its_ops_and_flops(passes_method):
     # a forward pass over every training sample against a round of one epoch of forward and backward
     # (backward about twice the forward): about a third more FLOPs
     assert 0.2 < d1[1] / c0.stretches["extra"].flops < 0.6
+
+
+@dataclass(frozen=True)
+class ShareParams(MethodParams):
+    name = "test_share"
+    keep: float = param(0.5, gt=0, le=1, doc="share of its samples a client trains on")
+
+
+class Share(FLMethod):
+    """FedAvg on the first ``keep`` share of each client's samples (as a filter that keeps them would)."""
+
+    Params = ShareParams
+
+    def prepare(self, r: int, k: int, nets: dict) -> LocalJob:
+        idx = self.ctx.data.clients[k]
+        kept = idx[:max(int(len(idx) * self.params.keep), 1)]
+        return LocalJob(phases=[Phase(streams={"data": (kept, self.ctx.settings.batch_size)})])
+
+    stages = {"main": Stage(prepare=prepare, loss=FLMethod.loss)}
+
+
+# two and four local steps a client of batch 4: a half share takes one and two, a 0.4 share one
+# and two as well, each with a short last batch
+SHARE_RUNS = (TinyRun("tiny", 8, 8, 4, 4, 3), TinyRun("tiny", 8, 16, 4, 4, 3))
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.4])
+def test_a_method_that_trains_on_a_share_of_its_samples_prices_each_local_step_as_fedavg(monkeypatch, keep):
+    monkeypatch.setitem(METHODS._entries, "test_share", Share)
+    fedavg = count_pair("fedavg", runs=SHARE_RUNS)
+    c = components(count_pair("test_share", {"keep": keep}, runs=SHARE_RUNS), fedavg)["main"]
+    # its steps are FedAvg's (ops of a step; FLOPs of a full batch, a short last one a part), and
+    # the plan counts as many a round as over every sample: the runs' own differ by less (the
+    # difference of the two runs' counts alone made the step keep x FedAvg's or less)
+    assert c["ops_step"] == pytest.approx(1.0, abs=0.02) and c["flops_step"] == pytest.approx(1.0, abs=0.02)
+    assert c["steps_taken"] == pytest.approx(0.5)
+    unit = components(fedavg, fedavg)["main"]
+    assert c["ops_fixed"] == pytest.approx(unit["ops_fixed"], abs=0.05) and c["flops_fixed"] == pytest.approx(0.0, abs=0.02)
+    assert unit["steps_taken"] == 1.0 and (unit["ops_step"], unit["flops_step"]) == (1.0, 1.0)
 
 
 def _package_methods() -> list[str]:
@@ -134,18 +175,18 @@ def test_a_device_models_split_weights_the_ops_and_flops_ratios():
     assert costs.ratios("fedavg", method_from_dict({"name": "fedavg"}), "main", 7) == pytest.approx((1.0, 1.0), rel=1e-3)
 
 
-def _count(name: str, per_client: tuple[float, float], clients: int = 2) -> MethodCount:
-    """A count of one stretch ``main``: (ops, FLOPs) a client-round."""
+def _count(name: str, per_client: tuple[float, float], local_steps: int, clients: int = 2) -> MethodCount:
+    """A count of one stretch ``main``: (ops, FLOPs) a client-round at ``local_steps`` a client (no step observed)."""
     ops, flops = per_client
     t = Tally(int(ops * clients), flops * clients, 1, clients)
-    return MethodCount(name, {"main": t}, {"main": t})
+    return MethodCount(name, {"main": t}, {"main": t}, local_steps)
 
 
 def test_a_round_splits_into_its_fixed_part_and_what_each_local_step_adds():
     # FedAvg: 100 ops and 10 FLOPs a step, 50 ops and 1 FLOP a round besides; the method: 3x a step's
     # ops and 2x its FLOPs, and 450 ops and 21 FLOPs a round besides (an extra pass)
-    fedavg = (_count("fedavg", (150, 11)), _count("fedavg", (250, 21)))
-    method = (_count("m", (750, 41)), _count("m", (1050, 61)))
+    fedavg = (_count("fedavg", (150, 11), 1), _count("fedavg", (250, 21), 2))
+    method = (_count("m", (750, 41), 1), _count("m", (1050, 61), 2))
     c = components(method, fedavg)["main"]
     assert (c["ops_step"], c["ops_fixed"], c["flops_step"], c["flops_fixed"]) == pytest.approx((3.0, 4.5, 2.0, 2.1))
 
