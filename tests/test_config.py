@@ -142,9 +142,9 @@ def test_scale_and_paper_files_are_schema_checked_with_file_and_key(tmp_path):
 
 
 def test_paper_dataset_options_reach_the_dataset_and_the_user_wins(monkeypatch):
-    from fnlcore.app import papers as experiments
+    from fnlcore.app import plan as planning  # build_plan's own reference to papers.load_paper
 
-    real = experiments.load_paper
+    real = planning.load_paper
 
     def with_options(paper, scale):
         tables = real(paper, scale)
@@ -152,7 +152,7 @@ def test_paper_dataset_options_reach_the_dataset_and_the_user_wins(monkeypatch):
             t.dataset_options = {"digits": {"test_size": 0.3, "split_seed": 1}}  # options digits has
         return tables
 
-    monkeypatch.setattr(experiments, "load_paper", with_options)
+    monkeypatch.setattr(planning, "load_paper", with_options)
     cfg = {"tables": ["demo"], "data_grid": [], "data": {"datasets": {"digits": {"options": {"split_seed": 2}}}}}
     plan = build_plan(validate_schema(cfg))
     assert dict(plan.datasets["digits"].options) == {"test_size": 0.3, "split_seed": 2}
