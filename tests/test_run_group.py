@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -111,10 +110,10 @@ def test_each_grouped_run_equals_the_same_run_trained_alone(tmp_path):
 
 
 def _group_process(tmp_path, members, record) -> subprocess.Popen:
-    job = tmp_path / "group.pkl"
-    job.write_bytes(pickle.dumps(members))
-    code = ("import pickle, sys; from fnlcore.app.run_group import train_group; "
-            f"sys.exit(train_group(pickle.load(open({str(job)!r}, 'rb')), {str(record)!r}))")
+    job = tmp_path / "group.json"  # plain data, as a group job hands a run to its child (nothing read runs code)
+    job.write_text(json.dumps([member_to_json(m) for m in members]))
+    code = ("import json, sys; from fnlcore.app.run_group import member_from_json, train_group; "
+            f"sys.exit(train_group([member_from_json(d) for d in json.load(open({str(job)!r}))], {str(record)!r}))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-c", code], env=env)
 
