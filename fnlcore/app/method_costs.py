@@ -135,7 +135,3 @@ class MethodCosts:
     def missing(self, names) -> list[str]:
         """Of method names ``names``, those without counts in the file."""
         return [n for n in names if not ((self.methods.get(n) or {}).get("counted") or {}).get("stretches")]
-
-
-def method_costs(path: str | os.PathLike | None = None) -> MethodCosts:
-    return MethodCosts(path)
