@@ -353,7 +353,7 @@ def _plan(args) -> int:
     from .app.plan import build_plan, validate_schema  # lazy: fnl --help start-up (note at the top)
     from .app.resources import resource_columns  # lazy: fnl --help start-up (note at the top)
     from .app.runs import PAPERS_DIR  # lazy: fnl --help start-up (note at the top)
-    from .fl.device import check_device, resolve_device  # lazy: fnl --help start-up (note at the top)
+    from .fl.context import check_device, resolve_device  # lazy: fnl --help start-up (note at the top)
 
     if args.gpu is not None and not args.gpu.strip():
         raise ConfigError("--gpu: name a GPU, e.g. --gpu h200 (part of its name in benchmarks/step_costs.json)")
@@ -436,7 +436,7 @@ def _rehearse(args) -> int:
     # lazy: fnl --help start-up (note at the top)
     from .app.rehearse import Options, distinct_configs, earlier_rows, merge_tables, rehearse, write_rehearsal
     from .app.runs import PAPERS_DIR  # lazy: fnl --help start-up (note at the top)
-    from .fl.device import check_device  # lazy: fnl --help start-up (note at the top)
+    from .fl.context import check_device  # lazy: fnl --help start-up (note at the top)
 
     if not (args.list or args.merge):  # they train nothing; a rehearsal is refused before any work
         check_device(args.device, where="--device")

@@ -69,3 +69,8 @@ def retry_cannot_fix(err: BaseException) -> bool:
         msg = str(err).lower()
         return "out of memory" not in msg and any(s in msg for s in _SHAPE_ERRORS)
     return False
+
+
+def exit_status(err: BaseException) -> int:
+    """The exit status of a command that failed with ``err``: EXIT_NOT_RETRIABLE when a retry cannot fix it, else 1."""
+    return EXIT_NOT_RETRIABLE if retry_cannot_fix(err) else 1

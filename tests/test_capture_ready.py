@@ -1,4 +1,4 @@
-"""The batched engine's capture-ready step (fnlcore.fl.graphs) equals its ordinary step on the CPU.
+"""The batched engine's capture-ready step (fnlcore.fl.batched) equals its ordinary step on the CPU.
 
 ``training.cuda_graphs`` captures a plain chunk's step as CUDA graphs, which needs fixed shapes (every
 step the full batch wide, short and missing batches padded and masked), inputs staged in fixed
@@ -17,7 +17,8 @@ from torch import nn
 
 from fnlcore.errors import ConfigError
 from fnlcore.fl.batched import train_clients
-from fnlcore.fl.graphs import StepRunner, capturable, graphable, is_capturable
+from fnlcore.fl.batched import StepRunner, graphable
+from fnlcore.fl.contract import capturable, is_capturable
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.stacked import StackedAdam, StackedSGD
 from fnlcore.methods import METHODS

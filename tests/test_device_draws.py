@@ -102,7 +102,7 @@ def test_a_checkpoint_with_a_device_generator_state_is_refused_with_the_fix(tmp_
 
 @pytest.mark.parametrize("precision, tf32", [("fp32", False), ("tf32", True), ("bf16", True)])
 def test_the_gpu_math_policy_follows_the_precision(precision, tf32):
-    from fnlcore.fl.device import set_math_policy
+    from fnlcore.fl.context import set_math_policy
 
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
     try:

@@ -23,7 +23,8 @@ import torch
 
 from fnlcore import io, provenance
 from fnlcore.app import cost as cost_mod
-from fnlcore.app.failures import exit_status, failure_marker, run_attempt
+from fnlcore.app.train import failure_marker, run_attempt
+from fnlcore.errors import exit_status
 from fnlcore.app.plan import build_plan, load_plan, validate_schema
 from fnlcore.errors import (
     EXIT_NOT_RETRIABLE,
@@ -34,7 +35,7 @@ from fnlcore.errors import (
     retry_cannot_fix,
 )
 from fnlcore.fl import simulation as sim_mod
-from fnlcore.fl.device import device_problem
+from fnlcore.fl.context import device_problem
 from fnlcore.fl.persist import ClientStore, load_safely, to_safe_form
 from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation

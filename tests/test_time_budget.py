@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fnlcore.app.failures import failure_marker
+from fnlcore.app.train import failure_marker
 from fnlcore.app.train import RunSpec, run_journal, train_job, train_job_log, train_run
 from fnlcore.datasets.base import DatasetInfo, write_prepared
 from fnlcore.errors import EXIT_CONTINUE, ConfigError, RunIncomplete, retry_cannot_fix

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from ..fl.context import RunContext, resolve_model_name
 from ..fl.data import FederatedData, ImageSource
-from ..fl.device import resolve_device
+from ..fl.context import resolve_device
 from ..fl.local import predict
 from ..fl.pipeline import make_pipeline
 from ..fl.sequential import train_epochs

@@ -8,7 +8,7 @@ Two layers of validation, both before any job runs:
    its typed spec, which rejects unknown keys and bad values by name, and the
    combinations are checked (a multi-label noise model on a single-label set...), the
    tables' models exist (and have ImageNet weights where ``pretrained`` asks for them),
-   the ``device`` can run the jobs (:func:`fnlcore.fl.device.check_device`), no partition has
+   the ``device`` can run the jobs (:func:`fnlcore.fl.context.check_device`), no partition has
    more clients than an in-memory set has training samples (an on-disk set's size is known
    once prepared: the partition job checks it, naming the same key), every
    ``data.datasets.<name>`` block is of a dataset something selected uses, and the selected
@@ -126,7 +126,7 @@ def build_plan(config: dict, jobs_run_here: bool = True) -> Plan:
     ``jobs_run_here``: the jobs run on this machine (not submitted to a cluster), so a CUDA
     ``device`` must exist here; for a cluster only the PyTorch build is checked."""
     # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
-    from ..fl.device import check_device
+    from ..fl.context import check_device
 
     results = str(config.get("results_dir", "results"))
     check_device(str(config.get("device", "auto")), here=jobs_run_here)

@@ -375,7 +375,7 @@ def rehearse(plan, opts: Options, out: Path, only: list[str] | None = None, log=
     (with ``only`` too) and not run again, so a rehearsal longer than one sitting goes on where it stopped.
     A device that cannot run here (``cuda`` without one) is refused before any work (a ConfigError)."""
     # lazy: imports torch; fnlcore.app.rehearse imports without it (envs/labels.yaml)
-    from ..fl.device import check_device
+    from ..fl.context import check_device
 
     check_device(opts.device, where="--device")
     configs = distinct_configs(plan)

@@ -36,7 +36,7 @@ from ..safe_files import open_regular
 from ..errors import FNLError
 from ..fl import simulation as simulation_module
 from ..fl.context import resolve_model_name
-from ..fl.device import resolve_device
+from ..fl.context import resolve_device
 from ..fl.simulation import Simulation
 from ..methods import METHODS
 from ..models import build_model

@@ -3,7 +3,13 @@ read the prepared data and noisy labels, build the engine's context, run the met
 
 A failure that a retry cannot fix (a configuration error, a corrupt input, a shape error)
 is recorded beside the checkpoint, so the workflow's next attempt of the same job fails at
-once instead of running again (:mod:`fnlcore.app.failures`).
+once instead of running again (:func:`run_attempt`). A workflow retries a failed job
+(``retries:`` in Snakemake): right for a node that died or a job pre-empted, wasted for a
+failure that repeats on every attempt (:func:`fnlcore.errors.retry_cannot_fix`), which would
+fill the log with the same traceback three times. A later attempt of the same job
+(``attempt > 1``: a retry within one workflow invocation) sees the marker and fails at once
+with the same message; a new invocation (``attempt == 1``: the user fixed something and
+reran) removes the marker and runs.
 
 Given ``time_budget_s`` (the seconds the job may run, counted from the call), a run that would
 pass it stops after a round with a checkpoint and raises :class:`~fnlcore.errors.RunIncomplete`,
@@ -12,33 +18,36 @@ writing no output; :func:`train_job` turns that into the exit status
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 import json
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..errors import EXIT_CONTINUE, RunIncomplete
-from ..fl.context import RunContext, resolve_model_name
+from ..errors import EXIT_CONTINUE, NotRetried, RunIncomplete, retry_cannot_fix
+from ..fl.context import RunContext, check_device, resolve_device, resolve_model_name
 from ..fl.data import FederatedData, ImageSource
-from ..fl.device import check_device, resolve_device
 from ..fl.pipeline import make_pipeline
 from ..image_transforms import image_loading
 from ..fl.settings import TrainSettings
 from ..fl.simulation import Simulation
 from ..fl.time_budget import TimeBudget
-from ..io import atomic_path, write_parquet
+from ..io import atomic_path, write_json, write_parquet
 from ..provenance import MADE_BY_KEY, file_digest, made_by
-from .failures import failure_marker, run_attempt
 from .results_lock import results_holder
 from ..datasets import DATASETS, load_prepared
 from ..datasets.decoded_cache import cache_geometries, find_decoded_cache
 from ..logs import job_log
 from ..methods import METHODS
 from ..noise import read_noise
+
+T = TypeVar("T")
 
 
 def auto_augmentation(dataset: str, image_size: tuple[int, int]) -> str:
@@ -165,12 +174,45 @@ class RunSpec:
     results_dir: str | None = None  # the workflow's results folder (its lock tells whether it still runs)
 
 
+# -- a job's attempts: a failure a retry cannot fix is not retried (the module's docstring) --
+
+def failure_marker(checkpoint_path: str | os.PathLike) -> Path:
+    """Where a job records a failure a retry cannot fix: beside its checkpoint (not a workflow output)."""
+    return Path(str(checkpoint_path) + ".failed.json")
+
+
+def run_attempt(marker: str | os.PathLike, attempt: int, body: Callable[[], T]) -> T:
+    """``body()``, unless an earlier attempt (``attempt > 1``) left ``marker``: then fail at once."""
+    marker = Path(marker)
+    if attempt > 1 and marker.exists():
+        raise NotRetried(
+            f"not retried: the previous attempt failed for a reason a retry cannot fix ({_recorded(marker)}); "
+            "fix it and rerun the workflow"
+        )
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(marker)
+    try:
+        return body()
+    except Exception as err:
+        if retry_cannot_fix(err) and not isinstance(err, NotRetried):
+            write_json({"error": type(err).__name__, "message": str(err)}, marker)
+        raise
+
+
+def _recorded(marker: Path) -> str:
+    try:
+        rec = json.loads(marker.read_text())
+        return f"{rec['error']}: {rec['message']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"see {marker}"
+
+
 def train_run(spec: RunSpec, progress=None, stop_after: int | None = None, attempt: int = 1,
               time_budget_s: float | None = None) -> pd.DataFrame:
     """Train one (dataset, partition, noise, method, seed) run; resumable through ``spec.checkpoint``.
 
     ``attempt``: the workflow's attempt number of this job; a later attempt after a failure that a
-    retry cannot fix fails at once (:func:`fnlcore.app.failures.run_attempt`).
+    retry cannot fix fails at once (:func:`run_attempt`).
     ``time_budget_s``: seconds this job may run from now (loading the data included); the run
     stops before it with a checkpoint and raises RunIncomplete (the module's docstring)."""
     budget = None if time_budget_s is None else TimeBudget(time_budget_s)

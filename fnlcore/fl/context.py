@@ -1,10 +1,12 @@
 """Everything a method needs during a run: data on the device, the input pipeline,
-model factory, optimiser factory, random streams and evaluation."""
+model factory, optimiser factory, random streams and evaluation; and the device itself:
+``auto`` (CUDA when available), ``cpu`` or ``cuda:N``, checked before a run starts, and its math."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,10 +17,79 @@ from ..errors import ConfigError
 from ..models import Classifier, build_model
 from ..models.builder import default_model_for
 from .data import FederatedData
-from .device import set_math_policy
-from .graphs import check_device as check_graphs_device
 from .pipeline import InputPipeline
 from .settings import TrainSettings
+
+
+# -- the device ----------------------------------------------------------------------------
+_FORM = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
+
+
+def device_problem(device: str, here: bool = True) -> str | None:
+    """Why ``device`` cannot run jobs (None when it can). ``here``: the jobs run on this machine, so a
+    CUDA device must be visible here; otherwise (a cluster's submit node) only the PyTorch build is checked."""
+    if not _FORM.match(str(device)):
+        return f"{device!r} is not a device; valid: auto, cpu, cuda, cuda:N"
+    if not device.startswith("cuda"):
+        return None
+    if not torch.backends.cuda.is_built():
+        return (f"{device!r}: no CUDA device: this PyTorch is a CPU-only build; install a CUDA build of torch "
+                "(requirements.txt on a GPU machine), or set device: auto or cpu")
+    if not here:
+        return None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return (f"{device!r}: no CUDA device on this machine; set device: auto (CUDA where there is one) "
+                "or cpu, or run the jobs on a GPU node")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= count:
+        return (f"{device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}; "
+                "pick one of them (or cuda / auto)")
+    return None
+
+
+def check_device(device: str, here: bool = True, where: str = "device") -> None:
+    """Raise ConfigError naming the problem and the fix (see :func:`device_problem`)."""
+    problem = device_problem(device, here)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
+
+
+def set_math_policy(precision: str) -> None:
+    """The GPU math of a run (``training.precision``), set for the whole process (a run is one process).
+
+    fp32: IEEE float32 in every matrix product and convolution (TF32 off, unlike PyTorch's default
+    for cuDNN convolutions): a GPU round equals the CPU's up to float rounding (about 1e-6
+    relative per operation), which ``fnl device-check`` measures. tf32: TensorFloat-32 in both
+    (10-bit mantissa products, about 1e-3 relative; faster on Ampere and later). bf16: bf16
+    autocast of forward passes and losses (``RunContext.autocast``), TF32 for what stays float32.
+    cuDNN's autotuner stays off and its algorithms are not forced deterministic: the autotuner
+    picks algorithms by timing, so two runs could differ in rounding; forcing deterministic
+    kernels would slow some backward passes, while scatter-adds (index_add_) keep their atomic
+    order on a GPU anyway. So a GPU run repeats itself up to float rounding, not bit for bit; the
+    CPU runs do bit for bit.
+    """
+    tf32 = precision in ("tf32", "bf16")
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = False
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def check_cuda_graphs(settings, device: torch.device) -> None:
+    """``training.cuda_graphs`` needs a CUDA device: refused elsewhere (a CPU has no graphs to replay,
+    and a run that asked for them should not silently run without)."""
+    if getattr(settings, "cuda_graphs", False) and torch.device(device).type != "cuda":
+        raise ConfigError(
+            f"training.cuda_graphs: true captures the batched engine's steps as CUDA graphs and needs a CUDA "
+            f"device; this run's device is {torch.device(device).type}. Set training.cuda_graphs: false (the "
+            "default) to run here")
 
 
 @dataclass
@@ -46,7 +117,7 @@ class RunContext:
         self.rng = np.random.RandomState(self.seed)
         self.shuffle_gen = torch.Generator(device="cpu").manual_seed(self.seed)
         self.aug_gen = torch.Generator(device="cpu").manual_seed(self.seed + 1)
-        check_graphs_device(self.settings, self.device)
+        check_cuda_graphs(self.settings, self.device)
         if self.device.type == "cuda":
             set_math_policy(self.settings.precision)
 

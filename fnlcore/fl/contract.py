@@ -45,6 +45,11 @@ The reducers
 * :func:`clients_mean` ``(sb, per_sample (K * B,)) -> (K,)``: the same for a flat per-sample
   term computed on ``sb.x`` or a view (client after client).
 
+A loss that reads only ``sb``'s device tensors and the method's device state, and decides
+nothing on the host from them, may be declared :func:`capturable`: the batched engine may then
+capture its plain steps as a CUDA graph and replay them (``training.cuda_graphs``; the batched
+engine's module doc).
+
 What the engine guarantees
 --------------------------
 * It owns the loop: for client k in round r it loads the client's working networks from the
@@ -81,7 +86,7 @@ from .state import State
 
 # What a method writes against (fnlcore.methods.api re-exports each); OneForm is the engines' binding of a Stage.
 __all__ = ["Batch", "ClientUpdate", "LocalJob", "Phase", "StackedBatch", "Stage",
-           "clients_cross_entropy", "clients_mean", "masked_mean"]
+           "capturable", "clients_cross_entropy", "clients_mean", "masked_mean"]
 
 Streams = dict[str, tuple[torch.Tensor, int]]
 
@@ -371,3 +376,18 @@ def masked_mean(per_sample: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
 def clients_mean(sb: StackedBatch, per_sample: torch.Tensor) -> torch.Tensor:
     """(K * B,) per-sample values of a step, client after client -> (K,) each client's mean over its real rows."""
     return masked_mean(per_sample.view(sb.idx.shape), sb.mask)
+
+
+# -- a loss a CUDA graph may replay ------------------------------------------------------------
+
+
+def capturable(loss):
+    """Declare a stage's loss capturable: it reads only ``sb``'s device tensors (``logits``, ``idx``,
+    ``mask``, ``clients``, ``x``, ``epoch_step``, ``net``) and the method's device state, and makes
+    no host decision from them."""
+    loss.capturable = True
+    return loss
+
+
+def is_capturable(loss) -> bool:
+    return bool(getattr(getattr(loss, "__func__", loss), "capturable", False))

@@ -66,9 +66,9 @@ class TrainSettings:
     engine: str = "default"
     # most clients stacked at once; 0: as many as the GPU's memory holds (fnlcore.fl.footprint), on a CPU all
     batched_clients: int = 0
-    precision: str = "fp32"  # fp32 | tf32 | bf16 (fnlcore.fl.device.set_math_policy)
+    precision: str = "fp32"  # fp32 | tf32 | bf16 (fnlcore.fl.context.set_math_policy)
     channels_last: bool = False  # models and input batches in channels-last memory (faster convs on GPUs)
-    # The batched engine's plain steps captured as CUDA graphs and replayed (fnlcore/fl/graphs.py): fixed
+    # The batched engine's plain steps captured as CUDA graphs and replayed (fnlcore/fl/batched.py): fixed
     # shapes (padded, masked rows), inputs in fixed buffers, a capturable optimiser. CUDA only (a run on
     # another device is refused); off until fnl device-check has measured it equal and faster on a GPU.
     cuda_graphs: bool = False

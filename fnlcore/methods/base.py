@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..registry import Registry
 from ..fl import sampling
 from ..fl.contract import ClientUpdate, StackedBatch, Stage, clients_cross_entropy
-from ..fl.graphs import capturable
+from ..fl.contract import capturable
 from ..fl.context import RunContext
 from ..fl.persist import ClientStore, load_method_state, method_state, persistent_names
 from ..fl.state import RunningAverage, load
@@ -79,7 +79,7 @@ class FLMethod:
     # Attributes that carry across rounds, saved and restored by the engine (fnlcore.fl.persist).
     persistent: ClassVar[tuple[str, ...]] = ()
 
-    @capturable  # reads only the batch's device tensors (a CUDA graph may replay it: fnlcore.fl.graphs)
+    @capturable  # reads only the batch's device tensors (a CUDA graph may replay it: fnlcore.fl.batched)
     def loss(self, sb: StackedBatch) -> torch.Tensor:
         """The local objective of K clients' step (:class:`~fnlcore.fl.contract.StackedBatch`) -> (K,)
         losses; the sequential engine runs it at K = 1 on the plain model (:mod:`fnlcore.fl.one_client`).

@@ -45,7 +45,7 @@ from typing import Callable
 
 import torch
 
-from ...fl.device import device_problem, resolve_device
+from ...fl.context import device_problem, resolve_device
 from .groups import check_groups
 from .probes import environment
 from .rehearsal import COSTLIEST, check_rehearsal

@@ -1,6 +1,6 @@
 """(b) Seconds per round of a bare loop and both engines (batched vs sequential) at the papers' shapes,
 NCHW and channels-last, fp32 and bf16; on CUDA also the batched engine with CUDA graphs on
-(``training.cuda_graphs``, :mod:`fnlcore.fl.graphs`) beside it off (:mod:`fnlcore.app.benchmark`; ``timing.csv``)."""
+(``training.cuda_graphs``, :mod:`fnlcore.fl.batched`) beside it off (:mod:`fnlcore.app.benchmark`; ``timing.csv``)."""
 
 from __future__ import annotations
 
