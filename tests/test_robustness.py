@@ -34,7 +34,7 @@ from fnlcore.errors import (
     StorageError,
     retry_cannot_fix,
 )
-from fnlcore.fl import simulation as sim_mod
+from fnlcore.fl import persist
 from fnlcore.fl.context import device_problem
 from fnlcore.fl.persist import ClientStore, load_safely, to_safe_form
 from fnlcore.fl.settings import TrainSettings
@@ -220,7 +220,7 @@ def test_estimated_checkpoint_size_covers_the_written_file(tmp_path):
     sim = _sim(checkpoint_path=ckpt, stop_after=1)
     sim.run()
     payload = load_safely(ckpt)
-    assert sim_mod.estimated_size(payload) >= ckpt.stat().st_size
+    assert persist.estimated_size(payload) >= ckpt.stat().st_size
 
 
 def test_a_disk_filling_during_a_write_names_the_folder_and_leaves_no_partial_file(tmp_path, monkeypatch):
@@ -233,7 +233,7 @@ def test_a_disk_filling_during_a_write_names_the_folder_and_leaves_no_partial_fi
             fh.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(sim_mod.torch, "save", full)
+    monkeypatch.setattr(persist.torch, "save", full)
     with pytest.raises(StorageError, match=rf"disk holding {tmp_path} filled up while writing run.ckpt.pt"):
         _sim(checkpoint_path=ckpt, stop_after=2).run()
     assert ckpt.read_bytes() == before

@@ -142,13 +142,11 @@ class EngineRunner:
         m, sim, r = self.method, self.sim, self.r
         sync(self.device)
         t0 = time.perf_counter()
-        for st in sim.stores:
-            st.begin_round(r)
+        sim.checkpoint.begin_round(r)
         m.begin_round(r)
         m.aggregate(r, sim.engine.updates(r, m.select_clients(r)))
         m.end_round(r)
-        for st in sim.stores:
-            st.end_round()
+        sim.checkpoint.end_round()
         sync(self.device)
         self.r += 1
         return time.perf_counter() - t0

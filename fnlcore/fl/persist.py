@@ -23,6 +23,7 @@ tagged plain data and :func:`from_safe_form` rebuilds it exactly, so no global i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pickle
@@ -31,14 +32,16 @@ import shutil
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable, Mapping
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
 from ..io import atomic_path, ensure_free_space
+from ..provenance import Provenance, plugin_digest
 from ..safe_pickle import weights_only_refusal
+from .context import RunContext
 from .state import load, snapshot, State
 
 
@@ -392,3 +395,183 @@ def _remove(p: Path) -> None:
         os.remove(p)
     except FileNotFoundError:
         pass
+
+
+# -- the run's checkpoint ------------------------------------------------------------------
+
+# 2: the relabel log; 3: declared method state, per-client stores on disk; 4: what made it (code, settings);
+# 5: tensors and plain data only, read with weights_only=True (persist.to_safe_form)
+CHECKPOINT_VERSION = 5
+
+# Training settings that never change a run's numbers (kept out of its identity, as out of its path).
+_NOT_IDENTITY = ("checkpoint_every",)
+
+
+def run_identity(method, ctx: RunContext, extra: Mapping[str, Any] | None = None) -> dict:
+    """Everything that determines a run's numbers, as the engine sees it; ``extra`` adds what it
+    cannot see (the dataset, a digest of the noisy labels). The device is left out: a checkpoint
+    resumes on another device."""
+    training = {f.name: getattr(ctx.settings, f.name) for f in dataclasses.fields(ctx.settings)
+                if f.name not in _NOT_IDENTITY}
+    return {"training": training, "method": method.params, "seed": ctx.seed, "model": ctx.model_name,
+            "clients": len(ctx.data.clients), "plugin_code": plugin_digest(type(method)), **(extra or {})}
+
+
+class RunCheckpoint:
+    """A run's checkpoint file and the per-client stores beside it (``<checkpoint>.clients/<store>``):
+    what the server loop (:class:`~fnlcore.fl.simulation.Simulation`, whose docstring says when)
+    saves and resumes from. Without a path nothing is saved and the stores live in temporary folders.
+
+    A checkpoint records what made it (``provenance``: the code's version and a digest of the run's
+    settings, :func:`run_identity`); one of other code or settings is never resumed. One that does
+    not load is moved aside to ``<checkpoint>.corrupt`` (``.corrupt.1``, ...: nothing is
+    overwritten); either way the run restarts from round 0 and ``progress`` says why."""
+
+    def __init__(self, path: str | Path | None, method, ctx: RunContext, provenance: Provenance,
+                 progress: Callable[[str], None]):
+        self.path = Path(path) if path else None
+        self.method, self.ctx, self.provenance, self.progress = method, ctx, provenance, progress
+        self.stores = method.stores()
+        for st in self.stores:
+            st.attach(None if self.path is None else Path(str(self.path) + ".clients") / st.name)
+
+    def begin_round(self, r: int) -> None:
+        for st in self.stores:
+            st.begin_round(r)
+
+    def end_round(self) -> None:
+        """What this round wrote to the stores goes to disk, out of memory."""
+        for st in self.stores:
+            st.end_round()
+
+    def save(self, next_round: int, rows: list[dict]) -> None:
+        if self.path is None:
+            return
+        payload = {
+            "version": CHECKPOINT_VERSION,
+            "made_by": self.provenance.to_dict(),
+            "next_round": next_round,
+            "method": method_state(self.method, files=True),
+            "given": self.ctx.data.given.detach().cpu().clone(),
+            "relabels": self.ctx.data.relabels.state_dict(),
+            "rng": self.ctx.rng_state(),
+            "rows": rows,
+        }
+        ensure_free_space(self.path.parent, estimated_size(payload), f"checkpoint {self.path.name}")
+        safe = to_safe_form(payload, "checkpoint")  # before the write: a type it cannot hold fails here, naming it
+        with atomic_path(self.path, suffix=".pt") as tmp:
+            torch.save(safe, tmp)
+        for st in self.stores:
+            st.committed()
+
+    def restore(self) -> tuple[int, list[dict]] | None:
+        """(the next round, the metric rows so far) of the checkpoint, loaded into the run; None when
+        there is none to resume (none written, or one of other code, settings or shape: restarted)."""
+        path = self.path
+        if path is None or not path.exists():
+            return None
+        try:
+            payload = load_safely(path)  # tensors and plain data only: the folder may be writable by others
+        except PermissionError as err:
+            raise DataError(f"{path}: cannot read the run's checkpoint ({err}); make it readable and rerun") from None
+        except Exception as err:  # truncated or corrupt (zip, EOF errors), older format or crafted (refused)
+            return self._restart(f"checkpoint {path} is unreadable ({refusal(err)})", aside=True)
+        if not isinstance(payload, dict) or not isinstance(payload.get("version"), int):
+            return self._restart(f"checkpoint {path} is unreadable (not a checkpoint: no format version)", aside=True)
+        made_by = Provenance.from_dict(payload.get("made_by"))
+        if payload.get("version") != CHECKPOINT_VERSION or not self.provenance.same_as(made_by):
+            old = made_by.describe() if made_by is not None else (
+                f"checkpoint format {payload.get('version')!r}, which does not record its code and settings")
+            return self._restart(f"checkpoint {path} was written by {old}; this run is {self.provenance.describe()}")
+        try:
+            _check_payload(payload, self.ctx, self.method)
+            missing = missing_store_files(self.method, payload["method"])
+        except (TypeError, ValueError, KeyError, AttributeError) as err:  # before anything is loaded into the run
+            return self._restart(f"checkpoint {path} is unreadable (not a checkpoint of this run: {err})", aside=True)
+        if missing:
+            return self._restart(f"checkpoint {path} names per-client files that are gone ({', '.join(missing[:3])})",
+                                 aside=True)
+        load_method_state(self.method, payload["method"])
+        self.ctx.data.given.copy_(payload["given"].to(self.ctx.data.given.device))
+        self.ctx.data.relabels.load_state_dict(payload["relabels"])
+        self.ctx.load_rng_state(payload["rng"])
+        self.progress(f"resumed from {path} at round {payload['next_round']} ({self.provenance.describe()})")
+        return int(payload["next_round"]), list(payload["rows"])
+
+    def _restart(self, why: str, aside: bool = False) -> None:
+        """Start from round 0: the checkpoint is moved to ``<checkpoint>.corrupt`` (``aside``: one that does
+        not load, kept for a look) or removed (a readable one of other code or settings), its per-client
+        files go, and the log says why."""
+        assert self.path is not None
+        if aside:
+            kept = _free_name(Path(str(self.path) + ".corrupt"))
+            os.rename(self.path, kept)
+            done = f"moved it to {kept}"
+        else:
+            os.remove(self.path)
+            done = "removed it"
+        for st in self.stores:
+            st.reset()
+        self.progress(f"{why}: {done}; restarting the run from round 0")
+        return None
+
+    def remove(self) -> None:
+        """The run is complete: its checkpoint and per-client files go."""
+        if self.path is not None and self.path.exists():
+            os.remove(self.path)
+        for st in self.stores:
+            st.clear()
+
+
+def estimated_size(obj: Any) -> int:
+    """Bytes a checkpoint of ``obj`` takes on disk, about: its tensors and arrays, plus 5% and 1 MiB
+    for the pickled structure (the rows, the random states' small parts)."""
+    return int(_nbytes(obj) * 1.05) + (1 << 20)
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    inner = getattr(obj, "t", None)  # persist's marker of a device tensor
+    return _nbytes(inner) if isinstance(inner, torch.Tensor) else 64
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``, ... the first that does not exist (a file moved aside earlier stays)."""
+    n, out = 0, path
+    while out.exists():
+        n += 1
+        out = Path(f"{path}.{n}")
+    return out
+
+
+def _check_payload(p: dict, ctx: RunContext, method) -> None:
+    """Raise (TypeError, ValueError, KeyError) when a checkpoint's payload is not shaped as this run's,
+    before any of it is loaded: a wrong one is moved aside instead of half-loaded."""
+    for key, kind in (("next_round", int), ("method", dict), ("given", torch.Tensor), ("relabels", list),
+                      ("rng", dict), ("rows", list)):
+        if not isinstance(p.get(key), kind):
+            raise TypeError(f"{key!r} is a {type(p.get(key)).__name__}, not a {kind.__name__}")
+    given = ctx.data.given
+    if p["given"].shape != given.shape or p["given"].dtype != given.dtype:
+        raise ValueError(f"labels {tuple(p['given'].shape)} {p['given'].dtype}, "
+                         f"the run's {tuple(given.shape)} {given.dtype}")
+    if not 0 <= p["next_round"] <= method.num_rounds():
+        raise ValueError(f"next round {p['next_round']} of 0..{method.num_rounds()}")
+    if not all(isinstance(r, dict) for r in p["rows"]) or not all(isinstance(c, dict) for c in p["relabels"]):
+        raise TypeError("rows or relabels are not records")
+    saved = p["method"].get("globals")
+    if not isinstance(saved, dict) or set(saved) != set(method.globals):
+        raise ValueError(f"networks {sorted(map(str, saved or {}))}, the run's {sorted(method.globals)}")
+    for name, net in method.globals.items():
+        want = net.state_dict()
+        st = saved[name]
+        if not isinstance(st, dict) or set(st) != set(want) or any(
+                not isinstance(st[k], torch.Tensor) or st[k].shape != v.shape for k, v in want.items()):
+            raise ValueError(f"network {name!r} does not have the run's parameters")

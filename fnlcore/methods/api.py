@@ -20,8 +20,8 @@ from .. import numerics
 from ..augment import draw_device, on
 from ..errors import ConfigError, FNLError
 from ..fl import sampling
-from ..fl.contract import (Batch, ClientUpdate, LocalJob, Phase, StackedBatch, Stage, clients_cross_entropy,
-                           clients_mean, masked_mean)
+from ..fl.contract import (Batch, ClientUpdate, LocalJob, Phase, StackedBatch, Stage, capturable,
+                           clients_cross_entropy, clients_mean, masked_mean)
 from ..fl.copies import OneCopy, assign_clients_
 from ..fl.local import draw_predict, evaluate, forward_bounded, predict
 from ..fl.persist import ClientStore
@@ -32,7 +32,7 @@ from .base import METHODS, FLMethod, MethodParams
 from .schedule import Stretch, warm_up_then
 
 __all__ = [
-    "assign_clients_", "Batch", "ClientStore", "ClientUpdate", "ConfigError", "FLMethod", "FNLError",
+    "assign_clients_", "Batch", "capturable", "ClientStore", "ClientUpdate", "ConfigError", "FLMethod", "FNLError",
     "LocalJob", "METHODS", "MethodParams", "OneCopy", "Phase", "Stage", "StackedBatch", "State", "Stretch",
     "clients_cross_entropy", "clients_mean", "draw_device", "draw_predict", "evaluate", "forward_bounded",
     "host_side", "load", "masked_mean", "on", "param", "numerics", "parameter_keys", "per_tensor_distance",
