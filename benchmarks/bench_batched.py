@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fnlcore.app.train import build_context  # noqa: E402
 from fnlcore.fl.data import FederatedData, ImageSource  # noqa: E402
 from fnlcore.fl.settings import TrainSettings  # noqa: E402
-from fnlcore.fl.rounds import RoundEngine  # noqa: E402
+from fnlcore.fl.simulation import RoundEngine  # noqa: E402
 from fnlcore.methods.base import METHODS  # noqa: E402
 
 CASES = {

@@ -23,7 +23,7 @@ from fnlcore.fl.settings import TrainSettings
 from fnlcore.fl.simulation import Simulation
 from fnlcore.fl.stacked import StackedAdam, StackedNet, StackedSGD, stacked_input
 from fnlcore.fl.contract import LocalJob, Phase
-from fnlcore.fl.rounds import RoundEngine
+from fnlcore.fl.simulation import RoundEngine
 from fnlcore.methods.base import METHODS
 from fnlcore.models import build_model
 
@@ -208,7 +208,7 @@ def test_a_round_runs_batched_only_where_its_stage_batches(monkeypatch):
     calls = {"batched": [], "sequential": []}
     train_clients, train_client = batched.train_clients, sequential.train_client
     monkeypatch.setattr(batched, "train_clients", lambda ctx, *a, **k: calls["batched"].append(1) or train_clients(ctx, *a, **k))
-    monkeypatch.setattr("fnlcore.fl.rounds.train_client",
+    monkeypatch.setattr("fnlcore.fl.simulation.train_client",
                         lambda m, r, k: calls["sequential"].append(r) or train_client(m, r, k))
     _run("fednoro", "batched", {"warmup_rounds": 2, "detection_votes": 1}, rounds=4, local_epochs=1)
     assert len(calls["batched"]) == 2 and sorted(set(calls["sequential"])) == [2, 3]

@@ -185,7 +185,7 @@ def test_methods_reach_the_engine_only_through_the_api_module(graph):
 # The method contract is one module a method author reads alone; the engines run it. The contract
 # imports no engine (at any depth), and the engine loops live in their own modules.
 CONTRACT = "fnlcore.fl.contract"
-ENGINES = ("fnlcore.fl.batched", "fnlcore.fl.sequential", "fnlcore.fl.rounds", "fnlcore.fl.stacked",
+ENGINES = ("fnlcore.fl.batched", "fnlcore.fl.sequential", "fnlcore.fl.stacked",
            "fnlcore.fl.simulation")
 
 

@@ -28,8 +28,7 @@ from fnlcore.app.measurements import device_memory_mb, measured_on, ship_step_co
 from fnlcore.app.plan import build_plan, validate_schema
 from fnlcore.cli import main as fnl
 from fnlcore.errors import ConfigError
-from fnlcore.fl.footprint import clients_at_once
-from fnlcore.fl.rounds import RoundEngine, effective_engine
+from fnlcore.fl.simulation import RoundEngine, clients_at_once, effective_engine
 from fnlcore.methods import METHODS
 from fnlcore.models import build_model
 
@@ -266,7 +265,7 @@ def test_the_run_sizes_clients_at_once_as_the_plan_does():
     """The batched engine's clients at once on a GPU (RoundEngine.chunk -> clients_in_memory, counted on
     the run's model) equal the plan's (the shape's shipped counts), for a model without BatchNorm;
     the count leaves the model's mode as it was."""
-    from fnlcore.fl.footprint import MEMORY_SHARE, client_bytes, clients_in_memory
+    from fnlcore.fl.simulation import MEMORY_SHARE, client_bytes, clients_in_memory
     from fnlcore.fl.pipeline import InputPipeline
 
     shape = shape_from_key("lenet5|1x28x28|C10|b128|none|sgd|fp32|eb1024")

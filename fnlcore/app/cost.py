@@ -26,8 +26,8 @@ A run's device time is estimated as
 
 On a GPU (:class:`Pricing`) the plan prices the engine each run will use there
 (``training.engine: default`` batches where the method's stage batches, the images are in memory
-and the model stacks: :func:`fnlcore.fl.rounds.effective_engine`) with the clients a step stacks
-sized by the device's memory (:mod:`fnlcore.fl.footprint`), a batched step priced by the GPU's
+and the model stacks: :func:`fnlcore.fl.simulation.effective_engine`) with the clients a step stacks
+sized by the device's memory (:func:`fnlcore.fl.simulation.clients_in_memory`), a batched step priced by the GPU's
 step-time model (:mod:`fnlcore.app.gpu_cost`), which also estimates the shapes that GPU never
 measured; a CPU's cost never prices a GPU. Each run's FLOPs give the floor beside the estimate.
 A CPU plan prices the sequential engine, the CPU's default.
@@ -53,10 +53,9 @@ import torch
 from ..datasets import expected_shape, get_dataset
 from ..errors import ConfigError
 from ..fl.context import resolve_model_name
-from ..fl.footprint import client_bytes, clients_at_once
 from ..fl.local import forward_bounded
 from ..fl.pipeline import InputPipeline
-from ..fl.rounds import effective_engine, use_batched_engine
+from ..fl.simulation import client_bytes, clients_at_once, effective_engine, use_batched_engine
 from ..methods import METHODS
 from ..models import build_model
 from .gpu_cost import FLOOR_EFFICIENCY, H100_TF32_DENSE_FLOPS, DeviceModel, batched_measurements, floor_seconds
@@ -333,7 +332,7 @@ class StagePlan:
 @dataclass
 class Pricing:
     """How a plan prices a run on a device: ``device_type`` ("cuda" prices the engine the run will
-    use there, :func:`fnlcore.fl.rounds.effective_engine`); ``model``: the GPU's step-time model
+    use there, :func:`fnlcore.fl.simulation.effective_engine`); ``model``: the GPU's step-time model
     (:class:`fnlcore.app.gpu_cost.DeviceModel`: the batched step and estimated shapes); ``counts``:
     the shapes' ops and FLOPs (:class:`fnlcore.app.counts.ShapeCounts`: the floor, stackable
     models, a client's memory); ``memory_bytes``: the device's memory (clients at once);

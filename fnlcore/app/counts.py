@@ -12,7 +12,7 @@ CPU and priced per device by :mod:`fnlcore.app.gpu_cost`:
   matrix products) at the shape's batch size; ``eval_flops``: one test sample's forward pass;
   ``eval_ops``: the ops of one evaluation forward pass (a sub-batch).
 * ``param_bytes``, ``activation_bytes`` (a training sample's forward outputs, an upper bound of
-  what backward keeps): what a client's stacked copy takes on a device (:func:`fnlcore.fl.footprint.client_bytes`).
+  what backward keeps): what a client's stacked copy takes on a device (:func:`fnlcore.fl.simulation.client_bytes`).
 * ``stackable``: whether the batched engine can stack the model (:func:`fnlcore.fl.stacked.check_stackable`).
 
 Counting runs one step at batch :data:`COUNT_BATCH` (op counts do not depend on the batch,
@@ -32,7 +32,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import ConfigError
-from ..fl.footprint import OpCounter
+from ..fl.simulation import OpCounter
 from ..fl.stacked import check_stackable
 from .cost import build_step
 
@@ -52,7 +52,7 @@ def count_shape(shape) -> dict[str, Any]:
         step()
     sample = pipeline.eval(torch.zeros((COUNT_BATCH, shape.channels, *shape.image_size), dtype=torch.uint8))
     with OpCounter() as forward:  # what the model's forward pass writes: at most what backward keeps
-        model(sample)  # as the run counts it (fnlcore.fl.footprint.clients_in_memory)
+        model(sample)  # as the run counts it (fnlcore.fl.simulation.clients_in_memory)
     flops = FlopCounterMode(display=False)
     with flops:
         step()

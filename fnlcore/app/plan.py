@@ -400,7 +400,7 @@ def _check_method_fits(where: str, spec: Any, info: Any, training: Any = None) -
     # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..methods import METHODS
     # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
-    from ..fl.rounds import use_batched_engine
+    from ..fl.simulation import use_batched_engine
     # lazy: imports torch; fnlcore.app.plan imports without it (envs/labels.yaml)
     from ..methods.base import check_label_kind
 

@@ -4,7 +4,7 @@ A GPU round at these sizes is host-bound, its time following the ops dispatched 
 so a method's round cost on a GPU is a count, not a CPU's time ratio. :func:`count_method` runs the
 device check's short run of a method (:func:`fnlcore.app.device_check.tiny.tiny_method`, at
 :data:`COUNT_RUN`) on the CPU, the sequential engine, under two counters entered around the whole
-run: kernel-launching ATen ops (:class:`fnlcore.fl.footprint.OpCounter`, the ``ops`` the step-time
+run: kernel-launching ATen ops (:class:`fnlcore.fl.simulation.OpCounter`, the ``ops`` the step-time
 model is fitted on) and ``torch.utils.flop_counter.FlopCounterMode``. Each round is counted from
 the method's ``begin_round`` to its ``end_round``: the local steps and every extra pass of the
 method (detection and evaluation passes over the training data, co-divide forwards, server steps),
@@ -36,7 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..fl import sequential
 from ..fl.data import trim_last_batch
-from ..fl.footprint import OpCounter
+from ..fl.simulation import OpCounter
 from ..methods import METHODS
 from .device_check.tiny import TinyRun, tiny_arrays, tiny_method
 from .opcount import gpu_paths

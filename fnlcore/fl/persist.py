@@ -444,7 +444,8 @@ class RunCheckpoint:
         for st in self.stores:
             st.end_round()
 
-    def save(self, next_round: int, rows: list[dict]) -> None:
+    def save_round(self, next_round: int, rows: list[dict]) -> None:
+        """Checkpoint the run before ``next_round``, with its metric rows so far."""
         if self.path is None:
             return
         payload = {
@@ -464,7 +465,7 @@ class RunCheckpoint:
         for st in self.stores:
             st.committed()
 
-    def restore(self) -> tuple[int, list[dict]] | None:
+    def resume(self) -> tuple[int, list[dict]] | None:
         """(the next round, the metric rows so far) of the checkpoint, loaded into the run; None when
         there is none to resume (none written, or one of other code, settings or shape: restarted)."""
         path = self.path

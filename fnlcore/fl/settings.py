@@ -59,12 +59,12 @@ class TrainSettings:
     eval_batch_size: int = 1024
     checkpoint_every: int = 5
     # Speed switches (fnlcore/fl/batched.py, docs/methods.md "Speed switches"). engine: default (auto on a
-    # GPU, sequential on a CPU: fnlcore.fl.rounds.effective_engine) | sequential (one client after
+    # GPU, sequential on a CPU: fnlcore.fl.simulation.effective_engine) | sequential (one client after
     # another, the reference) | batched (the round's clients as one stacked computation; the same
     # random draws, equal up to floating-point rounding; a ConfigError for a method or model it
     # cannot run) | auto (batched where it can run, else sequential).
     engine: str = "default"
-    # most clients stacked at once; 0: as many as the GPU's memory holds (fnlcore.fl.footprint), on a CPU all
+    # most clients stacked at once; 0: as many as the GPU's memory holds (fnlcore.fl.simulation), on a CPU all
     batched_clients: int = 0
     precision: str = "fp32"  # fp32 | tf32 | bf16 (fnlcore.fl.context.set_math_policy)
     channels_last: bool = False  # models and input batches in channels-last memory (faster convs on GPUs)

@@ -3,7 +3,7 @@
 A method is one module: a frozen hyper-parameter dataclass (subclass of :class:`MethodParams`)
 and a subclass of :class:`FLMethod`, registered with ``@METHODS.register``. The engine owns the loop,
 the state and the batching (:mod:`fnlcore.fl.simulation`, :mod:`fnlcore.fl.sequential`,
-:mod:`fnlcore.fl.rounds`, :mod:`fnlcore.fl.persist`); a round is
+:mod:`fnlcore.fl.batched`, :mod:`fnlcore.fl.persist`); a round is
 
     begin_round(r) -> select_clients(r) -> aggregate(r, <each client's ClientUpdate>) -> end_round(r)
     -> evaluate(eval_model())

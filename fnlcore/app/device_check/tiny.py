@@ -18,7 +18,7 @@ from pandas.api.types import is_bool_dtype, is_numeric_dtype
 
 from ...errors import ConfigError
 from ...fl.data import FederatedData, ImageSource
-from ...fl.rounds import batched_support
+from ...fl.simulation import batched_support
 from ...fl.settings import TrainSettings
 from ...fl.simulation import Simulation
 from ...methods import METHODS
