@@ -317,6 +317,45 @@ def test_the_measurement_file_check_sees_names_and_paths_but_not_prose(tmp_path)
     assert _measurement_file_names(src) == ["/rehearsal.csv", "rehearsal_*.csv", "step_costs.json"]
 
 
+# A run's files in one room: within the engine only fnlcore.fl.persist writes or reads a file (the run's
+# checkpoint, its per-client stores), so how a checkpoint is saved, checked and resumed is one module's.
+ENGINE_FILE_STORE = "fnlcore.fl.persist"
+FILE_FUNCTIONS = {"atomic_path", "ensure_free_space", "load_safely", "open"}  # called by name
+FILE_MODULE_CALLS = {"torch": {"save", "load"}, "os": {"remove", "rename", "replace", "unlink"},
+                     "shutil": {"rmtree", "move", "copy", "copyfile"}, "np": {"save", "load"}}
+PATH_METHODS = {"unlink", "write_bytes", "write_text", "read_bytes", "read_text"}  # on any path
+
+
+def _file_calls(path: Path) -> list[str]:
+    """Calls in ``path`` that touch a file: ``torch.save``, ``os.remove``, ``atomic_path(...)``, ``p.unlink()``..."""
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text(), str(path))):
+        f = n.func if isinstance(n, ast.Call) else None
+        if isinstance(f, ast.Name) and f.id in FILE_FUNCTIONS:
+            out.add(f.id)
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.attr in FILE_MODULE_CALLS.get(f.value.id, ()):
+            out.add(f"{f.value.id}.{f.attr}")
+        elif isinstance(f, ast.Attribute) and f.attr in PATH_METHODS:
+            out.add(f.attr)
+    return sorted(out)
+
+
+def test_only_persist_touches_files_in_the_engine():
+    engine = {m: p for m, p in _modules().items() if _part(m) == "fnlcore.fl"}
+    assert _file_calls(engine[ENGINE_FILE_STORE]), "persist touches no file: the check checks nothing"
+    calls = {m: _file_calls(p) for m, p in sorted(engine.items()) if m != ENGINE_FILE_STORE}
+    calls = {m: c for m, c in calls.items() if c}
+    assert not calls, ("read and write a run's files through fnlcore.fl.persist: "
+                       + "; ".join(f"{m}: {', '.join(c)}" for m, c in calls.items()))
+
+
+def test_the_file_check_sees_saves_removals_and_atomic_writes(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("torch.save(x, p)\nos.remove(p)\nwith atomic_path(p) as t:\n    pass\np.unlink()\n"
+                   "self.stores.save(1)\nx.load(s)\nstate.update(a)\n")
+    assert _file_calls(src) == ["atomic_path", "os.remove", "torch.save", "unlink"]
+
+
 # Datasets are read and written below the engine: nothing of fnlcore.datasets imports fnlcore.fl
 # (how files become images, fnlcore.image_transforms, sits below both).
 
