@@ -17,10 +17,11 @@
                                                  print the runs behind one cell, build them with Snakemake,
                                                  then print the cell's value (per seed and over the seeds)
 
-tables, status, plan and cell take [--configfile F] [--config K=V ...] and read the configuration
-as the workflow does (config/config.yaml, then F, then K=V, as Snakemake merges them): its `scale`
-and `results_dir` (and, for plan, the `tables` that F or K=V set) unless --scale, --results or
---tables say otherwise; status reads every key, and cell hands F and K=V on to Snakemake.
+tables, status, plan, rehearse and cell take [--configfile F] [--config K=V ...] and read the
+configuration as the workflow does (config/config.yaml, then F, then K=V, as Snakemake merges them):
+its `scale` and `results_dir` (and, for plan and rehearse, the `tables` that F or K=V set) unless
+--scale, --results or --tables say otherwise; status reads every key, and cell hands F and K=V on to
+Snakemake.
 
 Everything after ``--`` goes to Snakemake unchanged (``--cores 2``, ``--profile slurm``,
 ``--forcerun train`` to recompute runs that already exist, ...). Run from the repository root.
@@ -405,8 +406,10 @@ def _plan(args) -> int:
 
 
 def _rehearse_arguments(rh) -> None:
-    rh.add_argument("--tables", nargs="+", help='"paper" or "paper/table" (default: every table)')
-    rh.add_argument("--scale", default="paper")
+    rh.add_argument("--tables", nargs="+",
+                    help='"paper" or "paper/table" (default: the tables --configfile/--config set, else every table)')
+    rh.add_argument("--scale", help="paper | smoke | a scale file (default: the configuration's `scale`, paper)")
+    _config_arguments(rh)
     rh.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the configurations train")
     rh.add_argument("--steps", type=int, default=1, help="local steps of a client update (default 1)")
     rh.add_argument("--per-round", type=int, default=0,
@@ -447,8 +450,13 @@ def _rehearse(args) -> int:
         raise ConfigError(f"--per-round must be >= 0 (0: every client of the round), got {args.per_round}")
     if args.pass_clients < 0:
         raise ConfigError(f"--pass-clients must be >= 0 (0: every client, one a round), got {args.pass_clients}")
-    selected = args.tables or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
-    plan = build_plan(validate_schema({"tables": selected, "scale": args.scale, "data_grid": []}))
+    merged = status_config(args.configfile, args.config)
+    args.scale = args.scale or merged.get("scale") or "paper"
+    chosen = status_config(args.configfile, args.config, base=False).get("tables")
+    selected = args.tables or chosen or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
+    settings = {"tables": selected, "scale": args.scale, "data_grid": []}
+    # with --configfile / --config the rest of that configuration counts too (e.g. dataset options)
+    plan = build_plan(validate_schema({**merged, **settings} if args.configfile or args.config else settings))
     if args.list:
         for key, r in distinct_configs(plan).items():
             print(f"{len(r.cells):5d} cells  {key}")

@@ -114,6 +114,18 @@ def test_plan_takes_the_tables_and_scale_of_the_configuration(tmp_path, capsys):
     assert [line.split()[:2] for line in out.splitlines() if line.startswith("demo ")] == [["demo", "demo"]], out
 
 
+def test_rehearse_takes_the_tables_and_scale_of_the_configuration(tmp_path, capsys):
+    rc, every, err = _run(capsys, "rehearse", "--list", "--scale", "smoke")
+    assert rc == 0, err
+    rc, demo, err = _run(capsys, "rehearse", "--list", "--tables", "demo", "--scale", "smoke")
+    assert rc == 0 and demo.strip() and demo != every, err  # the check tells the tables apart
+    cfg = _config_file(tmp_path, 'tables: ["demo"]\nscale: smoke\n')
+    rc, out, err = _run(capsys, "rehearse", "--list", "--configfile", str(cfg))
+    assert rc == 0 and out == demo, err  # the configuration's tables and scale, not every table at paper scale
+    rc, out, err = _run(capsys, "rehearse", "--list", "--config", 'tables=["demo"]', "scale=smoke")
+    assert rc == 0 and out == demo, err
+
+
 def test_cell_takes_the_configuration_and_hands_it_to_snakemake(tmp_path, capsys):
     cfg = _config_file(tmp_path, "scale: smoke\n")
     rc, out, err = _run(capsys, "cell", "demo", "demo", "--row", "FedAvg", "--col", "clean", "--configfile", str(cfg),
@@ -131,7 +143,8 @@ def test_cell_takes_the_configuration_and_hands_it_to_snakemake(tmp_path, capsys
 
 
 def test_a_bad_config_value_is_named(capsys):
-    for command in (["tables"], ["plan"], ["status"], ["cell", "demo", "demo", "--row", "FedAvg", "--col", "clean"]):
+    for command in (["tables"], ["plan"], ["status"], ["rehearse", "--list"],
+                    ["cell", "demo", "demo", "--row", "FedAvg", "--col", "clean"]):
         rc, _, err = _run(capsys, *command, "--config", "noequals")
         assert rc == 2 and "--config" in err and "noequals" in err, (command, err)
 
