@@ -423,7 +423,8 @@ def _rehearse_arguments(rh) -> None:
     rh.add_argument("--threads", type=int, default=2, help="torch threads on a CPU")
     rh.add_argument("--only", nargs="+", metavar="KEY", help="rehearse only these configurations (keys)")
     rh.add_argument("--list", action="store_true", help="print the configurations and their cell counts only")
-    rh.add_argument("--out", default="results/plan", help="where rehearsal.csv and rehearsal.md go")
+    rh.add_argument("--out", help="where rehearsal.csv and rehearsal.md go (default: the configuration's "
+                                  "`results_dir`/plan, results/plan)")
     rh.add_argument("--resume", action="store_true",
                     help="keep the passed rows of OUT/rehearsal.csv measured with the same options; rehearse the rest")
     rh.add_argument("--merge", nargs="+", metavar="CSV",
@@ -452,6 +453,7 @@ def _rehearse(args) -> int:
         raise ConfigError(f"--pass-clients must be >= 0 (0: every client, one a round), got {args.pass_clients}")
     merged = status_config(args.configfile, args.config)
     args.scale = args.scale or merged.get("scale") or "paper"
+    args.out = args.out or str(Path(merged.get("results_dir") or "results") / "plan")
     chosen = status_config(args.configfile, args.config, base=False).get("tables")
     selected = args.tables or chosen or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
     settings = {"tables": selected, "scale": args.scale, "data_grid": []}

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from fnlcore import cli
+from fnlcore.app.rehearse import write_rehearsal
 
 
 def _run(capsys, *argv):
@@ -124,6 +125,11 @@ def test_rehearse_takes_the_tables_and_scale_of_the_configuration(tmp_path, caps
     assert rc == 0 and out == demo, err  # the configuration's tables and scale, not every table at paper scale
     rc, out, err = _run(capsys, "rehearse", "--list", "--config", 'tables=["demo"]', "scale=smoke")
     assert rc == 0 and out == demo, err
+    # no --out: the rehearsal goes to the configuration's results folder (here merged from an empty shard)
+    shard, _ = write_rehearsal([], tmp_path / "shard", "an empty shard")
+    rc, _, err = _run(capsys, "rehearse", "--configfile", str(cfg), "--config", f"results_dir={tmp_path}/r",
+                      "--merge", str(shard))
+    assert rc == 0 and (tmp_path / "r" / "plan" / "rehearsal.csv").is_file(), err
 
 
 def test_cell_takes_the_configuration_and_hands_it_to_snakemake(tmp_path, capsys):
