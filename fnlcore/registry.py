@@ -35,9 +35,14 @@ T = TypeVar("T")
 PLUGINS_ENV = "FNL_PLUGINS"
 
 
+def plugin_modules() -> list[str]:
+    """The module names in ``FNL_PLUGINS``."""
+    return list(filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))))
+
+
 def import_plugins() -> None:
     """Import the modules named in ``FNL_PLUGINS`` (once each; Python caches modules)."""
-    for name in filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))):
+    for name in plugin_modules():
         try:
             importlib.import_module(name)
         except ImportError as e:
@@ -110,10 +115,39 @@ class Registry(Mapping, Generic[T]):
         return {n: e for n, e in self.items() if _origin(e)[0].startswith("fnlcore.")}
 
     def lookup(self, name: Any) -> T:
-        """The entry ``name``; an unknown name is a ConfigError listing the valid ones."""
+        """The entry ``name``; an unknown name is a ConfigError listing the valid ones (and naming a
+        definition of that name that was never registered)."""
         if isinstance(name, str) and name in self:
             return self[name]
-        raise ConfigError(f"unknown {self.kind} name {name!r}; valid names: {', '.join(sorted(self))}")
+        raise ConfigError(f"unknown {self.kind} name {name!r}; valid names: {', '.join(sorted(self))}"
+                          + self.unregistered_note(name))
+
+    def unregistered_note(self, name: Any) -> str:
+        """'' or a note naming the definitions of ``name`` in the kind's modules (or FNL_PLUGINS') that
+        were never registered: a plug-in written without its registry's ``register`` would otherwise
+        be only "unknown"."""
+        if not isinstance(name, str) or not self._entries:
+            return ""
+        kinds = {type(e) for e in self._entries.values()}  # a class (type, ABCMeta) or an entry dataclass
+        plugins = set(plugin_modules())
+        found = set()
+        for mod_name, mod in list(sys.modules.items()):
+            if mod is None or not (mod_name in plugins or self.package and mod_name.startswith(self.package + ".")):
+                continue
+            for obj in list(vars(mod).values()):
+                if type(obj) not in kinds or any(obj is e for e in self._entries.values()):
+                    continue
+                try:
+                    named = self._key(obj) == name
+                except Exception:  # not an entry of this kind (no name where the key looks)
+                    continue
+                if named:
+                    found.add(".".join(_origin(obj)))
+        if not found:
+            return ""
+        example = ".".join(_origin(next(iter(self._entries.values()))))
+        return (f". {', '.join(sorted(found))} is named {name!r} but was never registered: register it where it "
+                f"is defined with this kind's registry's register, as {example} is")
 
     # -- typed specs ----------------------------------------------------------------------
     def spec_class(self, name: str) -> type:
@@ -125,7 +159,13 @@ class Registry(Mapping, Generic[T]):
 
     def from_dict(self, d: Any) -> Any:
         """The typed spec of a config entry ``{"name": ..., **params}`` (errors name the key)."""
-        return spec_from_dict(self.kind, self.specs(), d)
+        try:
+            return spec_from_dict(self.kind, self.specs(), d)
+        except ConfigError as err:
+            name = d.get("name") if isinstance(d, Mapping) else None
+            if str(err).startswith(f"unknown {self.kind} name") and (note := self.unregistered_note(name)):
+                raise ConfigError(f"{err}{note}") from None
+            raise
 
     def markdown(self, header: tuple[str, str, str, str]) -> str:
         """The docs/ table of the built-in entries: name, parameters (defaults), source, switches."""

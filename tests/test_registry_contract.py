@@ -115,6 +115,35 @@ def test_defining_a_spec_subclass_registers_nothing_its_registry_s_register_does
     assert reg.register(Unregistered) is Unregistered and reg["test_unregistered_noise"] is Unregistered
 
 
+def test_an_unknown_name_defined_but_never_registered_is_named_with_the_fix(tmp_path, monkeypatch):
+    (tmp_path / "forgot_register.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from fnlcore.methods import FLMethod, MethodParams\n"
+        "from fnlcore.noise.specs import NoiseSpec\n"
+        "@dataclass(frozen=True)\nclass P(MethodParams):\n    name = 'forgot_method'\n"
+        "class Forgot(FLMethod):\n    Params = P\n"
+        "@dataclass(frozen=True)\nclass ForgotNoise(NoiseSpec):\n    name = 'forgot_noise'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FNL_PLUGINS", "forgot_register")
+    monkeypatch.delitem(sys.modules, "forgot_register", raising=False)
+    __import__("forgot_register")
+    with pytest.raises(ConfigError) as e:
+        method_from_dict({"name": "forgot_method"})
+    assert str(e.value).startswith("unknown method name 'forgot_method'; valid names:")
+    assert "forgot_register.Forgot is named 'forgot_method' but was never registered" in str(e.value)
+    assert "as fnlcore.methods." in str(e.value)  # a registered entry to copy
+    with pytest.raises(ConfigError, match="forgot_register.ForgotNoise is named 'forgot_noise' but was never registered"):
+        NOISE_MODELS.lookup("forgot_noise")
+    with pytest.raises(ConfigError) as e:  # a name nothing defines: no such note
+        NOISE_MODELS.lookup("forgot_nothing")
+    assert "never registered" not in str(e.value)
+    monkeypatch.delenv("FNL_PLUGINS")  # a module that is no plug-in and outside the package is not searched
+    with pytest.raises(ConfigError) as e:
+        NOISE_MODELS.lookup("forgot_noise")
+    assert "never registered" not in str(e.value)
+
+
 @pytest.mark.parametrize(
     "build, entry, words",
     [
