@@ -1,4 +1,6 @@
-"""A method's persistent state, saved and restored by the engine from what the method declares.
+"""A run's state on disk: the method's persistent state, saved and restored by the engine from what
+the method declares, its per-client stores, and the run's checkpoint (:class:`RunCheckpoint`), the
+one module of the engine that writes or reads a file.
 
 A method declares its global networks (``networks``) and the names of the attributes that
 carry across rounds (``persistent``: tensors, numpy arrays, numbers, containers of these,
@@ -400,7 +402,7 @@ def _remove(p: Path) -> None:
 # -- the run's checkpoint ------------------------------------------------------------------
 
 # 2: the relabel log; 3: declared method state, per-client stores on disk; 4: what made it (code, settings);
-# 5: tensors and plain data only, read with weights_only=True (persist.to_safe_form)
+# 5: tensors and plain data only, read with weights_only=True (to_safe_form)
 CHECKPOINT_VERSION = 5
 
 # Training settings that never change a run's numbers (kept out of its identity, as out of its path).
