@@ -302,12 +302,15 @@ def _measurement_file_names(path: Path) -> list[str]:
                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and MEASUREMENT_FILE.fullmatch(n.value)})
 
 
+def _only(owner: str, modules: dict[str, Path], find, fix: str) -> None:
+    """``find(path)`` lists what only module ``owner`` may do: fail naming every other module that does it."""
+    assert find(modules[owner]), f"{owner} itself does none of it: the check checks nothing"
+    found = {m: f for m, p in sorted(modules.items()) if m != owner and (f := find(p))}
+    assert not found, fix + ": " + "; ".join(f"{m}: {', '.join(f)}" for m, f in found.items())
+
+
 def test_only_the_measurement_store_names_a_step_cost_or_rehearsal_file():
-    named = {m: _measurement_file_names(p) for m, p in sorted(_modules().items()) if m != MEASUREMENT_STORE}
-    named = {m: ns for m, ns in named.items() if ns}
-    assert _measurement_file_names(_modules()[MEASUREMENT_STORE]), "the store names no file: the check checks nothing"
-    assert not named, ("read and write these through fnlcore.app.measurements: "
-                       + "; ".join(f"{m}: {', '.join(ns)}" for m, ns in named.items()))
+    _only(MEASUREMENT_STORE, _modules(), _measurement_file_names, "read and write these through fnlcore.app.measurements")
 
 
 def test_the_measurement_file_check_sees_names_and_paths_but_not_prose(tmp_path):
@@ -342,11 +345,7 @@ def _file_calls(path: Path) -> list[str]:
 
 def test_only_persist_touches_files_in_the_engine():
     engine = {m: p for m, p in _modules().items() if _part(m) == "fnlcore.fl"}
-    assert _file_calls(engine[ENGINE_FILE_STORE]), "persist touches no file: the check checks nothing"
-    calls = {m: _file_calls(p) for m, p in sorted(engine.items()) if m != ENGINE_FILE_STORE}
-    calls = {m: c for m, c in calls.items() if c}
-    assert not calls, ("read and write a run's files through fnlcore.fl.persist: "
-                       + "; ".join(f"{m}: {', '.join(c)}" for m, c in calls.items()))
+    _only(ENGINE_FILE_STORE, engine, _file_calls, "read and write a run's files through fnlcore.fl.persist")
 
 
 def test_the_file_check_sees_saves_removals_and_atomic_writes(tmp_path):
