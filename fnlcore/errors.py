@@ -47,9 +47,6 @@ def located(where: str, fn, *args):
         raise ConfigError(f"{where}: {e}") from None
 
 
-#: The exit status of a command that failed for a reason a retry cannot fix (see :func:`retry_cannot_fix`).
-EXIT_NOT_RETRIABLE = 3
-
 #: The exit status of a training job that stopped before its time limit with a checkpoint
 #: (:class:`RunIncomplete`): EX_TEMPFAIL of sysexits.h, "try again later"; the workflow's
 #: next attempt of the job continues the run.
@@ -69,8 +66,3 @@ def retry_cannot_fix(err: BaseException) -> bool:
         msg = str(err).lower()
         return "out of memory" not in msg and any(s in msg for s in _SHAPE_ERRORS)
     return False
-
-
-def exit_status(err: BaseException) -> int:
-    """The exit status of a command that failed with ``err``: EXIT_NOT_RETRIABLE when a retry cannot fix it, else 1."""
-    return EXIT_NOT_RETRIABLE if retry_cannot_fix(err) else 1

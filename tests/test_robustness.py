@@ -24,10 +24,8 @@ import torch
 from fnlcore import io, provenance
 from fnlcore.app import cost as cost_mod
 from fnlcore.app.train import failure_marker, run_attempt
-from fnlcore.errors import exit_status
 from fnlcore.app.plan import build_plan, load_plan, validate_schema
 from fnlcore.errors import (
-    EXIT_NOT_RETRIABLE,
     ConfigError,
     DataError,
     NotRetried,
@@ -261,7 +259,6 @@ def test_failures_a_retry_cannot_fix_are_told_apart():
     assert retry_cannot_fix(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x10 and 9x3)"))
     assert not retry_cannot_fix(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"))
     assert not retry_cannot_fix(StorageError("disk full")) and not retry_cannot_fix(OSError("node lost"))
-    assert exit_status(ConfigError("x")) == EXIT_NOT_RETRIABLE != exit_status(RuntimeError("flaky")) == 1
 
 
 def test_a_later_attempt_after_a_deterministic_failure_fails_at_once(tmp_path):
