@@ -145,7 +145,8 @@ class Registry(Mapping, Generic[T]):
                     found.add(".".join(_origin(obj)))
         if not found:
             return ""
-        example = ".".join(_origin(next(iter(self._entries.values()))))
+        examples = self.builtin() or self._entries  # one defined in fnlcore where there is one
+        example = ".".join(_origin(examples[min(examples)]))
         return (f". {', '.join(sorted(found))} is named {name!r} but was never registered: register it where it "
                 f"is defined with this kind's registry's register, as {example} is")
 
