@@ -198,6 +198,19 @@ def _scale_and_results_from_config(args) -> dict:
     return merged
 
 
+def _configured_plan(args, merged: dict):
+    """The plan of ``--tables``, else of the tables ``--configfile``/``--config`` set, else of every table,
+    at ``args.scale`` in ``args.results``; with those options the rest of that configuration counts too
+    (``merged``, e.g. dataset options)."""
+    from .app.plan import build_plan, validate_schema  # lazy: fnl --help start-up (note at the top)
+    from .app.runs import PAPERS_DIR  # lazy: fnl --help start-up (note at the top)
+
+    chosen = status_config(args.configfile, args.config, base=False).get("tables")
+    selected = args.tables or chosen or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
+    settings = {"tables": selected, "scale": args.scale, "data_grid": [], "results_dir": args.results}
+    return build_plan(validate_schema({**merged, **settings} if args.configfile or args.config else settings))
+
+
 def _workflow_holding(results: str) -> str | None:
     """The message for a results folder a running workflow holds (None when none does): Snakemake
     would stop with its own LockException and advise --unlock, which is unsafe while it runs."""
@@ -351,9 +364,7 @@ def _plan(args) -> int:
     from .app.gpu_cost import find_gpu  # lazy: fnl --help start-up (note at the top)
     # lazy: fnl --help start-up (note at the top)
     from .app.measurements import device_memory_mb, own_step_costs, shipped_step_costs, shipped_step_costs_path
-    from .app.plan import build_plan, validate_schema  # lazy: fnl --help start-up (note at the top)
     from .app.resources import resource_columns  # lazy: fnl --help start-up (note at the top)
-    from .app.runs import PAPERS_DIR  # lazy: fnl --help start-up (note at the top)
     from .fl.context import check_device, resolve_device  # lazy: fnl --help start-up (note at the top)
 
     if args.gpu is not None and not args.gpu.strip():
@@ -368,12 +379,7 @@ def _plan(args) -> int:
         check_device(args.device, where="--device")  # refused up front: no CUDA device here, or not a device
         device = resolve_device(args.device)
         torch.set_num_threads(args.threads)
-    merged = _scale_and_results_from_config(args)
-    chosen = status_config(args.configfile, args.config, base=False).get("tables")
-    selected = args.tables or chosen or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
-    settings = {"tables": selected, "scale": args.scale, "data_grid": [], "results_dir": args.results}
-    # with --configfile / --config the rest of that configuration counts too (e.g. dataset options)
-    plan = build_plan(validate_schema({**merged, **settings} if args.configfile or args.config else settings))
+    plan = _configured_plan(args, _scale_and_results_from_config(args))
     path = args.calibration or str(own_step_costs(args.results))
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     counts = ShapeCounts(Path(args.results) / "plan" / "shape_counts.json", progress=progress)
@@ -408,7 +414,7 @@ def _plan(args) -> int:
 def _rehearse_arguments(rh) -> None:
     rh.add_argument("--tables", nargs="+",
                     help='"paper" or "paper/table" (default: the tables --configfile/--config set, else every table)')
-    rh.add_argument("--scale", help="paper | smoke | a scale file (default: the configuration's `scale`, paper)")
+    _scale_results_arguments(rh)
     _config_arguments(rh)
     rh.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the configurations train")
     rh.add_argument("--steps", type=int, default=1, help="local steps of a client update (default 1)")
@@ -423,8 +429,7 @@ def _rehearse_arguments(rh) -> None:
     rh.add_argument("--threads", type=int, default=2, help="torch threads on a CPU")
     rh.add_argument("--only", nargs="+", metavar="KEY", help="rehearse only these configurations (keys)")
     rh.add_argument("--list", action="store_true", help="print the configurations and their cell counts only")
-    rh.add_argument("--out", help="where rehearsal.csv and rehearsal.md go (default: the configuration's "
-                                  "`results_dir`/plan, results/plan)")
+    rh.add_argument("--out", help="where rehearsal.csv and rehearsal.md go (default: RESULTS/plan)")
     rh.add_argument("--resume", action="store_true",
                     help="keep the passed rows of OUT/rehearsal.csv measured with the same options; rehearse the rest")
     rh.add_argument("--merge", nargs="+", metavar="CSV",
@@ -435,11 +440,9 @@ def _rehearse_arguments(rh) -> None:
 def _rehearse(args) -> int:
     """Rehearse the selected tables' configurations (fnlcore/app/rehearse.py); 1 when one did not pass."""
 
-    from .app.plan import build_plan, validate_schema  # lazy: fnl --help start-up (note at the top)
     from .app.measurements import rehearsal_csv  # lazy: fnl --help start-up (note at the top)
     # lazy: fnl --help start-up (note at the top)
     from .app.rehearse import Options, distinct_configs, earlier_rows, merge_tables, rehearse, write_rehearsal
-    from .app.runs import PAPERS_DIR  # lazy: fnl --help start-up (note at the top)
     from .fl.context import check_device  # lazy: fnl --help start-up (note at the top)
 
     if not (args.list or args.merge):  # they train nothing; a rehearsal is refused before any work
@@ -451,14 +454,8 @@ def _rehearse(args) -> int:
         raise ConfigError(f"--per-round must be >= 0 (0: every client of the round), got {args.per_round}")
     if args.pass_clients < 0:
         raise ConfigError(f"--pass-clients must be >= 0 (0: every client, one a round), got {args.pass_clients}")
-    merged = status_config(args.configfile, args.config)
-    args.scale = args.scale or merged.get("scale") or "paper"
-    args.out = args.out or str(Path(merged.get("results_dir") or "results") / "plan")
-    chosen = status_config(args.configfile, args.config, base=False).get("tables")
-    selected = args.tables or chosen or [p.stem for p in sorted(PAPERS_DIR.glob("*.yaml"))]
-    settings = {"tables": selected, "scale": args.scale, "data_grid": []}
-    # with --configfile / --config the rest of that configuration counts too (e.g. dataset options)
-    plan = build_plan(validate_schema({**merged, **settings} if args.configfile or args.config else settings))
+    plan = _configured_plan(args, _scale_and_results_from_config(args))
+    args.out = args.out or str(Path(args.results) / "plan")
     if args.list:
         for key, r in distinct_configs(plan).items():
             print(f"{len(r.cells):5d} cells  {key}")

@@ -129,13 +129,14 @@ class Registry(Mapping, Generic[T]):
         if not isinstance(name, str) or not self._entries:
             return ""
         kinds = {type(e) for e in self._entries.values()}  # a class (type, ABCMeta) or an entry dataclass
+        registered = {id(e) for e in self._entries.values()}
         plugins = set(plugin_modules())
         found = set()
         for mod_name, mod in list(sys.modules.items()):
             if mod is None or not (mod_name in plugins or self.package and mod_name.startswith(self.package + ".")):
                 continue
             for obj in list(vars(mod).values()):
-                if type(obj) not in kinds or any(obj is e for e in self._entries.values()):
+                if type(obj) not in kinds or id(obj) in registered:
                     continue
                 try:
                     named = self._key(obj) == name
@@ -160,13 +161,7 @@ class Registry(Mapping, Generic[T]):
 
     def from_dict(self, d: Any) -> Any:
         """The typed spec of a config entry ``{"name": ..., **params}`` (errors name the key)."""
-        try:
-            return spec_from_dict(self.kind, self.specs(), d)
-        except ConfigError as err:
-            name = d.get("name") if isinstance(d, Mapping) else None
-            if str(err).startswith(f"unknown {self.kind} name") and (note := self.unregistered_note(name)):
-                raise ConfigError(f"{err}{note}") from None
-            raise
+        return spec_from_dict(self.kind, self.specs(), d, unknown_note=self.unregistered_note)
 
     def markdown(self, header: tuple[str, str, str, str]) -> str:
         """The docs/ table of the built-in entries: name, parameters (defaults), source, switches."""
@@ -187,8 +182,10 @@ def _origin(entry: Any) -> tuple[str, str]:
 # -- typed specs ------------------------------------------------------------------------------
 
 
-def spec_from_dict(kind: str, registry: Mapping[str, type], d: Any) -> Any:
-    """Instantiate ``registry[d["name"]]`` with the other keys of ``d``; ``kind`` names it in errors."""
+def spec_from_dict(kind: str, registry: Mapping[str, type], d: Any,
+                   unknown_note: Callable[[Any], str] = lambda name: "") -> Any:
+    """Instantiate ``registry[d["name"]]`` with the other keys of ``d``; ``kind`` names it in errors, and
+    ``unknown_note(name)`` is added to the error of an unknown name."""
     if not isinstance(d, Mapping):
         raise ConfigError(f"a {kind} must be a mapping with a 'name' key, got {type(d).__name__}")
     if "name" not in d:
@@ -196,7 +193,7 @@ def spec_from_dict(kind: str, registry: Mapping[str, type], d: Any) -> Any:
     name = d["name"]
     cls = registry.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise ConfigError(f"unknown {kind} name {name!r}; valid names: {sorted(registry)}")
+        raise ConfigError(f"unknown {kind} name {name!r}; valid names: {sorted(registry)}{unknown_note(name)}")
     params = {k: v for k, v in d.items() if k != "name"}
     fields = dataclasses.fields(cls)
     valid = [f.name for f in fields]

@@ -425,14 +425,16 @@ class RunCheckpoint:
     saves and resumes from. Without a path nothing is saved and the stores live in temporary folders.
 
     A checkpoint records what made it (``provenance``: the code's version and a digest of the run's
-    settings, :func:`run_identity`); one of other code or settings is never resumed. One that does
+    settings, :func:`run_identity` with ``identity``, what the engine cannot see); one of other code or
+    settings is never resumed. One that does
     not load is moved aside to ``<checkpoint>.corrupt`` (``.corrupt.1``, ...: nothing is
     overwritten); either way the run restarts from round 0 and ``progress`` says why."""
 
-    def __init__(self, path: str | Path | None, method, ctx: RunContext, provenance: Provenance,
+    def __init__(self, path: str | Path | None, method, ctx: RunContext, identity: Mapping[str, Any] | None,
                  progress: Callable[[str], None]):
         self.path = Path(path) if path else None
-        self.method, self.ctx, self.provenance, self.progress = method, ctx, provenance, progress
+        self.method, self.ctx, self.progress = method, ctx, progress
+        self.provenance = Provenance.of(run_identity(method, ctx, identity))
         self.stores = method.stores()
         for st in self.stores:
             st.attach(None if self.path is None else Path(str(self.path) + ".clients") / st.name)
@@ -516,7 +518,6 @@ class RunCheckpoint:
         for st in self.stores:
             st.reset()
         self.progress(f"{why}: {done}; restarting the run from round 0")
-        return None
 
     def remove(self) -> None:
         """The run is complete: its checkpoint and per-client files go."""

@@ -62,14 +62,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..errors import ConfigError, RunIncomplete
-from ..provenance import Provenance
 from ..progress import round_line
 from .context import RunContext
 from . import batched  # train_clients is called through its module: tests replace it there
 from .batched import ChunkPhase, ClientDraws, draw_client, draw_fn
 from .contract import ClientUpdate, LocalJob, OneForm, Phase
 from .local import evaluate
-from .persist import RunCheckpoint, run_identity
+from .persist import RunCheckpoint
 from .sequential import train_client
 from .stacked import StackedNet, check_stackable, gains_on_cpu
 from .state import load, snapshot
@@ -430,13 +429,10 @@ class Simulation:
         self.time_budget = time_budget
         self.rows: list[dict] = []
         self.engine = RoundEngine(method)
-        self.provenance = Provenance.of(run_identity(method, ctx, identity))
         # its lines go to whatever self.progress is when it writes them
-        self.checkpoint = RunCheckpoint(checkpoint_path, method, ctx, self.provenance, lambda line: self.progress(line))
+        self.checkpoint = RunCheckpoint(checkpoint_path, method, ctx, identity, lambda line: self.progress(line))
 
     def _save(self, next_round: int) -> None:
-        if self.checkpoint.path is None:
-            return
         started = self.time_budget.clock() if self.time_budget is not None else 0.0  # the stores' writes count
         self.checkpoint.save_round(next_round, self.rows)
         if self.time_budget is not None:
